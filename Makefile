@@ -1,0 +1,34 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PLUGINS := $(sort $(wildcard plugins/*))
+STAMP := $(VENV)/.installed
+export WANDB_MODE ?= offline
+
+.PHONY: install demo test test-faults bench docs clean-runs
+
+$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, from the CPU build when it is missing, so that nothing pulls CUDA wheels.
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	$(PIP) install -q "torch>=2.3" -e ".[crafter,test]" $(foreach p,$(PLUGINS),-e $(p))
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/mineonline run examples/crafter.py
+
+test: install
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
+
+test-faults: install
+	WANDB_MODE=disabled $(PY) -m pytest -q tests/faults
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+docs: install
+	$(VENV)/bin/mineonline config docs > docs/configuration.md

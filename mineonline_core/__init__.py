@@ -1,0 +1,47 @@
+"""mineonline: online RL fine-tuning of pretrained policies, distributed on Ray.
+
+The public API. Heavy modules (Ray actors, the trainer) load on first use so that ``import
+mineonline_core`` and the CLI's error paths stay fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mineonline_core.errors import ConfigError, MineOnlineError, UnknownComponentError
+from mineonline_core.hookspecs import hookimpl
+from mineonline_core.logger import Logger
+from mineonline_core.policy import Policy
+from mineonline_core.store import FragmentStore
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "BaseTrainer": "mineonline_core.trainer.base",
+    "EnvFactory": "mineonline_core.envs",
+    "load_config": "mineonline_core.config",
+    "OnlineConfig": "mineonline_core.config",
+    "get_plugin_manager": "mineonline_core.plugins",
+    "start_rolloutmanager": "mineonline_core.api",
+    "start_trainer": "mineonline_core.api",
+    "run": "mineonline_core.api",
+}
+
+__all__ = [
+    "ConfigError",
+    "FragmentStore",
+    "Logger",
+    "MineOnlineError",
+    "Policy",
+    "UnknownComponentError",
+    "hookimpl",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mineonline_core' has no attribute {name!r}")

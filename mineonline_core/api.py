@@ -1,0 +1,267 @@
+"""The driver: MineStudio's entry points and ``run``, which is what ``mineonline run`` does.
+
+``run`` validates and resolves everything before Ray starts, creates the run directory, starts the
+logging actor, the rollout manager and the trainer, shows live progress, and on the way out (normal
+end, Ctrl-C or failure) leaves a checkpoint, the report and no stray actors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from mineonline_core.config import LoadedConfig, OnlineConfig, check_resources, load_config
+from mineonline_core.errors import ConfigError, MineOnlineError, RunFailedError
+from mineonline_core.plugins import PluginManager, get_plugin_manager
+from mineonline_core.resolve import ResolvedRun, resolve
+
+log = logging.getLogger("mineonline")
+NAMESPACE = "mineonline"
+RUN_FILE = "run.json"
+
+
+def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
+    """Join ``address`` or start a local cluster whose dashboard, if any, binds to localhost only."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env_vars = {k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR", "PYTHONPATH") if k in os.environ}
+    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": env_vars}, "log_to_driver": True}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                 dashboard_host="127.0.0.1", **kwargs)  # fmt: skip
+
+
+def _as_loaded(policy_generator: Callable | None, env_generator: Callable | None, online_cfg: Any, whole_config: str | None = None) -> LoadedConfig:
+    loaded = load_config(online_cfg.to_dict() if isinstance(online_cfg, OnlineConfig) else online_cfg)
+    loaded.policy_generator = policy_generator or loaded.policy_generator
+    loaded.env_generator = env_generator or loaded.env_generator
+    loaded.source_text = whole_config or loaded.source_text
+    return loaded
+
+
+def _handles(cfg: OnlineConfig) -> tuple[Any, Any]:
+    import ray
+
+    manager = ray.get_actor(f"{cfg.run_name}/rollout_manager", namespace=NAMESPACE)
+    try:
+        hub = ray.get_actor(f"{cfg.run_name}/logger_hub", namespace=NAMESPACE)
+    except ValueError:
+        hub = None
+    return manager, hub
+
+
+def _start_hub(resolved: ResolvedRun) -> Any:
+    from mineonline_core.loggerhub import start_logger_hub
+
+    cfg = resolved.config
+    return start_logger_hub(
+        run_name=cfg.run_name, namespace=NAMESPACE, lifetime="detached" if cfg.detach_rollout_manager else None,
+        run_dir=str(cfg.run_dir()), loggers=resolved.loggers, config=_public_config(cfg),
+        num_iterations=cfg.train_config.num_iterations,
+        video_dir=str(cfg.resolve_path(cfg.rollout_config.worker_config.video_output_dir)),
+    )  # fmt: skip
+
+
+def _start_manager(resolved: ResolvedRun, hub: Any) -> Any:
+    from mineonline_core.envs import adapted
+    from mineonline_core.rollout.manager import start_rolloutmanager as start
+
+    cfg = resolved.config
+    return start(resolved.policy_generator, adapted(resolved.env_generator), cfg, run_dir=str(cfg.run_dir()),
+                 logger_hub=hub, store_cls=resolved.store_cls, store_options=resolved.store_options)  # fmt: skip
+
+
+def start_rolloutmanager(policy_generator: Callable, env_generator: Callable, online_cfg: Any) -> Any:
+    """MineStudio's entry point: validate, then start the rollout manager (and the run's logging actor)."""
+    resolved = resolve(_as_loaded(policy_generator, env_generator, online_cfg), get_plugin_manager())
+    _prepare_run_dir(resolved)
+    init_ray()
+    return _start_manager(resolved, _start_hub(resolved))
+
+
+def start_trainer(policy_generator: Callable, env_generator: Callable, online_cfg: Any, whole_config: str | None = None) -> dict:
+    """MineStudio's entry point: train against the run's rollout manager until ``num_iterations``."""
+    resolved = resolve(_as_loaded(policy_generator, env_generator, online_cfg, whole_config), get_plugin_manager())
+    init_ray()
+    manager, hub = _handles(resolved.config)
+    return _trainer(resolved, manager, hub).fit()
+
+
+def _trainer(resolved: ResolvedRun, manager: Any, hub: Any) -> Any:
+    cfg = resolved.config
+    return resolved.trainer_cls(
+        rollout_manager=manager, policy_generator=resolved.policy_generator, env_generator=resolved.env_generator,
+        config=cfg, run_dir=str(cfg.run_dir()), logger_hub=hub, whole_config=resolved.source_text,
+    )  # fmt: skip
+
+
+def _public_config(cfg: OnlineConfig) -> dict:
+    """The resolved config as saved to disk and loggers: never a secret."""
+    data = cfg.to_dict()
+
+    def scrub(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: ("<redacted>" if any(s in k.lower() for s in ("api_key", "token", "secret", "password")) else scrub(v)) for k, v in node.items()}
+        return node
+
+    return scrub(data)
+
+
+def _prepare_run_dir(resolved: ResolvedRun, *, overrides: Sequence[str] = ()) -> Path:
+    import yaml
+
+    cfg = resolved.config
+    run_dir = cfg.run_dir()
+    save_dir = cfg.resolve_path(cfg.train_config.save_path)
+    for directory, key in ((run_dir, "output_dir"), (save_dir, "train_config.save_path")):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe = directory / ".write_test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"{key}: cannot write to {str(directory)!r} ({exc.strerror}). Fix: choose a writable directory.") from None
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(_public_config(cfg), sort_keys=False))
+    if resolved.source_text:
+        (run_dir / "source_config.txt").write_text(resolved.source_text)
+    record = {"run_name": cfg.run_name, "source_path": resolved.source_path, "overrides": list(overrides)}
+    (run_dir / RUN_FILE).write_text(json.dumps(record, indent=2))
+    return run_dir
+
+
+def _resume_source(run_dir: str, overrides: Sequence[str]) -> tuple[Any, list[str]]:
+    from mineonline_core.trainer.checkpoint import latest_checkpoint
+
+    path = Path(run_dir)
+    record_file = path / RUN_FILE
+    if not record_file.exists():
+        raise ConfigError(f"--resume {run_dir}: no {RUN_FILE} there, so it is not a mineonline run directory. Fix: give runs/<run_name>.")
+    record = json.loads(record_file.read_text())
+    cfg = load_config(path / "config.yaml").config
+    checkpoint = latest_checkpoint(cfg.resolve_path(cfg.train_config.save_path))
+    if checkpoint is None:
+        raise ConfigError(f"--resume {run_dir}: the run wrote no checkpoint yet, so there is nothing to resume. Fix: start it anew.")
+    source = record.get("source_path") or str(path / "config.yaml")
+    extra = [*record.get("overrides", []), *overrides, f"run_name={record['run_name']}", f"output_dir={path.parent.resolve()}",
+             f"train_config.resume={checkpoint}"]  # fmt: skip
+    return source, extra
+
+
+def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = None, resume: str | None = None,
+        progress: bool = True, pm: PluginManager | None = None) -> dict:  # fmt: skip
+    """Validate, start everything, train to ``num_iterations`` (or until Ctrl-C), clean up."""
+    import ray
+
+    overrides = list(overrides)
+    if resume is not None:
+        source, overrides = _resume_source(resume, overrides)
+    pm = pm or get_plugin_manager()
+    resolved = resolve(load_config(source, overrides), pm)
+    cfg = resolved.config
+    run_dir = _prepare_run_dir(resolved, overrides=[o for o in overrides if not o.startswith(("train_config.resume=", "run_name=", "output_dir="))])
+    os.environ.setdefault("WANDB_MODE", "offline")
+    pm.hook.mineonline_run_start(config=cfg, run_dir=str(run_dir))
+    started_ray = not ray.is_initialized()
+    init_ray(address)
+    status, result, manager, hub = "failed", {}, None, None
+    try:
+        check_resources(cfg, ray.cluster_resources())
+        hub = _start_hub(resolved)
+        manager = _start_manager(resolved, hub)
+        result = _train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress)
+        status = result.get("status", "completed")
+    except KeyboardInterrupt:
+        status = "interrupted"
+    finally:
+        result["summary"] = _shutdown(manager, hub, cfg)
+        _write_report(run_dir)
+        if started_ray:
+            ray.shutdown()
+        try:
+            pm.hook.mineonline_run_finish(config=cfg, run_dir=str(run_dir), status=status)
+        except Exception:  # noqa: BLE001 - documented: a finish hook cannot change the outcome
+            log.exception("a mineonline_run_finish hook failed")
+    result["status"], result["run_dir"] = status, str(run_dir)
+    print(f"run {cfg.run_name} {status}: {run_dir}")
+    return result
+
+
+def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig, progress: bool) -> dict:
+    """Run ``trainer.fit()`` in a thread; the main thread shows progress and turns Ctrl-C into a stop."""
+    import ray
+
+    from mineonline_core.console import Progress
+
+    outcome: dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=fit, name="mineonline-trainer", daemon=True)
+    thread.start()
+    display = Progress(cfg.train_config.num_iterations, enabled=progress)
+    stopping = False
+    try:
+        while thread.is_alive():
+            try:
+                thread.join(timeout=1.0)
+                display.update(ray.get(hub.latest.remote(), timeout=10))
+                ray.get(manager.health.remote(), timeout=30)
+            except KeyboardInterrupt:
+                if stopping:
+                    raise
+                stopping = True
+                print("\nstopping: finishing the iteration and writing a final checkpoint (Ctrl-C again to abort)")
+                manager.request_stop.remote()
+    finally:
+        display.close()
+    if "error" in outcome:
+        error = outcome["error"]
+        if isinstance(error, MineOnlineError):
+            raise error
+        raise RunFailedError(f"training failed: {type(error).__name__}: {error}") from error
+    result = dict(outcome.get("result") or {})
+    if stopping:
+        result["status"] = "interrupted"
+    return result
+
+
+def _shutdown(manager: Any, hub: Any, cfg: OnlineConfig) -> dict:
+    import ray
+
+    summary: dict = {}
+    if manager is not None:
+        try:
+            ray.get(manager.shutdown.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - a dead manager is already shut down
+            log.warning("the rollout manager did not shut down cleanly", exc_info=True)
+        ray.kill(manager)
+    if hub is not None:
+        try:
+            summary = ray.get(hub.finish.remote(), timeout=120)
+        except Exception:  # noqa: BLE001
+            log.warning("the logging actor did not finish cleanly", exc_info=True)
+        ray.kill(hub)
+    return summary
+
+
+def _write_report(run_dir: Path) -> None:
+    from mineonline_core.report import write_report
+
+    if (run_dir / "metrics.jsonl").exists():
+        try:
+            write_report(run_dir)
+        except Exception:  # noqa: BLE001 - a failed plot must not hide the run's outcome
+            log.warning("writing the run report failed", exc_info=True)

@@ -1,0 +1,146 @@
+"""The ``mineonline`` command line.
+
+Errors a user can cause (``MineOnlineError``) are printed as their message alone, without a traceback,
+and exit with status 2. Heavy modules load only inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from mineonline_core.errors import MineOnlineError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from mineonline_core.api import run
+
+    if args.config is None and args.resume is None:
+        raise MineOnlineError("mineonline run: give a CONFIG file, or --resume RUN_DIR to continue a run.")
+    result = run(args.config, args.overrides, address=args.address, resume=args.resume, progress=not args.no_progress)
+    return 0 if result.get("status") in ("completed", "interrupted") else 1
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from mineonline_core.config import load_config
+    from mineonline_core.plugins import get_plugin_manager
+    from mineonline_core.resolve import resolve
+
+    resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager())
+    print(resolved.config.to_yaml(), end="")
+    print(f"# ok: trainer {resolved.trainer_cls.name}, store {resolved.store_cls.name}, loggers "
+          f"{', '.join(cls.name for cls, _ in resolved.loggers)}; observation {resolved.observation_space}, "
+          f"action {resolved.action_space}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    from mineonline_core.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    for kind, registry in pm.registries.items():
+        print(f"{kind}s:")
+        for name, cls, origin in registry.items():
+            print(f"  {name:<18} {origin.distribution} {origin.version}  ({cls.__module__}.{cls.__qualname__})")
+    if pm.load_failures:
+        print("failed to load:")
+        for failure in pm.load_failures:
+            print(f"  {failure}")
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from mineonline_core.config import config_docs, config_template
+
+    text = config_template() if args.what == "template" else config_docs()
+    if args.check:
+        target = Path(args.output or "docs/configuration.md")
+        if not target.exists() or target.read_text() != text:
+            raise MineOnlineError(f"{target} is out of date with the config models. Fix: run `mineonline config docs --output {target}`.")
+        print(f"{target} is up to date")
+    elif args.output:
+        Path(args.output).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from mineonline_core.report import write_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.jsonl").exists():
+        raise MineOnlineError(f"{run_dir} holds no metrics.jsonl: give the directory of a run (runs/<run_name>).")
+    for path in write_report(run_dir):
+        print(path)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from mineonline_core.lifecycle import print_status
+
+    return print_status(address=args.address)
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from mineonline_core.lifecycle import stop_runs
+
+    return stop_runs(args.run, address=args.address)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mineonline", description="Online RL fine-tuning on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a config: rollout workers, replay buffer and trainer")
+    run.add_argument("config", nargs="?", help="a YAML file or a Python config module")
+    run.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. train_config.learning_rate=1e-4")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    run.add_argument("--address", help="the Ray cluster to join (default: start a local one)")
+    run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
+    run.set_defaults(func=_cmd_run)
+
+    check = sub.add_parser("check", help="validate and resolve a config without starting Ray")
+    check.add_argument("config")
+    check.add_argument("overrides", nargs="*")
+    check.set_defaults(func=_cmd_check)
+
+    sub.add_parser("plugins", help="list registered components and plugin load failures").set_defaults(func=_cmd_plugins)
+
+    config = sub.add_parser("config", help="print the config template or the config reference")
+    config.add_argument("what", choices=["template", "docs"])
+    config.add_argument("--output", help="write to this file instead of stdout")
+    config.add_argument("--check", action="store_true", help="fail if the file differs from what would be written")
+    config.set_defaults(func=_cmd_config)
+
+    report = sub.add_parser("report", help="write the PNG report of a run directory")
+    report.add_argument("run_dir")
+    report.set_defaults(func=_cmd_report)
+
+    status = sub.add_parser("status", help="list runs whose actors are alive")
+    status.add_argument("--address", default="auto")
+    status.set_defaults(func=_cmd_status)
+
+    stop = sub.add_parser("stop", help="stop a run's actors cleanly")
+    stop.add_argument("run", nargs="?", help="run name (default: every run)")
+    stop.add_argument("--address", default="auto")
+    stop.set_defaults(func=_cmd_stop)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except MineOnlineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Shared pieces of the config models: the base section class and a ``Field`` helper.
+
+Every field's description ends with its valid range, written from the same numbers pydantic
+enforces, so the docs, the YAML template's comments and the error messages never disagree.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+import annotated_types
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, and NaN/inf are never valid numbers."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class OpenSection(BaseModel):
+    """A section whose extra keys belong to a component selected by name (checked by the core)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+def setting(
+    default: Any,
+    description: str,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+) -> Any:
+    """A ``Field`` whose description states the valid range enforced by ``gt/ge/lt/le``."""
+    text = _range_text(gt=gt, ge=ge, lt=lt, le=le)
+    if text:
+        description = f"{description} Valid range: {text}."
+    return Field(default, description=description, gt=gt, ge=ge, lt=lt, le=le)
+
+
+def _fmt(number: float) -> str:
+    return f"{number:g}"
+
+
+def _range_text(*, gt: Any = None, ge: Any = None, lt: Any = None, le: Any = None) -> str:
+    low = f"{_fmt(gt)} < " if gt is not None else f"{_fmt(ge)} <= " if ge is not None else ""
+    high = f" < {_fmt(lt)}" if lt is not None else f" <= {_fmt(le)}" if le is not None else ""
+    if low and high:
+        return f"{low}x{high}"
+    if low:
+        return f"{'>' if gt is not None else '>='} {_fmt(gt if gt is not None else ge)}"
+    if high:
+        return f"{'<' if lt is not None else '<='} {_fmt(lt if lt is not None else le)}"
+    return ""
+
+
+def range_text(info: FieldInfo) -> str:
+    """The valid range of a numeric field, like ``0 < x <= 1`` or ``>= 1``; '' when unbounded."""
+    bounds: dict[str, Any] = {}
+    for item in info.metadata:
+        for attr in ("gt", "ge", "lt", "le"):
+            if isinstance(item, getattr(annotated_types, attr.capitalize())):
+                bounds[attr] = getattr(item, attr)
+    return _range_text(**bounds)
+
+
+def type_text(annotation: Any) -> str:
+    """A short human name of a field's type: ``int``, ``float``, ``str | None``, ``list[str]``."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_text(arg) for arg in typing.get_args(annotation))
+    if origin is not None:
+        args = ", ".join(type_text(arg) for arg in typing.get_args(annotation))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    if annotation is type(None):
+        return "None"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "mapping"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def section_type(annotation: Any) -> type[BaseModel] | None:
+    """The model class of a nested section field (unwrapping ``X | None``), else None."""
+    candidates = typing.get_args(annotation) or (annotation,)
+    for candidate in candidates:
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None

@@ -1,0 +1,97 @@
+"""Cross-field checks that one field's validator cannot see, run before any actor starts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mineonline_core.config.online import OnlineConfig
+from mineonline_core.errors import ConfigError
+
+# Ray's own resource bookkeeping is in 1e-4 units; a smaller gap is rounding, not a shortage.
+_EPS = 1e-4
+
+
+def _raise(problems: list[str], what: str) -> None:
+    if problems:
+        raise ConfigError(
+            f"Inconsistent config ({what}):\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+def check_consistency(cfg: OnlineConfig) -> None:
+    """Raise ``ConfigError`` listing every combination of values that cannot work together."""
+    rc, tc = cfg.rollout_config, cfg.train_config
+    wc, rb = rc.worker_config, rc.replay_buffer_config
+    problems: list[str] = []
+    if tc.batches_per_iteration % tc.gradient_accumulation:
+        problems.append(
+            f"train_config.batches_per_iteration ({tc.batches_per_iteration}) is not a multiple of "
+            f"train_config.gradient_accumulation ({tc.gradient_accumulation}), so the last "
+            f"optimiser step of each iteration would see a partial accumulation. Fix: make "
+            f"batches_per_iteration a multiple of gradient_accumulation, e.g. "
+            f"{_round_up(tc.batches_per_iteration, tc.gradient_accumulation)}."
+        )
+    if wc.batch_size > wc.num_envs:
+        problems.append(
+            f"rollout_config.worker_config.batch_size ({wc.batch_size}) exceeds "
+            f"rollout_config.worker_config.num_envs ({wc.num_envs}): an inference batch cannot "
+            f"hold more envs than a worker runs. Fix: lower batch_size to at most {wc.num_envs} "
+            f"or raise num_envs."
+        )
+    per_iteration = tc.num_workers * tc.batches_per_iteration * tc.batch_size_per_gpu
+    if per_iteration > rb.max_chunks:
+        problems.append(
+            f"One iteration needs {per_iteration} chunks (train_config.num_workers "
+            f"{tc.num_workers} x batches_per_iteration {tc.batches_per_iteration} x "
+            f"batch_size_per_gpu {tc.batch_size_per_gpu}) but "
+            f"rollout_config.replay_buffer_config.max_chunks is {rb.max_chunks}, so the trainer "
+            f"would wait forever. Fix: raise max_chunks to at least {per_iteration} or lower "
+            f"those train_config values."
+        )
+    chunk_steps = rc.fragment_length * rb.fragments_per_chunk
+    if tc.context_length > chunk_steps:
+        problems.append(
+            f"train_config.context_length ({tc.context_length}) is longer than a chunk "
+            f"({chunk_steps} steps = rollout_config.fragment_length {rc.fragment_length} x "
+            f"replay_buffer_config.fragments_per_chunk {rb.fragments_per_chunk}). Fix: lower "
+            f"context_length to at most {chunk_steps} or raise fragment_length."
+        )
+    _raise(problems, "values that cannot work together")
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def required_resources(cfg: OnlineConfig) -> dict[str, float]:
+    """CPUs and GPUs the run's workers reserve (the small actors reserve none)."""
+    rc, tc = cfg.rollout_config, cfg.train_config
+    return {
+        "CPU": rc.num_rollout_workers * rc.num_cpus_per_worker
+        + tc.num_workers * tc.num_cpus_per_worker,
+        "GPU": rc.num_rollout_workers * rc.num_gpus_per_worker
+        + tc.num_workers * tc.num_gpus_per_worker,
+    }
+
+
+def check_resources(cfg: OnlineConfig, available: Mapping[str, float]) -> None:
+    """Raise ``ConfigError`` when the cluster (``ray.cluster_resources()``) is too small.
+
+    Rollout and train workers reserve their CPUs/GPUs for the whole run, so a shortfall would
+    leave an actor pending forever instead of failing; catching it here turns a hang into an error.
+    """
+    rc, tc = cfg.rollout_config, cfg.train_config
+    needed = required_resources(cfg)
+    problems = []
+    for resource, per in (("CPU", "num_cpus_per_worker"), ("GPU", "num_gpus_per_worker")):
+        have = float(available.get(resource, 0.0))
+        if needed[resource] > have + _EPS:
+            problems.append(
+                f"The config asks for {needed[resource]:g} {resource}s: "
+                f"rollout_config.num_rollout_workers {rc.num_rollout_workers} x "
+                f"rollout_config.{per} {getattr(rc, per):g} + train_config.num_workers "
+                f"{tc.num_workers} x train_config.{per} {getattr(tc, per):g}, but the Ray cluster "
+                f"has {have:g}. Fix: lower those worker counts or per-worker {resource}s "
+                f"(fractions are allowed), or add nodes with more {resource}s."
+            )
+    _raise(problems, "not enough resources in the Ray cluster")

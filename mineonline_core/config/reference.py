@@ -1,0 +1,140 @@
+"""Generated references: the commented YAML template and the Markdown key reference.
+
+Both are written from the models' fields, so they cannot drift from what is validated.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from mineonline_core.config._fields import OpenSection, range_text, section_type, type_text
+from mineonline_core.config.online import OnlineConfig
+
+_WIDTH = 100
+
+
+def _scalar(value: Any) -> str:
+    """One YAML scalar or flow collection, as it would appear after ``key: ``."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    return text[: -len("...")].strip() if text.endswith("...") else text
+
+
+def _sections(
+    model: type[BaseModel], prefix: str = ""
+) -> Iterator[tuple[str, type[BaseModel]]]:
+    """Every section model with its dotted path, depth first; the top level first."""
+    yield prefix, model
+    for name, info in model.model_fields.items():
+        sub = section_type(info.annotation)
+        if sub is not None:
+            yield from _sections(sub, f"{prefix}.{name}" if prefix else name)
+
+
+def _template_lines(model: type[BaseModel], indent: int) -> list[str]:
+    pad, lines = " " * indent, []
+    for name, info in model.model_fields.items():
+        if indent == 0 and lines:
+            lines.append("")
+        for line in textwrap.wrap(
+            info.description or "", width=_WIDTH - indent - 2, break_on_hyphens=False
+        ):
+            lines.append(f"{pad}# {line}")
+        default = info.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            lines.append(f"{pad}{name}:")
+            lines.extend(_template_lines(type(default), indent + 2))
+        else:
+            lines.append(f"{pad}{name}: {_scalar(default)}")
+    return lines
+
+
+def config_template() -> str:
+    """The full default config as YAML, each key preceded by its description as a comment."""
+    header = [
+        "# mineonline run config: every key at its default. `mineonline config docs` explains",
+        "# each key; relative paths are resolved under <output_dir>/<run_name>.",
+        "",
+    ]
+    return "\n".join(header + _template_lines(OnlineConfig, 0)) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _section_table(path: str, model: type[BaseModel]) -> list[str]:
+    title = f"`{path}`" if path else "Top level"
+    doc = (model.__doc__ or "").strip().splitlines()
+    lines = [f"## {title}", ""]
+    if path and doc:
+        lines += [" ".join(part.strip() for part in doc if part.strip()), ""]
+    lines += ["| Key | Type | Default | Valid range | Description |", "|---|---|---|---|---|"]
+    for name, info in model.model_fields.items():
+        key = f"{path}.{name}" if path else name
+        if info.is_required():
+            default = "(required)"
+        else:
+            value = info.get_default(call_default_factory=True)
+            default = "(section)" if isinstance(value, BaseModel) else f"`{_scalar(value)}`"
+        description = (info.description or "").split(" Valid range:")[0]
+        lines.append(
+            f"| `{key}` | {_cell(type_text(info.annotation))} | {_cell(default)} | "
+            f"{_cell(range_text(info)) or 'any'} | {_cell(description)} |"
+        )
+    if issubclass(model, OpenSection):
+        lines += ["", "Other keys in this section are allowed: they are passed to the component "
+                  "the section selects and checked against that component's own `Config`."]
+    return lines + [""]
+
+
+_OVERRIDES = """\
+## Overrides on the command line
+
+Any key can be overridden with an OmegaConf dotlist item `key.path=value`, applied after the file
+is read and before validation, for example:
+
+```
+mineonline run examples/crafter.yaml train_config.learning_rate=1e-4 \\
+    rollout_config.worker_config.num_envs=8 logger_config.loggers=[] train_config.resume=null
+```
+
+Values are parsed as YAML (`1e-4` is a number, `null` is None, `[a, b]` a list). An override of an
+unknown key fails with the same "did you mean" message as a typo in the file, and names the
+override. Interpolations (`${...}`) are resolved inside config files, not inside overrides.
+"""
+
+
+def config_docs() -> str:
+    """Markdown reference of every key: path, type, default, valid range and description."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "A run is configured by one mapping: MineStudio's `online_dict`, accepted unchanged, plus",
+        "mineonline's additions (`run_name`, `output_dir`, `seed`, `policy_config`, `env_config`,",
+        "`database_config.backend`, `logger_config.loggers`, ...). It can be a dict, an OmegaConf",
+        "object, a YAML file, or a Python module defining `online_dict` with `env_generator` and",
+        "`policy_generator`. Unknown keys are errors with a suggestion; relative paths",
+        "(`save_path`, `video_output_dir`, `database_config.path`) are resolved under the run",
+        "directory `<output_dir>/<run_name>`. `mineonline config template` prints a commented file",
+        "with every default. This page is generated by `mineonline config docs`.",
+        "",
+    ]
+    for path, model in _sections(OnlineConfig):
+        lines += _section_table(path, model)
+    lines += [
+        "## Cross-field checks",
+        "",
+        "Before any actor starts: `batches_per_iteration` is a multiple of `gradient_accumulation`;",
+        "`worker_config.batch_size <= num_envs`; one iteration's chunks (`num_workers x",
+        "batches_per_iteration x batch_size_per_gpu`) fit in `max_chunks`; `context_length <=",
+        "fragment_length x fragments_per_chunk`; and the Ray cluster has the CPUs and GPUs the",
+        "rollout and train workers reserve.",
+        "",
+        _OVERRIDES,
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""``train_config``: the optimisation side (Ray Train workers, PPO, checkpoints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from mineonline_core.config._fields import Section, setting
+
+
+class TrainConfig(Section):
+    """``train_config``: how the policy is optimised, saved and resumed."""
+
+    # --- distribution -------------------------------------------------------------------------
+    num_workers: int = setting(
+        1, "Ray Train workers running data-parallel training (MineStudio example: 2).", ge=1
+    )
+    num_gpus_per_worker: float = setting(
+        0.0,
+        "GPUs reserved for each train worker (MineStudio example: 1.0); 0 trains on CPU with gloo.",
+        ge=0,
+    )
+    num_cpus_per_worker: float = setting(1.0, "CPUs reserved for each train worker.", gt=0)
+    # --- schedule -----------------------------------------------------------------------------
+    num_iterations: int = setting(
+        4000, "Training iterations to run (each: fetch, advantages, optimise, broadcast).", ge=1
+    )
+    vf_warmup: int = setting(
+        0,
+        "First iterations in which only the value function is trained; 0 trains the policy "
+        "from the start.",
+        ge=0,
+    )
+    learning_rate: float = setting(2e-5, "Initial learning rate of the AdamW optimiser.", gt=0)
+    anneal_lr_linearly: bool = Field(
+        False, description="Decay the learning rate linearly to 0 over num_iterations."
+    )
+    weight_decay: float = setting(0.04, "AdamW weight decay.", ge=0)
+    adam_eps: float = setting(1e-8, "Adam epsilon added to the denominator.", gt=0)
+    # --- batches ------------------------------------------------------------------------------
+    batch_size_per_gpu: int = setting(
+        1, "Chunks in one training batch on each train worker.", ge=1
+    )
+    batches_per_iteration: int = setting(
+        10,
+        "Batches each train worker processes per iteration (and epoch); a multiple of "
+        "gradient_accumulation.",
+        ge=1,
+    )
+    gradient_accumulation: int = setting(
+        10, "Batches whose gradients are summed before one optimiser step.", ge=1
+    )
+    epochs_per_iteration: int = setting(
+        1, "Passes over an iteration's fetched chunks.", ge=1
+    )
+    context_length: int = setting(
+        64,
+        "Time steps per forward/backward window when a chunk is split for training; at most "
+        "fragment_length * fragments_per_chunk.",
+        ge=1,
+    )
+    # --- returns and advantages ---------------------------------------------------------------
+    discount: float = setting(0.999, "Discount factor gamma of future rewards.", gt=0, le=1)
+    gae_lambda: float = setting(
+        0.95, "GAE lambda: 0 is one-step TD, 1 is Monte Carlo.", ge=0, le=1
+    )
+    # --- PPO loss -----------------------------------------------------------------------------
+    ppo_clip: float = setting(
+        0.2, "PPO clip epsilon: the ratio to the behaviour policy is clipped to [1-e, 1+e].", gt=0
+    )
+    clip_vloss: bool = Field(
+        False, description="Clip the value loss around the behaviour value, like the ratio."
+    )
+    max_grad_norm: float = setting(5.0, "Global gradient L2 norm above which it is clipped.", gt=0)
+    zero_initial_vf: bool = Field(
+        True, description="Zero the value head's last layer at start so early values are ~0."
+    )
+    ppo_policy_coef: float = setting(1.0, "Weight of the clipped policy loss.", ge=0)
+    ppo_vf_coef: float = setting(0.5, "Weight of the value loss.", ge=0)
+    kl_divergence_coef_rho: float = setting(
+        0.0,
+        "Initial weight of the KL penalty towards the frozen reference (pretrained) policy; "
+        "0 disables it (MineStudio's cow example: 0.2).",
+        ge=0,
+    )
+    entropy_bonus_coef: float = setting(0.0, "Weight of the entropy bonus.", ge=0)
+    coef_rho_decay: float = setting(
+        0.9995, "Factor the KL weight is multiplied by after each iteration.", gt=0, le=1
+    )
+    log_ratio_range: float = setting(
+        50.0, "Log-probability ratios are clamped to +-this before exp, for stability.", gt=0
+    )
+    normalize_advantage_full_batch: bool = Field(
+        True, description="Normalise advantages over an iteration's whole batch, not per batch."
+    )
+    use_normalized_vf: bool = Field(
+        True, description="Train the value head on running-normalised returns."
+    )
+    # --- data loading -------------------------------------------------------------------------
+    num_readers: int = setting(4, "Parallel readers fetching chunks from the replay store.", ge=1)
+    num_cpus_per_reader: float = setting(0.1, "CPUs reserved for each reader.", gt=0)
+    prefetch_batches: int = setting(2, "Batches prepared ahead of the optimiser.", ge=0)
+    # --- checkpoints, videos, resume ----------------------------------------------------------
+    save_interval: int = setting(10, "Iterations between checkpoints.", ge=1)
+    keep_interval: int = setting(
+        40,
+        "Checkpoints at multiples of this iteration count are kept; the others are deleted "
+        "once a newer checkpoint exists.",
+        ge=1,
+    )
+    record_video_interval: int = setting(
+        2, "Iterations between recorded rollout videos; 0 disables videos.", ge=0
+    )
+    enable_ref_update: bool = Field(
+        False,
+        description="Periodically copy the trained weights into the KL reference policy.",
+    )
+    fix_decoder: bool = Field(
+        False, description="Freeze the policy's action decoder (heads) during training."
+    )
+    resume: str | None = Field(
+        None,
+        description="Checkpoint directory to continue from, or null/'' to start fresh; training "
+        "continues at the iteration after the checkpoint's.",
+    )
+    resume_optimizer: bool = Field(
+        True, description="When resuming, also restore the optimiser and AMP scaler state."
+    )
+    save_path: str = Field(
+        "checkpoints",
+        description="Checkpoint directory; relative paths are under the run directory. "
+        "null means the default.",
+    )
+    use_amp: bool = Field(
+        False, description="Train with automatic mixed precision (bf16/fp16 autocast) on GPU."
+    )
+
+    @field_validator("resume", mode="before")
+    @classmethod
+    def _empty_resume_is_none(cls, value: Any) -> Any:
+        # MineStudio treats '' like None ("start from scratch"); keep that meaning.
+        return None if isinstance(value, str) and value == "" else value
+
+    @field_validator("save_path", mode="before")
+    @classmethod
+    def _none_save_path_is_default(cls, value: Any) -> Any:
+        # MineStudio accepts save_path None (its own default directory); ours is "checkpoints".
+        return "checkpoints" if value is None else value

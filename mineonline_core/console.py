@@ -1,0 +1,267 @@
+"""The console logger (always on) and the driver's live progress display.
+
+``ConsoleLogger`` runs inside the ``LoggerHub``: it appends one JSON object per ``log_metrics`` call
+to ``metrics.jsonl`` in the run directory (the file ``mineonline report`` plots), and at the end
+prints a summary table and writes ``summary.json``. ``Progress`` runs on the driver, fed from
+``hub.latest()`` about once a second: a rich live panel on a terminal, plain periodic log lines
+otherwise (CI logs stay readable).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import IO, Any, Callable, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from mineonline_core.logger import Logger
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def _json_value(value: float) -> float | None:
+    # JSON has no NaN or infinity; null keeps the line valid for every reader.
+    return value if math.isfinite(value) else None
+
+
+class ConsoleOptions(BaseModel):
+    """The console logger consumes no ``logger_config`` keys."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ConsoleLogger(Logger):
+    """Writes ``metrics.jsonl`` and prints a summary table at the end of the run."""
+
+    name: ClassVar[str] = "console"
+    Config: ClassVar[type[BaseModel]] = ConsoleOptions
+
+    def __init__(self, *, run_dir: str, options: BaseModel | None = None, config: dict[str, Any] | None = None) -> None:
+        super().__init__(run_dir=run_dir, options=options or ConsoleOptions(), config=config or {})
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, METRICS_FILE)
+        # Append: a resumed run continues the same file and the report shows the whole history.
+        self._file: IO[str] | None = open(self.path, "a", encoding="utf-8")
+        self._last: dict[str, float] = {}
+        self._last_step = 0
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        # One flush per call: lines are whole on disk even if the process is killed.
+        self._file.flush()
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self._last.update(metrics)
+        self._last_step = max(self._last_step, step)
+        self._write({"step": step, "time": time.time(), **{k: _json_value(float(v)) for k, v in metrics.items()}})
+
+    def log_histogram(self, key: str, values: np.ndarray, step: int) -> None:
+        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        values = values[np.isfinite(values)]
+        if values.size == 0:
+            return
+        stats = {f"{key}/mean": float(values.mean()), f"{key}/std": float(values.std())}
+        self._last.update(stats)
+        self._write({"step": step, "time": time.time(), **stats})
+
+    def log_video(self, key: str, path: str, step: int) -> None:
+        rel = os.path.relpath(path, self.run_dir)
+        # A non-numeric record: the report reads only numbers, people and scripts find the videos.
+        self._write({"step": step, "time": time.time(), "video": key, "path": rel})
+
+    def finish(self) -> None:
+        if self._file is None:
+            return
+        self._file.close()
+        self._file = None
+        summary = {"env_steps": self._last_step, **{k: _json_value(v) for k, v in sorted(self._last.items())}}
+        tmp = os.path.join(self.run_dir, SUMMARY_FILE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=1)
+        os.replace(tmp, os.path.join(self.run_dir, SUMMARY_FILE))
+        print_summary(self._last, env_steps=self._last_step)
+
+
+def format_value(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    if value == int(value) and abs(value) < 1e12:
+        return f"{int(value):,}"
+    if abs(value) >= 1e4 or abs(value) < 1e-3:
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+def summary_table(metrics: dict[str, float], *, env_steps: int | None = None, title: str = "mineonline run summary") -> Any:
+    """A rich table of the last value of each metric, grouped by namespace."""
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    table.add_column("group", style="cyan")
+    table.add_column("metric")
+    table.add_column("last value", justify="right")
+    if env_steps is not None:
+        table.add_row("", "env_steps", format_value(float(env_steps)))
+    previous = None
+    for key in sorted(metrics):
+        group, _, rest = key.partition("/")
+        table.add_row(group if group != previous else "", rest or group, format_value(metrics[key]))
+        previous = group
+    return table
+
+
+def print_summary(metrics: dict[str, float], *, env_steps: int | None = None, file: IO[str] | None = None) -> None:
+    from rich.console import Console
+
+    Console(file=file or sys.stdout, width=100).print(summary_table(metrics, env_steps=env_steps))
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver-side live progress
+# ---------------------------------------------------------------------------------------------
+
+# (label, metric key) shown by Progress when present.
+PROGRESS_FIELDS = (
+    ("env steps/s (rollout)", "rollout/env_steps_per_s"),
+    ("samples/s (train)", "trainer/samples_per_s"),
+    ("return mean", "episode/return_mean"),
+    ("staleness mean", "replay/staleness_mean"),
+    ("policy loss", "trainer/policy_loss"),
+    ("value loss", "trainer/value_loss"),
+    ("entropy", "trainer/entropy"),
+    ("kl ref", "trainer/kl_ref"),
+)
+ITERATION_KEY = "trainer/iteration"
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class Progress:
+    """Live view of a run on the driver: iteration, env steps and rates, return, staleness, losses, ETA.
+
+    ``update(hub.latest())`` about once a second. On a terminal this is a rich live panel; when
+    ``file`` is not a TTY it prints one plain line per ``interval_s`` seconds (and on ``close``).
+    ``clock`` is injectable so tests need no sleeps.
+    """
+
+    def __init__(
+        self,
+        num_iterations: int,
+        *,
+        enabled: bool = True,
+        file: IO[str] | None = None,
+        interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        force_terminal: bool | None = None,
+    ) -> None:
+        self.num_iterations = num_iterations
+        self.enabled = enabled
+        self.file = file or sys.stdout
+        self.interval_s = interval_s
+        self.clock = clock
+        self.tty = force_terminal if force_terminal is not None else bool(getattr(self.file, "isatty", lambda: False)())
+        self._start = clock()
+        self._first_iteration: tuple[float, float] | None = None  # (time, iteration) at first sight
+        self._last_print = -math.inf
+        self._latest: dict[str, float] = {}
+        self._live: Any = None
+        if enabled and self.tty:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(self._render(), console=Console(file=self.file), refresh_per_second=2, transient=False)
+            self._live.start()
+
+    def iteration(self) -> int:
+        return int(self._latest.get(ITERATION_KEY, 0) or 0)
+
+    def eta_s(self) -> float | None:
+        """Seconds left, from the iteration rate since the first iteration this display saw."""
+        it = self.iteration()
+        if self.num_iterations > 0 and it >= self.num_iterations:
+            return 0.0
+        if self._first_iteration is None:
+            return None
+        t0, it0 = self._first_iteration
+        if it <= it0:
+            return None
+        return (self.clock() - t0) / (it - it0) * (self.num_iterations - it)
+
+    def update(self, latest: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        self._latest = dict(latest)
+        if self._first_iteration is None and ITERATION_KEY in latest:
+            self._first_iteration = (self.clock(), float(latest[ITERATION_KEY]))
+        if self._live is not None:
+            self._live.update(self._render())
+            return
+        now = self.clock()
+        if now - self._last_print >= self.interval_s:
+            self._last_print = now
+            print(self.line(), file=self.file, flush=True)
+
+    def line(self) -> str:
+        """The plain one-line rendering (non-TTY output)."""
+        parts = [
+            f"iter {self.iteration()}/{self.num_iterations}",
+            f"env_steps {format_value(self._latest.get('env_steps', 0.0))}",
+        ]
+        for label, key in PROGRESS_FIELDS:
+            if key in self._latest:
+                parts.append(f"{label} {format_value(self._latest[key])}")
+        if self._latest.get("logger/errors"):
+            parts.append(f"logger errors {int(self._latest['logger/errors'])}")
+        parts.append(f"elapsed {format_eta(self.clock() - self._start)}")
+        parts.append(f"ETA {format_eta(self.eta_s())}")
+        return " | ".join(parts)
+
+    def _render(self) -> Any:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        it = self.iteration()
+        head = Table.grid(padding=(0, 2))
+        head.add_row(
+            f"[bold]iteration {it}/{self.num_iterations}[/]",
+            ProgressBar(total=max(self.num_iterations, 1), completed=min(it, self.num_iterations), width=40),
+            f"ETA {format_eta(self.eta_s())}",
+            f"elapsed {format_eta(self.clock() - self._start)}",
+        )
+        body = Table.grid(padding=(0, 3))
+        cells = [("env steps", format_value(self._latest.get("env_steps", 0.0)))]
+        cells += [(label, format_value(self._latest[key])) for label, key in PROGRESS_FIELDS if key in self._latest]
+        if self._latest.get("logger/errors"):
+            cells.append(("[red]logger errors[/]", str(int(self._latest["logger/errors"]))))
+        for i in range(0, len(cells), 3):
+            row = cells[i : i + 3]
+            body.add_row(*[f"[dim]{label}[/] {value}" for label, value in row])
+        return Group(head, body)
+
+    def close(self) -> None:
+        """Stop the live display (or print a final line)."""
+        if not self.enabled:
+            return
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.stop()
+            self._live = None
+        else:
+            print(self.line(), file=self.file, flush=True)
+        self.enabled = False

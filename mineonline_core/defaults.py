@@ -1,0 +1,36 @@
+"""The core's own components, registered through the same hooks as any plugin."""
+
+from __future__ import annotations
+
+from mineonline_core.hookspecs import Register, hookimpl
+
+
+@hookimpl
+def mineonline_register_replay_stores(register: Register) -> None:
+    from mineonline_core.store import MemoryStore
+
+    register(MemoryStore)
+
+
+@hookimpl
+def mineonline_register_loggers(register: Register) -> None:
+    from mineonline_core.console import ConsoleLogger
+
+    register(ConsoleLogger)
+
+
+@hookimpl
+def mineonline_register_policies(register: Register) -> None:
+    from mineonline_core.models import MLPPolicy, RecurrentCNNPolicy
+
+    register(MLPPolicy)
+    register(RecurrentCNNPolicy)
+
+
+@hookimpl
+def mineonline_register_envs(register: Register) -> None:
+    from mineonline_core.envs import CrafterEnv, GymnasiumEnv, MineStudioEnv
+
+    register(GymnasiumEnv)
+    register(CrafterEnv)
+    register(MineStudioEnv)

@@ -1,0 +1,62 @@
+"""Names of the columns of a fragment and of a training batch.
+
+A **fragment** is ``fragment_length`` consecutive steps of one env, cut by a rollout worker. It is a
+dict (a tree, see ``mineonline_core.tree``) with these keys; T is ``fragment_length``:
+
+=================  ==========================================================================
+``obs``            tree of arrays, leaves (T, ...): the observation the policy acted on
+``next_obs``       tree of arrays, leaves (1, ...): the observation after the last step
+``action``         tree of arrays, leaves (T, ...): what ``pi_head.sample`` returned
+``reward``         float32 (T,)
+``terminated``     bool (T,): the episode ended in a true terminal state (no bootstrap)
+``truncated``      bool (T,): the episode was cut (time limit, env crash or hang): bootstrap
+``first``          bool (T,): the step is the first of an episode (recurrent memory resets)
+``logprob``        float32 (T,): the behaviour policy's log-prob of ``action``
+``vpred``          float32 (T,): the behaviour policy's value, denormalised
+``bootstrap``      float32 (T,): at truncated steps, the behaviour value of the final
+                   observation (the value of the last observation for a crash); 0 elsewhere
+``state_in``       the recurrent state before step 0, batch size 1 (None when feed-forward)
+``episode_id``     int64 (T,): a per-stream episode counter
+``version``        int64 (T,): the model version that chose each action
+``stream``         str: ``"{worker_id}.{incarnation}.{env_id}"``, one per env per worker life
+``index``          int: the fragment's position in its stream (consecutive fragments: +1)
+``worker_id``      int
+``env_id``         int
+=================  ==========================================================================
+
+A **chunk** is ``fragments_per_chunk`` consecutive fragments of one stream; it is what the replay
+buffer serves and what the trainer trains on as one sequence.
+"""
+
+from __future__ import annotations
+
+OBS = "obs"
+NEXT_OBS = "next_obs"
+ACTION = "action"
+REWARD = "reward"
+TERMINATED = "terminated"
+TRUNCATED = "truncated"
+FIRST = "first"
+LOGPROB = "logprob"
+VPRED = "vpred"
+BOOTSTRAP = "bootstrap"
+STATE_IN = "state_in"
+EPISODE_ID = "episode_id"
+VERSION = "version"
+STREAM = "stream"
+INDEX = "index"
+WORKER_ID = "worker_id"
+ENV_ID = "env_id"
+
+# Per-step columns, concatenated along time when fragments are chained into a chunk.
+STEP_COLUMNS = (OBS, ACTION, REWARD, TERMINATED, TRUNCATED, FIRST, LOGPROB, VPRED, BOOTSTRAP, EPISODE_ID, VERSION)
+
+# Columns the trainer adds to a batch (float32, (N, L)).
+ADVANTAGE = "advantage"
+RETURN = "return"
+VALUE = "value"  # the trainer's own value estimate at fetch time, denormalised
+
+
+def fragment_key(stream: str, index: int) -> str:
+    """The store key of a fragment: sortable within a stream."""
+    return f"{stream}.{index:09d}"

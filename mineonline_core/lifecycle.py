@@ -1,0 +1,203 @@
+"""``mineonline status`` and ``mineonline stop``: find and end runs from a second driver.
+
+A run's actors live in the Ray namespace ``mineonline`` under names prefixed by the run name
+(``{run}/rollout_manager``, ``{run}/logger_hub``, ...). With ``detach_rollout_manager`` they outlive
+the driver that started them, so these commands attach to the cluster as a *second* driver.
+
+Authentication: Ray 2.60 turns token authentication on for every cluster it starts, keeps the token
+in ``~/.ray/auth_token`` (or ``RAY_AUTH_TOKEN_PATH``, or the ``RAY_AUTH_TOKEN`` variable) and a
+connecting driver must present it. Ray only switches a client into token mode by itself when the
+address is ``auto``; for an explicit ``host:port`` it stays in the default mode and the cluster
+rejects it. So when a token is available and the user has not chosen a mode, we set
+``RAY_AUTH_MODE=token`` before connecting. We never turn authentication off.
+
+Stopping never kills processes: it asks the run to stop (``request_stop``: the trainer writes a final
+checkpoint and its driver tears the run down), waits a short grace period for that when the driver
+that owns the run is still alive, then calls ``shutdown()`` on the manager and ``ray.kill`` on each
+of the run's named actors.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mineonline_core.errors import MineOnlineError
+
+NAMESPACE = "mineonline"
+MANAGER_SUFFIX = "/rollout_manager"
+AUTH_MODE_VAR = "RAY_AUTH_MODE"
+
+
+def token_available() -> bool:
+    """Whether a Ray auth token is at hand: ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    candidate = Path(path).expanduser() if path else Path.home() / ".ray" / "auth_token"
+    return candidate.is_file() and candidate.stat().st_size > 0
+
+
+def prepare_auth_env() -> None:
+    """Present the cluster's token when connecting: set ``RAY_AUTH_MODE=token`` if a token exists.
+
+    An explicit ``RAY_AUTH_MODE`` chosen by the user is left as it is.
+    """
+    if AUTH_MODE_VAR not in os.environ and token_available():
+        os.environ[AUTH_MODE_VAR] = "token"
+
+
+def attach(address: str) -> bool:
+    """Connect to the running cluster at ``address`` ("auto" finds the local one); False when none runs."""
+    import ray
+
+    if ray.is_initialized():
+        return True
+    prepare_auth_env()
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+    except ConnectionError:
+        return False
+    except ray.exceptions.AuthenticationError as exc:
+        raise MineOnlineError(
+            f"--address {address}: the Ray cluster rejected this driver's token ({exc.message}). Fix: make the "
+            "cluster's token available here, in ~/.ray/auth_token, via RAY_AUTH_TOKEN_PATH or as RAY_AUTH_TOKEN."
+        ) from None
+    except ValueError as exc:
+        raise MineOnlineError(f"--address {address}: {exc}. Fix: give host:port of the Ray head node, or 'auto'.") from None
+    return True
+
+
+def list_runs() -> dict[str, list[str]]:
+    """Run name -> names of its live named actors in namespace ``mineonline`` (sorted)."""
+    import ray
+
+    runs: dict[str, list[str]] = {}
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["namespace"] != NAMESPACE or "/" not in entry["name"]:
+            continue
+        run = entry["name"].rsplit("/", 1)[0]
+        runs.setdefault(run, []).append(entry["name"])
+    return {run: sorted(names) for run, names in sorted(runs.items())}
+
+
+def _manager_status(run: str, timeout: float = 10.0) -> dict[str, Any] | str:
+    """The manager's ``status()``, or a short reason why it could not be read."""
+    import ray
+
+    try:
+        manager = ray.get_actor(run + MANAGER_SUFFIX, namespace=NAMESPACE)
+        return dict(ray.get(manager.status.remote(), timeout=timeout))
+    except ValueError:
+        return "no rollout manager"
+    except ray.exceptions.GetTimeoutError:
+        return f"rollout manager busy (no answer in {timeout:.0f}s)"
+    except ray.exceptions.RayError as exc:
+        return f"rollout manager unreachable ({type(exc).__name__})"
+
+
+def _count(value: Any) -> Any:
+    return len(value) if isinstance(value, (list, tuple, dict)) else value
+
+
+def format_status(run: str, actors: list[str], status: dict[str, Any] | str) -> str:
+    """One line per run: workers, buffer size, model version, env steps, then its actors."""
+    if isinstance(status, str):
+        head = status
+    else:
+        buffer = status.get("buffer_size", status.get("buffer"))
+        if isinstance(buffer, dict):
+            buffer = buffer.get("replay/chunks", buffer.get("chunks", buffer.get("size")))
+        fields = {"workers": _count(status.get("workers")), "buffer": buffer,
+                  "version": status.get("version"), "env_steps": status.get("env_steps")}  # fmt: skip
+        head = "  ".join(f"{k}={v}" for k, v in fields.items() if v is not None) or "status: " + repr(status)
+    short = ", ".join(name.rsplit("/", 1)[1] for name in actors)
+    return f"{run}  {head}  actors: {short}"
+
+
+def print_status(*, address: str = "auto") -> int:
+    """Print the runs whose actors are alive; 0 also when no cluster runs (with a message)."""
+    if not attach(address):
+        print(f"no Ray cluster is running at {address!r}: no mineonline runs are alive.")
+        return 0
+    runs = list_runs()
+    if not runs:
+        print("no mineonline runs are alive on this cluster.")
+        return 0
+    for run, actors in runs.items():
+        print(format_status(run, actors, _manager_status(run)))
+    return 0
+
+
+def _owner_driver_alive(handle: Any) -> bool:
+    """Whether the driver (job) that created the actor still runs: then it tears the run down itself."""
+    import ray
+
+    try:
+        info = ray._private.state.actors(handle._actor_id.hex())
+        job_hex = info.get("JobID")
+        for job in ray._private.state.jobs():
+            if job.get("JobID") == job_hex:
+                return not job.get("IsDead", True)
+    except Exception:  # noqa: BLE001 - best effort: without the answer we skip the grace period
+        return False
+    return False
+
+
+def _wait_gone(names: list[str], timeout: float) -> bool:
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = {e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e["namespace"] == NAMESPACE}
+        if not alive.intersection(names):
+            return True
+        time.sleep(0.5)  # polling a remote condition, not hiding a race
+    return False
+
+
+def stop_run(run: str, actors: list[str], *, grace_s: float = 30.0) -> str:
+    """Stop one run: request a graceful stop, wait for its driver up to ``grace_s``, then end the actors."""
+    import ray
+
+    manager = None
+    if run + MANAGER_SUFFIX in actors:
+        manager = ray.get_actor(run + MANAGER_SUFFIX, namespace=NAMESPACE)
+        try:
+            ray.get(manager.request_stop.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - a dead or busy manager is shut down below anyway
+            pass
+        if _owner_driver_alive(manager) and _wait_gone(actors, grace_s):
+            return "stopped by its driver (final checkpoint written)"
+        try:
+            ray.get(manager.shutdown.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - killed below
+            pass
+    for name in actors:
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        except ValueError:
+            pass  # already gone
+    return "stopped"
+
+
+def stop_runs(run: str | None, *, address: str = "auto", grace_s: float = 30.0) -> int:
+    """Stop ``run`` (or every run); 2 when no cluster runs or the run is unknown."""
+    if not attach(address):
+        print(f"no Ray cluster is running at {address!r}: nothing to stop.", file=sys.stderr)
+        return 2
+    runs = list_runs()
+    if run is not None:
+        if run not in runs:
+            alive = ", ".join(runs) or "none"
+            raise MineOnlineError(f"mineonline stop {run}: no run of that name is alive (alive runs: {alive}). Fix: see `mineonline status`.")
+        runs = {run: runs[run]}
+    if not runs:
+        print("no mineonline runs are alive on this cluster: nothing to stop.")
+        return 0
+    for name, actors in runs.items():
+        print(f"{name}: {stop_run(name, actors, grace_s=grace_s)}")
+    return 0

@@ -1,0 +1,251 @@
+"""The run's logging actor: one place where every metric, histogram and video of a run arrives.
+
+Producers (rollout workers, the replay buffer, episode statistics, the trainer's rank 0) call the hub
+fire-and-forget (``hub.log_metrics.remote(...)`` without ``ray.get``), so logging never sits on a hot
+path. Each call only records the latest values and enqueues the item; one background thread feeds the
+loggers in arrival order. A logger that raises is logged with its traceback and disabled, alone: the
+other loggers and every producer carry on, and ``logger/errors`` in ``latest()`` and the summary says
+how many loggers failed.
+
+The hub owns the run's single step axis: the total number of env steps, advanced by rollout workers
+through ``add_env_steps``. A metric logged without an explicit step is stamped with the current count.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import traceback
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+
+from mineonline_core.logger import Logger
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+def video_filename(key: str, step: int) -> str:
+    """The file a video logged under ``key`` at ``step`` is written to (inside the video dir)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key.replace("/", "_"))
+    return f"{safe}_step{step:09d}.mp4"
+
+
+class LoggerHub:
+    """Receives metrics from every process of a run and feeds the selected loggers.
+
+    Plain class: the driver wraps it with ``ray.remote(num_cpus=0, max_concurrency=4)`` (see
+    ``start_logger_hub``); tests may use it directly. ``loggers`` are (class, validated options)
+    pairs; ``config`` is the full resolved run config given to each logger; ``video_dir`` is where
+    videos are written, relative to ``run_dir`` unless absolute.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_dir: str,
+        loggers: list[tuple[type[Logger], BaseModel]],
+        config: dict,
+        num_iterations: int,
+        video_dir: str,
+    ) -> None:
+        self.run_dir = os.path.abspath(run_dir)
+        self.video_dir = video_dir if os.path.isabs(video_dir) else os.path.join(self.run_dir, video_dir)
+        self.num_iterations = num_iterations
+        os.makedirs(self.run_dir, exist_ok=True)
+        self._lock = threading.Lock()
+        self._env_steps = 0
+        self._latest: dict[str, float] = {}
+        self._errors: list[str] = []  # "logger_name: Exception text", for the summary and the driver
+        self._dropped: set[str] = set()
+        self._finished = False
+        self._summary: dict[str, float] | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._loggers: list[Logger] = []
+        for cls, options in loggers:
+            try:
+                self._loggers.append(cls(run_dir=self.run_dir, options=options, config=config))
+            except Exception:  # noqa: BLE001 - a broken logger must not take the run down
+                self._record_failure(getattr(cls, "name", cls.__name__), "start", traceback.format_exc())
+        self._thread = threading.Thread(target=self._feed, name="logger-hub-feeder", daemon=True)
+        self._thread.start()
+
+    # ----- producer side: every call records and enqueues, nothing waits on a logger ----------
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Record scalars; ``step`` defaults to the current total env steps."""
+        clean: dict[str, float] = {}
+        for key, value in metrics.items():
+            try:
+                clean[key] = float(value)
+            except (TypeError, ValueError):
+                if key not in self._dropped:  # warn once per key, not once per iteration
+                    self._dropped.add(key)
+                    log.warning("LoggerHub: metric %r has non-numeric value %r of type %s; it is dropped", key, value, type(value).__name__)
+        with self._lock:
+            if self._finished:
+                return
+            step = self._env_steps if step is None else int(step)
+            self._latest.update(clean)
+            # enqueue under the lock so nothing lands behind finish()'s stop marker
+            self._queue.put(("metrics", clean, step))
+
+    def log_histogram(self, key: str, values: np.ndarray, step: int | None = None) -> None:
+        """Record a distribution (advantages, values, staleness)."""
+        values = np.asarray(values).reshape(-1)
+        with self._lock:
+            if self._finished:
+                return
+            step = self._env_steps if step is None else int(step)
+            self._queue.put(("histogram", key, values, step))
+
+    def log_video(self, key: str, mp4: bytes, step: int | None = None, filename: str | None = None) -> None:
+        """Write an mp4 under the video dir, then hand its path to every logger."""
+        with self._lock:
+            if self._finished:
+                return
+            step = self._env_steps if step is None else int(step)
+            self._queue.put(("video", key, mp4, step, filename))
+
+    def add_env_steps(self, n: int) -> None:
+        with self._lock:
+            self._env_steps += int(n)
+
+    def set_env_steps(self, n: int) -> None:
+        """Restore the step axis, e.g. from a checkpoint when a run resumes."""
+        with self._lock:
+            self._env_steps = int(n)
+
+    def env_steps(self) -> int:
+        with self._lock:
+            return self._env_steps
+
+    def latest(self) -> dict[str, float]:
+        """The latest value of every metric, plus ``env_steps``, ``logger/errors``, ``logger/queue``."""
+        with self._lock:
+            out = dict(self._latest)
+            out["env_steps"] = float(self._env_steps)
+            out["logger/errors"] = float(len(self._errors))
+        out["logger/queue"] = float(self._queue.qsize())
+        return out
+
+    def errors(self) -> list[str]:
+        """One line per failed logger: its name, where it failed and the exception."""
+        with self._lock:
+            return list(self._errors)
+
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Block until everything enqueued before this call reached the loggers; True if it did."""
+        done = threading.Event()
+        with self._lock:
+            if self._finished:
+                return True
+            self._queue.put(("flush", done))
+        return done.wait(timeout)
+
+    def video_path(self, key: str, step: int, filename: str | None = None) -> str:
+        return os.path.join(self.video_dir, os.path.basename(filename) if filename else video_filename(key, step))
+
+    def finish(self) -> dict[str, float]:
+        """Drain the queue, finish every logger, return the summary (latest values). Idempotent."""
+        with self._lock:
+            if self._finished:
+                return dict(self._summary or {})
+            self._finished = True
+            self._queue.put(_STOP)
+        self._thread.join()
+        for logger in self._active():
+            self._call(logger, "finish")
+        summary = self.latest()
+        summary.pop("logger/queue", None)
+        with self._lock:
+            self._summary = summary
+        return dict(summary)
+
+    # ----- consumer side -------------------------------------------------------------------
+
+    def _active(self) -> list[Logger]:
+        with self._lock:
+            return list(self._loggers)
+
+    def _feed(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            try:
+                self._dispatch(item)
+            except Exception:  # noqa: BLE001 - the feeder must outlive any single bad item
+                log.error("LoggerHub: could not dispatch %s:\n%s", item[0], traceback.format_exc())
+
+    def _dispatch(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "flush":
+            item[1].set()
+        elif kind == "metrics":
+            _, metrics, step = item
+            for logger in self._active():
+                self._call(logger, "log_metrics", metrics, step)
+        elif kind == "histogram":
+            _, key, values, step = item
+            for logger in self._active():
+                self._call(logger, "log_histogram", key, values, step)
+        elif kind == "video":
+            _, key, mp4, step, filename = item
+            path = self.video_path(key, step, filename)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = path + ".tmp"
+                with open(tmp, "wb") as f:
+                    f.write(mp4)
+                os.replace(tmp, path)  # loggers never see a half-written file
+            except OSError:
+                log.error("LoggerHub: could not write video %s:\n%s", path, traceback.format_exc())
+                with self._lock:
+                    self._errors.append(f"video {key}: could not write {path}")
+                return
+            for logger in self._active():
+                self._call(logger, "log_video", key, path, step)
+
+    def _call(self, logger: Logger, method: str, *args: Any) -> None:
+        try:
+            getattr(logger, method)(*args)
+        except Exception:  # noqa: BLE001 - isolate the failing logger, keep the others
+            with self._lock:
+                if logger in self._loggers:
+                    self._loggers.remove(logger)
+            self._record_failure(type(logger).name or type(logger).__name__, method, traceback.format_exc())
+
+    def _record_failure(self, name: str, method: str, tb: str) -> None:
+        log.error("LoggerHub: logger %r failed in %s and is disabled for the rest of the run:\n%s", name, method, tb)
+        last = tb.strip().splitlines()[-1] if tb.strip() else "unknown error"
+        with self._lock:
+            self._errors.append(f"{name}.{method}: {last}")
+
+
+def start_logger_hub(*, run_name: str, namespace: str = "mineonline", lifetime: str | None = None, **kwargs: Any) -> Any:
+    """Start the hub as the named actor ``{run_name}/logger_hub`` and wait until its loggers exist.
+
+    ``kwargs`` are ``LoggerHub``'s constructor arguments. ``lifetime="detached"`` keeps the hub
+    alive after the driver exits (used with ``detach_rollout_manager``).
+    """
+    import ray
+
+    actor_cls = ray.remote(num_cpus=0, max_concurrency=4)(LoggerHub)
+    hub = actor_cls.options(name=f"{run_name}/logger_hub", namespace=namespace, lifetime=lifetime).remote(**kwargs)
+    errors = ray.get(hub.errors.remote())  # constructor errors surface here, not at the first metric
+    for line in errors:
+        log.error("LoggerHub for run %r: %s", run_name, line)
+    return hub
+
+
+def get_logger_hub(run_name: str, *, namespace: str = "mineonline") -> Any:
+    """The hub of a running run (e.g. for a detached rollout manager started by another driver)."""
+    import ray
+
+    return ray.get_actor(f"{run_name}/logger_hub", namespace=namespace)

@@ -1,0 +1,154 @@
+"""The policy contract (MineStudio ``MinePolicy``-compatible) and reusable heads.
+
+A policy is a ``torch.nn.Module`` that maps batched inputs (B, T, ...) and a recurrent state to
+``latents`` and a new state::
+
+    latents, state_out = policy(input={"image": uint8 (B,T,H,W,C)}, state_in=state,
+                                context={"first": bool (B,T)})
+    latents["pi_logits"]  # whatever ``policy.pi_head`` understands (normalised log-probs)
+    latents["vpred"]      # (B,T,1) or (B,T): the value, normalised when the head normalises
+
+``first[b, t]`` marks the first step of an episode; a recurrent policy must reset its memory there,
+at any t, so that a training forward over a fragment reproduces the step-by-step rollout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+from torch.nn import functional as F
+
+
+class PolicyOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Policy(nn.Module):
+    """Base class of registered policies. Subclasses set ``pi_head`` and ``value_head``."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[BaseModel]] = PolicyOptions
+
+    @classmethod
+    def build(cls, options: BaseModel, *, observation_space: Any, action_space: Any) -> "Policy":
+        """Build the policy from its validated options and the env's spaces."""
+        raise NotImplementedError
+
+    def initial_state(self, batch_size: int) -> Any:
+        """The recurrent state before an episode's first step; None for a feed-forward policy."""
+        return None
+
+    def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
+        raise NotImplementedError
+
+
+class EwmaNormalizer(nn.Module):
+    """Exponentially weighted running mean/variance, debiased (OpenAI VPT's ``NormalizeEwma``).
+
+    The statistics are non-trainable parameters so that they live in the state dict, the weight
+    broadcast and the checkpoint.
+    """
+
+    def __init__(self, size: int = 1, *, beta: float = 0.99999, epsilon: float = 1e-5) -> None:
+        super().__init__()
+        self.beta, self.epsilon = beta, epsilon
+        self.running_mean = nn.Parameter(torch.zeros(size), requires_grad=False)
+        self.running_mean_sq = nn.Parameter(torch.zeros(size), requires_grad=False)
+        self.debiasing_term = nn.Parameter(torch.tensor(0.0), requires_grad=False)
+
+    def mean_var(self) -> tuple[torch.Tensor, torch.Tensor]:
+        debias = self.debiasing_term.clamp(min=self.epsilon)
+        mean = self.running_mean / debias
+        var = (self.running_mean_sq / debias - mean**2).clamp(min=1e-2)
+        return mean, var
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        mean, var = self.mean_var()
+        return (x - mean) / var.sqrt()
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        mean, var = self.mean_var()
+        return x * var.sqrt() + mean
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.detach().float().reshape(-1, self.running_mean.shape[0])
+        w = self.beta
+        self.running_mean.mul_(w).add_(x.mean(0) * (1 - w))
+        self.running_mean_sq.mul_(w).add_((x**2).mean(0) * (1 - w))
+        self.debiasing_term.mul_(w).add_(1 - w)
+
+
+class ValueHead(nn.Module):
+    """A linear value head whose output is normalised by an ``EwmaNormalizer``.
+
+    ``vpred`` is the normalised value; ``denormalize`` gives returns. With ``normalize=False`` the
+    normaliser is the identity and training targets are raw returns.
+    """
+
+    def __init__(self, in_features: int, *, normalize: bool = True, beta: float = 0.99999) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, 1)
+        self.normalizer = EwmaNormalizer(1, beta=beta)
+        self.use_normalizer = normalize
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def reset_parameters(self) -> None:
+        """Zero the output layer, so the initial value is the normaliser's mean (``zero_initial_vf``)."""
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return self.normalizer.normalize(x) if self.use_normalizer else x
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        return self.normalizer.denormalize(x) if self.use_normalizer else x
+
+    def update_normalizer(self, returns: torch.Tensor) -> None:
+        if self.use_normalizer:
+            self.normalizer.update(returns)
+
+
+class CategoricalHead(nn.Module):
+    """A discrete action head: ``pi_logits`` are log-probs (B, T, n); actions are int64 (B, T)."""
+
+    def __init__(self, in_features: int, n: int, *, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, n)
+        self.temperature = temperature
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(self.linear(x) / self.temperature, dim=-1)
+
+    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if deterministic:
+            return logits.argmax(-1)
+        u = torch.rand_like(logits).clamp_(1e-20, 1.0)
+        return (logits - torch.log(-torch.log(u))).argmax(-1)
+
+    def logprob(self, action: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return logits.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        return -(logits.exp() * logits).sum(-1)
+
+    def kl_divergence(self, logits_q: torch.Tensor, logits_p: torch.Tensor) -> torch.Tensor:
+        """KL(q || p) for log-prob tensors of the same shape."""
+        return (logits_q.exp() * (logits_q - logits_p)).sum(-1)
+
+
+def prepare_policy(policy: nn.Module, *, use_normalized_vf: bool) -> nn.Module:
+    """Apply the run-wide policy settings that every process building a policy must agree on.
+
+    Rollout workers and trainer ranks both call this on what ``policy_generator()`` returns, so the
+    behaviour values they record and the values the trainer regresses are on the same scale.
+    """
+    value_head = getattr(policy, "value_head", None)
+    if value_head is not None and hasattr(value_head, "use_normalizer"):
+        value_head.use_normalizer = use_normalized_vf
+    return policy

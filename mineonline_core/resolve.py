@@ -1,0 +1,153 @@
+"""Resolve a loaded config into the components a run needs, before Ray starts.
+
+Everything a user can get wrong is checked here, cheaply and up front: component names, each
+component's own options, the env and policy generators (serialisable, and they run), and the
+consistency of the config with itself. ``mineonline check`` stops after this step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+from pydantic import BaseModel, ValidationError
+
+from mineonline_core.config import LoadedConfig, OnlineConfig, check_consistency
+from mineonline_core.errors import ConfigError, MineOnlineError, closest
+from mineonline_core.plugins import PluginManager
+
+
+@dataclasses.dataclass
+class ResolvedRun:
+    """A validated config with every component resolved to a class and validated options."""
+
+    config: OnlineConfig
+    env_generator: Callable[[], Any]
+    policy_generator: Callable[[], Any]
+    trainer_cls: type
+    store_cls: type
+    store_options: BaseModel
+    loggers: list[tuple[type, BaseModel]]
+    observation_space: Any
+    action_space: Any
+    source_text: str | None = None
+    source_path: str | None = None
+
+
+def _options(cls: type, data: dict[str, Any], key: str) -> BaseModel:
+    try:
+        return cls.Config(**data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(p) for p in error["loc"])
+            if error["type"] == "extra_forbidden":
+                fields = list(cls.Config.model_fields)
+                hint = closest(field, fields)
+                problems.append(
+                    f"{key}.{field}: unknown key for {cls.name!r} (value {error.get('input')!r})."
+                    + (f" Did you mean {hint!r}?" if hint else "")
+                    + f" Valid keys: {', '.join(fields) or 'none'}."
+                )
+            else:
+                problems.append(f"{key}.{field}: {error['msg']} (got {error.get('input')!r}).")
+        raise ConfigError(f"Invalid options for {cls.name!r}:\n  " + "\n  ".join(problems)) from None
+
+
+def _picklable(obj: Any, what: str) -> None:
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.dumps(obj)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to the user
+        raise ConfigError(
+            f"{what} cannot be serialised to send it to Ray workers ({type(exc).__name__}: {exc}). Fix: define "
+            f"it at module level in the config file and avoid capturing open files, locks or live objects."
+        ) from None
+
+
+def _call(generator: Callable[[], Any], what: str) -> Any:
+    try:
+        return generator()
+    except MineOnlineError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - report the user's own error, whatever it is
+        raise ConfigError(
+            f"{what} raised {type(exc).__name__}: {exc}. It runs in every rollout worker and trainer rank, so "
+            f"it must work here first. Fix the generator (run it in a Python shell to see the full traceback)."
+        ) from exc
+
+
+def _build_policy(policy_cls: type, options: BaseModel, observation_space: Any, action_space: Any) -> Any:
+    return policy_cls.build(options, observation_space=observation_space, action_space=action_space)
+
+
+def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> ResolvedRun:
+    """Resolve every component of ``loaded`` with ``pm``; raise one clear error for the first problem."""
+    from mineonline_core.envs import env_generator_from_config
+
+    cfg = loaded.config
+    trainer_cls = pm.lookup("trainer", cfg.trainer_name)
+    db = cfg.rollout_config.replay_buffer_config.database_config
+    store_cls = pm.lookup("replay_store", db.backend)
+    store_options = _options(store_cls, dict(db.model_extra or {}), "rollout_config.replay_buffer_config.database_config")
+
+    logger_names = ["console", *[n for n in cfg.logger_config.loggers if n != "console"]]
+    logger_classes = [pm.lookup("logger", n) for n in logger_names]
+    extra = dict(cfg.logger_config.model_extra or {})
+    consumed = {field for cls in logger_classes for field in cls.Config.model_fields}
+    unknown = sorted(set(extra) - consumed)
+    if unknown:
+        hint = closest(unknown[0], sorted(consumed))
+        raise ConfigError(
+            f"logger_config.{unknown[0]}: no selected logger ({', '.join(logger_names)}) uses this key (value "
+            f"{extra[unknown[0]]!r})." + (f" Did you mean {hint!r}?" if hint else "")
+            + f" Keys the selected loggers accept: {', '.join(sorted(consumed)) or 'none'}."
+        )
+    logger_data = {"project": cfg.logger_config.project, "name": cfg.logger_config.name, **extra}
+    loggers = [(cls, _options(cls, logger_data, "logger_config")) for cls in logger_classes]
+
+    env_generator = loaded.env_generator
+    if env_generator is None:
+        if cfg.env_config is None:
+            raise ConfigError(
+                "env_config: the config names no env. Fix: add env_config: {name: gymnasium, id: CartPole-v1} "
+                "(see `mineonline plugins` for env names), or use a Python config module defining env_generator()."
+            )
+        env_cls = pm.lookup("env", cfg.env_config.name)
+        env_generator = env_generator_from_config(env_cls, _options(env_cls, dict(cfg.env_config.model_extra or {}), "env_config"))
+    elif cfg.env_config is not None:
+        raise ConfigError("env_config: the config module defines env_generator and the config sets env_config too. Fix: keep one.")
+    _picklable(env_generator, "env_generator")
+
+    observation_space = action_space = None
+    if probe:
+        from mineonline_core.envs import adapt_env
+
+        env = adapt_env(_call(env_generator, "env_generator()"))
+        observation_space, action_space = env.observation_space, env.action_space
+        env.close()
+
+    policy_generator = loaded.policy_generator
+    if policy_generator is None:
+        if cfg.policy_config is None:
+            raise ConfigError(
+                "policy_config: the config names no policy. Fix: add policy_config: {name: mlp} (vector observations), "
+                "{name: cnn_gru} (images) or {name: vpt, model_path: ...}, or define policy_generator() in a Python config."
+            )
+        policy_cls = pm.lookup("policy", cfg.policy_config.name)
+        options = _options(policy_cls, dict(cfg.policy_config.model_extra or {}), "policy_config")
+        policy_generator = functools.partial(_build_policy, policy_cls, options, observation_space, action_space)
+    elif cfg.policy_config is not None:
+        raise ConfigError("policy_config: the config module defines policy_generator and the config sets policy_config too. Fix: keep one.")
+    _picklable(policy_generator, "policy_generator")
+    if probe:
+        _call(policy_generator, "policy_generator()")
+
+    check_consistency(cfg)
+    return ResolvedRun(
+        config=cfg, env_generator=env_generator, policy_generator=policy_generator, trainer_cls=trainer_cls,
+        store_cls=store_cls, store_options=store_options, loggers=loggers, observation_space=observation_space,
+        action_space=action_space, source_text=loaded.source_text, source_path=loaded.source_path,
+    )  # fmt: skip

@@ -1,0 +1,405 @@
+"""``FragmentCollector``: the synchronous, Ray-free core of a rollout worker.
+
+It steps ``len(env_fns)`` env subprocesses asynchronously and runs one batched policy forward over
+the first ``batch_size`` envs that have an observation, so a slow env never stalls the others.
+Each env's steps are cut into fragments of ``fragment_length`` steps (columns: ``fragment.py``).
+
+Episode ends, the three ways (DESIGN §5.2, §5.5):
+
+* ``terminated``: a true terminal; nothing to bootstrap.
+* ``truncated`` by the env (time limit) or by ``restart_interval``: the value of the final
+  observation, under the env's recurrent state at that point, is computed as an extra value-only
+  row of the next batched forward and stored in ``bootstrap``.
+* the env raised, hung past ``step_timeout`` or its process died: the in-flight step is closed as
+  truncated with ``bootstrap = vpred`` of that step (the last value we have), the episode is
+  reported as truncated and the env is rebuilt after an exponential back-off. Other envs go on.
+
+After any episode end the env's recurrent state is replaced by ``policy.initial_state(1)`` and the
+next step carries ``first=True`` (the policy resets there too, so training reproduces rollout).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from mineonline_core import fragment as F
+from mineonline_core.errors import RunFailedError
+from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, default_context
+from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
+from mineonline_core.tree import to_numpy, to_torch, tree_map, tree_stack
+
+log = logging.getLogger(__name__)
+
+
+class _Slot:
+    """Everything the collector tracks for one env."""
+
+    def __init__(self, env_id: int) -> None:
+        self.env_id = env_id
+        self.proc: EnvProcess | None = None
+        self.obs: Any = None  # the observation awaiting an action; None while busy or down
+        self.first = True
+        self.pending_t: int | None = None  # index in ``builder`` of the step in flight
+        self.sent_at = 0.0
+        self.deadline = 0.0
+        self.started_at = 0.0
+        self.restart_at: float | None = 0.0  # when down: the time to rebuild
+        self.failures_in_row = 0
+        self.builds = 0
+        self.builder: FragmentBuilder | None = None
+        self.next_index = 0
+        self.episode_id = 0
+        self.task: str | None = None
+        self.ep_return = self.ep_disc_return = 0.0
+        self.ep_discount = 1.0
+        self.ep_len = 0
+
+
+class FragmentCollector:
+    """Collects fragments from ``env_fns`` with ``policy``. Not thread-safe except ``set_weights``,
+    ``episode_records``, ``videos`` and ``metrics``, which other threads may call."""
+
+    def __init__(
+        self,
+        *,
+        policy: torch.nn.Module,
+        env_fns: list[Callable[[], Any]],
+        fragment_length: int,
+        batch_size: int,
+        discount: float = 0.99,
+        step_timeout: float = 60.0,
+        max_env_restarts: int = 100,
+        worker_id: int = 0,
+        incarnation: int = 0,
+        device: str | torch.device = "cpu",
+        restart_interval: float = 0.0,
+        startup_timeout: float | None = None,
+        seed: int | None = None,
+        version: int = 0,
+        backoff_base: float = 0.1,
+        backoff_max: float = 10.0,
+    ) -> None:
+        if batch_size > len(env_fns):
+            raise ValueError(f"batch_size={batch_size} exceeds the number of envs ({len(env_fns)})")
+        self.policy = policy.to(device).eval()
+        self.env_fns = list(env_fns)
+        self.fragment_length, self.batch_size, self.discount = fragment_length, batch_size, discount
+        self.step_timeout, self.max_env_restarts = step_timeout, max_env_restarts
+        # Building a simulator (Minecraft) can take far longer than a step: its own, longer limit.
+        self.startup_timeout = startup_timeout if startup_timeout is not None else max(step_timeout, 120.0)
+        self.worker_id, self.incarnation, self.device = worker_id, incarnation, torch.device(device)
+        self.restart_interval, self.seed = restart_interval, seed
+        self.backoff_base, self.backoff_max = backoff_base, backoff_max
+        self.version = version
+        self._ctx = default_context()
+        self._slots = [_Slot(i) for i in range(len(env_fns))]
+        self._ready: deque[int] = deque()
+        self._value_rows: list[tuple[FragmentBuilder, int, Any, Any]] = []
+        self._fragments: deque[dict] = deque()
+        self._lock = threading.Lock()
+        self._pending_weights: tuple[dict, int] | None = None
+        self._records: list[dict] = []
+        self.timers = Timers()
+        self.video = VideoRecorder()
+        self.env_steps = self.env_restarts = self.env_failures = self.fragments_done = 0
+        with torch.no_grad():
+            self._init_row = to_torch(policy.initial_state(1), self.device)
+            self.state = to_torch(policy.initial_state(len(env_fns)), self.device)
+        for slot in self._slots:
+            self._start_env(slot, time.monotonic())
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Queue new weights; they are swapped in before the next ``step`` (never within one)."""
+        with self._lock:
+            self._pending_weights = (state_dict, version)
+
+    def step(self) -> int:
+        """Wait for ready envs, run one batched forward, send the actions. Returns the batch size."""
+        self._swap_weights()
+        rows = self._gather()
+        if not rows and not self._value_rows:
+            return 0
+        self._infer(rows)
+        return len(rows)
+
+    def collect(self, num_fragments: int) -> list[dict]:
+        """Step until ``num_fragments`` fragments are complete; return exactly that many (oldest first)."""
+        while len(self._fragments) < num_fragments:
+            self.step()
+        return [self._fragments.popleft() for _ in range(num_fragments)]
+
+    def pop_fragments(self) -> list[dict]:
+        """Every fragment completed so far (oldest first)."""
+        out = list(self._fragments)
+        self._fragments.clear()
+        return out
+
+    def episode_records(self) -> list[dict]:
+        """Drain finished episodes (see ``EpisodeStatistics.add_episodes`` for the record)."""
+        with self._lock:
+            out, self._records = self._records, []
+        return out
+
+    def record_video(self, env_id: int = 0) -> None:
+        """Record env ``env_id``'s next whole episode; drained by ``videos()``."""
+        self.video.arm(env_id)
+
+    def videos(self) -> list[dict]:
+        return self.video.drain()
+
+    def metrics(self) -> dict[str, float]:
+        """Counters (cumulative) and ``perf/*`` means since the previous call."""
+        return {
+            "rollout/env_steps": float(self.env_steps),
+            "rollout/env_restarts": float(self.env_restarts),
+            "rollout/env_failures": float(self.env_failures),
+            "rollout/fragments": float(self.fragments_done),
+            "rollout/model_version": float(self.version),
+            **self.timers.drain(),
+        }
+
+    def close(self) -> None:
+        for slot in self._slots:
+            if slot.proc is not None:
+                slot.proc.close(timeout=2.0)
+                slot.proc = None
+
+    # -- env lifecycle ------------------------------------------------------------------------
+
+    def _start_env(self, slot: _Slot, now: float) -> None:
+        seed = None if self.seed is None else self.seed + 1000 * self.worker_id + slot.env_id + 7919 * slot.builds
+        if slot.builds:
+            self.env_restarts += 1
+        slot.builds += 1
+        slot.proc = EnvProcess(self.env_fns[slot.env_id], ctx=self._ctx)
+        slot.proc.send_reset(seed)
+        slot.started_at = slot.sent_at = now
+        slot.deadline = now + self.startup_timeout
+        slot.restart_at = None
+        slot.obs, slot.pending_t = None, None
+
+    def _on_failure(self, slot: _Slot, exc: EnvFailure) -> None:
+        now = time.monotonic()
+        self.env_failures += 1
+        slot.failures_in_row += 1
+        log.warning("worker %d env %d failed (%s); rebuilding. %s", self.worker_id, slot.env_id, exc.kind, exc.detail)
+        if slot.pending_t is not None:
+            b, t = slot.builder, slot.pending_t
+            b.complete(t, reward=0.0, terminated=False, truncated=True)
+            b.bootstrap[t] = b.vpred[t]  # the last value we have stands in for the lost future
+            self._end_episode(slot, truncated=True, final_obs=b.obs_at(t))
+            self._maybe_emit(slot, b)
+        slot.proc.kill()
+        slot.proc, slot.obs, slot.pending_t = None, None, None
+        if slot.failures_in_row > self.max_env_restarts:
+            raise RunFailedError(
+                f"Rollout worker {self.worker_id}: env {slot.env_id} failed {slot.failures_in_row} times in a "
+                f"row (rollout_config.worker_config.max_env_restarts={self.max_env_restarts}). Last failure: "
+                f"{exc.detail}\nFix the env, or raise max_env_restarts if failures are expected."
+            )
+        delay = min(self.backoff_base * 2 ** (slot.failures_in_row - 1), self.backoff_max)
+        slot.restart_at = now + delay
+
+    # -- gathering ready envs -----------------------------------------------------------------
+
+    def _gather(self) -> list[int]:
+        """Indices of up to ``batch_size`` envs with an observation, waiting as little as needed."""
+        t0 = time.perf_counter()
+        while True:
+            now = time.monotonic()
+            for slot in self._slots:
+                if slot.proc is None and slot.restart_at is not None and slot.restart_at <= now:
+                    self._start_env(slot, now)
+            busy = [s for s in self._slots if s.proc is not None and s.obs is None]
+            alive = len(busy) + len(self._ready)
+            want = min(self.batch_size, alive)
+            if want and len(self._ready) >= want:
+                break
+            if not busy and self._value_rows:
+                break  # nothing to wait for, but bootstrap values are owed
+            # Sleep until an env answers, the next hang deadline, or the next scheduled rebuild.
+            wake = [s.deadline for s in busy] + [s.restart_at for s in self._slots if s.restart_at is not None]
+            timeout = max(0.0, min(wake, default=now + 1.0) - now)
+            ready_conns = mp_wait([s.proc.conn for s in busy], timeout) if busy else time.sleep(timeout) or []
+            now = time.monotonic()
+            by_conn = {id(s.proc.conn): s for s in busy}
+            for conn in ready_conns:
+                self._receive(by_conn[id(conn)])
+            for slot in busy:
+                if slot.proc is not None and slot.obs is None and slot.deadline <= now and id(slot.proc.conn) not in {id(c) for c in ready_conns}:
+                    self._on_failure(slot, EnvFailure("timeout", f"no answer within {slot.deadline - slot.sent_at:.1f}s"))
+        self.timers.add("perf/env_wait_ms", (time.perf_counter() - t0) * 1e3)
+        return [self._ready.popleft() for _ in range(want)]
+
+    def _receive(self, slot: _Slot) -> None:
+        try:
+            obs, reward, terminated, truncated, info, final_obs = slot.proc.recv()
+        except EnvFailure as exc:
+            self._on_failure(slot, exc)
+            return
+        now = time.monotonic()
+        if slot.pending_t is None:  # the answer to a fresh process's reset
+            slot.task = (info.get("reset_info") or {}).get("task")
+            slot.obs, slot.first = obs, True
+            self._ready.append(slot.env_id)
+            return
+        self.timers.add("perf/env_step_ms", (now - slot.sent_at) * 1e3)
+        self.env_steps += 1
+        slot.failures_in_row = 0
+        b, t = slot.builder, slot.pending_t
+        slot.pending_t = None
+        self._add_reward(slot, reward)
+        recycle = self.restart_interval > 0 and now - slot.started_at >= self.restart_interval
+        trunc = (truncated or recycle) and not terminated
+        b.complete(t, reward=reward, terminated=terminated, truncated=trunc)
+        if terminated or trunc:
+            end_obs = final_obs if final_obs is not None else obs
+            if trunc:  # bootstrap from the final observation with the state the env had reached
+                row = tree_map(lambda s: s[slot.env_id : slot.env_id + 1].clone(), self.state)
+                b.pending_bootstraps += 1
+                self._value_rows.append((b, t, end_obs, row))
+            self._end_episode(slot, truncated=trunc, final_obs=end_obs, info=info)
+        elif t == self.fragment_length - 1:
+            b.set_next_obs(obs)
+        self._maybe_emit(slot, b)
+        if recycle:
+            slot.proc.close(timeout=5.0)
+            self._start_env(slot, now)
+            return
+        if terminated or trunc:
+            slot.task = (info.get("reset_info") or {}).get("task", slot.task)
+        slot.obs = obs
+        self._ready.append(slot.env_id)
+
+    def _add_reward(self, slot: _Slot, reward: float) -> None:
+        slot.ep_return += reward
+        slot.ep_disc_return += slot.ep_discount * reward
+        slot.ep_discount *= self.discount
+        slot.ep_len += 1
+        self.video.reward(slot.env_id, slot.ep_return)
+
+    def _end_episode(self, slot: _Slot, *, truncated: bool, final_obs: Any, info: dict | None = None) -> None:
+        b, t = slot.builder, self.fragment_length - 1
+        if b is not None and b.n == self.fragment_length and b.next_obs is None:
+            b.set_next_obs(final_obs)
+        if slot.ep_len:
+            record = {
+                "return": slot.ep_return,
+                "discounted_return": slot.ep_disc_return,
+                "length": slot.ep_len,
+                "task": slot.task,
+                "achievements": (info or {}).get("achievements"),
+                "truncated": truncated,
+                "stream": self._stream(slot),
+            }
+            with self._lock:
+                self._records.append(record)
+        self.video.episode_end(slot.env_id, slot.ep_return)
+        slot.ep_return = slot.ep_disc_return = 0.0
+        slot.ep_discount, slot.ep_len = 1.0, 0
+        slot.episode_id += 1
+        slot.first = True
+        if self._init_row is not None:
+            tree_map(lambda full, init: full[slot.env_id : slot.env_id + 1].copy_(init), self.state, self._init_row)
+        del t
+
+    # -- inference ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _infer(self, rows: list[int]) -> None:
+        t0 = time.perf_counter()
+        n, values = len(rows), self._value_rows
+        self._value_rows = []
+        obs_list = [self._slots[i].obs for i in rows] + [v[2] for v in values]
+        obs = to_torch(tree_map(lambda x: x[:, None], tree_stack(obs_list)), self.device)
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        state_sel = None
+        if self.state is not None:
+            state_sel = tree_map(lambda s: s.index_select(0, idx), self.state)
+            if values:
+                state_sel = tree_map(lambda s, *vs: torch.cat([s, *vs]), state_sel, *[v[3] for v in values])
+        first = torch.tensor([[self._slots[i].first] for i in rows] + [[False]] * len(values), device=self.device)
+        latents, state_out = self.policy(input=obs, state_in=state_sel, context={"first": first})
+        pi_logits = latents["pi_logits"]
+        action = self.policy.pi_head.sample(pi_logits)
+        logprob = self.policy.pi_head.logprob(action, pi_logits).reshape(n + len(values))
+        vpred = self.policy.value_head.denormalize(latents["vpred"]).reshape(n + len(values))
+        if self.state is not None and n:
+            tree_map(lambda full, new: full.index_copy_(0, idx, new[:n].to(full.dtype)), self.state, state_out)
+        action_np, logprob_np, vpred_np = to_numpy(action), logprob.float().cpu().numpy(), vpred.float().cpu().numpy()
+        state_np = to_numpy(state_sel) if state_sel is not None else None
+        t1 = time.perf_counter()
+        self.timers.add("perf/inference_ms", (t1 - t0) * 1e3)
+        self.timers.add("perf/inference_batch", float(n))
+        for j, (b, t, _, _) in enumerate(values):
+            b.bootstrap[t] = vpred_np[n + j]
+            b.pending_bootstraps -= 1
+            self._maybe_emit(self._slots[b.env_id], b)
+        for j, i in enumerate(rows):
+            slot = self._slots[i]
+            if slot.builder is None:
+                slot.builder = FragmentBuilder(
+                    length=self.fragment_length, stream=self._stream(slot), index=slot.next_index,
+                    worker_id=self.worker_id, env_id=i,
+                )
+                slot.next_index += 1
+            act = tree_map(lambda a: a[j, 0], action_np)
+            if slot.builder.n == 0:
+                slot.builder.state_in = tree_map(lambda s: s[j : j + 1].copy(), state_np)
+            slot.pending_t = slot.builder.record(
+                obs=slot.obs, action=act, logprob=logprob_np[j], vpred=vpred_np[j], first=slot.first,
+                version=self.version, episode_id=slot.episode_id,
+            )
+            self.video.step(i, slot.obs, float(vpred_np[j]), slot.first)
+            slot.obs, slot.first = None, False
+            slot.sent_at = time.monotonic()
+            slot.deadline = slot.sent_at + self.step_timeout
+            try:
+                slot.proc.send_step(act)
+            except EnvFailure as exc:
+                self._on_failure(slot, exc)
+        self.timers.add("perf/record_ms", (time.perf_counter() - t1) * 1e3)
+
+    def _maybe_emit(self, slot: _Slot, b: FragmentBuilder) -> None:
+        if not b.complete_fragment():
+            return
+        t0 = time.perf_counter()
+        self._fragments.append(b.build())
+        self.fragments_done += 1
+        if slot.builder is b:
+            slot.builder = None
+        self.timers.add("perf/fragment_ms", (time.perf_counter() - t0) * 1e3)
+
+    def _swap_weights(self) -> None:
+        with self._lock:
+            pending, self._pending_weights = self._pending_weights, None
+        if pending is None:
+            return
+        state_dict, version = pending
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
+            tensors = {k: torch.as_tensor(v) for k, v in state_dict.items()}
+        self.policy.load_state_dict(tensors)
+        self.version = int(version)
+
+    def _stream(self, slot: _Slot) -> str:
+        return f"{self.worker_id}.{self.incarnation}.{slot.env_id}"
+
+
+def mp_wait(conns: list, timeout: float) -> list:
+    from multiprocessing.connection import wait
+
+    return wait(conns, timeout)
+
+
+__all__ = ["FragmentCollector", "F"]

@@ -1,0 +1,294 @@
+"""One env in its own subprocess, stepped asynchronously, observations through shared memory.
+
+Why a subprocess per env: simulators (Minecraft above all) hang, leak and crash; a process can be
+killed by its pid and rebuilt without touching the rollout worker or its other envs. Why not plain
+``fork``: the Ray worker that owns the envs runs threads, and forking a threaded process can
+deadlock; we use ``forkserver`` (cheap starts after the first) or ``spawn``.
+
+Protocol (parent → child over a pipe): ``("reset", seed)``, ``("step", action)``,
+``("attach", (shm_name, layout))``, ``("close", None)``. The child answers every command with
+``(status, obs_or_None, reward, terminated, truncated, info, final_obs)``. The first observation
+travels pickled; the parent then allocates one shared-memory block sized from it and tells the
+child to write later observations there, so a step moves only a few scalars through the pipe.
+When an episode ends the child resets at once (one round trip instead of two): the final
+observation travels pickled (episode ends are rare) and the reset observation goes to shared memory.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import traceback
+from multiprocessing import connection, shared_memory
+from typing import Any, Callable
+
+import numpy as np
+
+from mineonline_core.tree import tree_leaves, tree_map
+
+_ALIGN = 64
+# ``info`` keys that travel back to the parent: the rest of ``info`` is dropped in the child so
+# that a step does not pickle a simulator's whole debug dictionary.
+DEFAULT_INFO_KEYS = ("task", "achievements")
+
+
+class EnvFailure(Exception):
+    """The env raised, hung or its process died; ``kind`` is "error", "timeout" or "died"."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"env {kind}: {detail}")
+        self.kind, self.detail = kind, detail
+
+
+def default_context() -> mp.context.BaseContext:
+    """``forkserver`` where available (Linux), else ``spawn``; never plain fork (see module doc)."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        # Preloading this module in the server makes every later env process start in
+        # milliseconds: the fork inherits numpy and the protocol code already imported.
+        ctx.set_forkserver_preload(["__main__", __name__])
+        return ctx
+    return mp.get_context("spawn")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared-memory layout of one observation tree
+# ---------------------------------------------------------------------------------------------
+
+
+def obs_layout(obs: Any) -> list[tuple[tuple[int, ...], str, int]] | None:
+    """``[(shape, dtype, offset)]`` per leaf, or None when a leaf is not a numeric array."""
+    layout, offset = [], 0
+    for leaf in tree_leaves(obs):
+        arr = np.asarray(leaf)
+        if arr.dtype.kind not in "biuf":
+            return None
+        layout.append((tuple(arr.shape), arr.dtype.str, offset))
+        offset += (arr.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    return layout
+
+
+def layout_nbytes(layout: list[tuple[tuple[int, ...], str, int]]) -> int:
+    shape, dtype, offset = layout[-1]
+    return max(offset + int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+
+
+def _views(buf: memoryview, layout: list[tuple[tuple[int, ...], str, int]]) -> list[np.ndarray]:
+    return [np.ndarray(shape, dtype=np.dtype(dtype), buffer=buf, offset=off) for shape, dtype, off in layout]
+
+
+def _matches(leaves: list[Any], views: list[np.ndarray]) -> bool:
+    if len(leaves) != len(views):
+        return False
+    return all(np.shape(x) == v.shape and np.asarray(x).dtype == v.dtype for x, v in zip(leaves, views))
+
+
+# ---------------------------------------------------------------------------------------------
+# Child side
+# ---------------------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies, so a hung env never outlives it."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _child_main(conn: connection.Connection, env_fn_bytes: bytes, info_keys: tuple[str, ...]) -> None:
+    import cloudpickle
+
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    shm, views = None, None
+
+    def pack(obs: Any) -> Any:
+        # Into shared memory when the layout matches, else pickled through the pipe.
+        if views is not None:
+            leaves = tree_leaves(obs)
+            if _matches(leaves, views):
+                for view, leaf in zip(views, leaves):
+                    view[...] = leaf
+                return None
+        return obs
+
+    def keep(info: dict) -> dict:
+        return {k: info[k] for k in info_keys if k in info}
+
+    try:
+        env = cloudpickle.loads(env_fn_bytes)()
+    except BaseException:  # noqa: BLE001 - reported to the parent, which rebuilds
+        conn.send(("error", traceback.format_exc(), None, None, None, None, None))
+        return
+    while True:
+        try:
+            cmd, data = conn.recv()
+        except (EOFError, OSError):
+            break
+        try:
+            if cmd == "step":
+                obs, reward, terminated, truncated, info = env.step(data)
+                final_obs, info = None, keep(info)
+                if terminated or truncated:
+                    final_obs = obs
+                    obs, reset_info = env.reset()
+                    info = {**info, "reset_info": keep(reset_info)}
+                conn.send(("ok", pack(obs), float(reward), bool(terminated), bool(truncated), info, final_obs))
+            elif cmd == "reset":
+                obs, info = env.reset(seed=data)
+                conn.send(("ok", pack(obs), None, False, False, {"reset_info": keep(info)}, None))
+            elif cmd == "attach":
+                name, layout = data
+                shm = shared_memory.SharedMemory(name=name)
+                views = _views(shm.buf, layout)
+                conn.send(("ok", None, None, False, False, {}, None))
+            elif cmd == "close":
+                break
+        except BaseException:  # noqa: BLE001 - any env failure is reported, then the parent rebuilds
+            conn.send(("error", traceback.format_exc(), None, None, None, None, None))
+    views = None
+    try:
+        env.close()
+    finally:
+        if shm is not None:
+            shm.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side
+# ---------------------------------------------------------------------------------------------
+
+
+class EnvProcess:
+    """Parent-side handle of one env subprocess. Not thread-safe: one owner steps it.
+
+    Commands are sent with ``send_*`` and answered by ``recv``; ``conn`` can be waited on with
+    ``multiprocessing.connection.wait`` together with other envs' pipes, which is how the
+    collector steps many envs asynchronously.
+    """
+
+    def __init__(
+        self,
+        env_fn: Callable[[], Any],
+        *,
+        ctx: mp.context.BaseContext | None = None,
+        info_keys: tuple[str, ...] = DEFAULT_INFO_KEYS,
+    ) -> None:
+        import cloudpickle
+
+        ctx = ctx or default_context()
+        self.conn, child_conn = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=_child_main, args=(child_conn, cloudpickle.dumps(env_fn), tuple(info_keys)), daemon=True
+        )
+        self.process.start()
+        child_conn.close()
+        self._shm: shared_memory.SharedMemory | None = None
+        self._views: list[np.ndarray] | None = None
+        self._template: Any = None
+        self._no_shm = False
+        self.pending: str | None = None  # the command awaiting its answer
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def send_reset(self, seed: int | None = None) -> None:
+        self._send("reset", seed)
+
+    def send_step(self, action: Any) -> None:
+        self._send("step", action)
+
+    def _send(self, cmd: str, data: Any) -> None:
+        assert self.pending is None, f"env command {cmd!r} sent while {self.pending!r} is pending"
+        try:
+            self.conn.send((cmd, data))
+        except (OSError, ValueError) as exc:
+            raise EnvFailure("died", f"pipe closed ({exc}); exit code {self.process.exitcode}") from exc
+        self.pending = cmd
+
+    def poll(self) -> bool:
+        return self.conn.poll()
+
+    def recv(self) -> tuple[Any, float | None, bool, bool, dict, Any]:
+        """The answer to the pending command: ``(obs, reward, terminated, truncated, info, final_obs)``.
+
+        ``obs`` is a fresh copy (the shared block is overwritten by the next step). Raises
+        ``EnvFailure`` when the env raised or its process died.
+        """
+        try:
+            status, obs, reward, terminated, truncated, info, final_obs = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            self.process.join(timeout=1.0)
+            raise EnvFailure("died", f"env process {self.pid} exited with code {self.process.exitcode}") from exc
+        finally:
+            self.pending = None
+        if status == "error":
+            raise EnvFailure("error", obs)
+        if obs is None:
+            it = iter(self._views)
+            obs = tree_map(lambda _: next(it).copy(), self._template)
+        elif self._shm is None and not self._no_shm:
+            self._attach(obs)
+        return obs, reward, terminated, truncated, info, final_obs
+
+    def _attach(self, obs: Any, timeout: float = 30.0) -> None:
+        """Size a shared block from the first observation and hand it to the (idle) child."""
+        layout = obs_layout(obs)
+        if not layout:
+            self._no_shm = True  # non-numeric leaves: keep pickling, correct if slower
+            return
+        self._shm = shared_memory.SharedMemory(create=True, size=layout_nbytes(layout))
+        self._views = _views(self._shm.buf, layout)
+        self._template = obs
+        self._send("attach", (self._shm.name, layout))
+        if not self.conn.poll(timeout):
+            raise EnvFailure("timeout", f"env process {self.pid} did not attach shared memory in {timeout:.0f}s")
+        self.recv()
+
+    def kill(self) -> None:
+        """SIGKILL the env's process (by the pid we started) and free the shared block."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5.0)
+        self._release()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Ask the env to close; kill it when it does not exit within ``timeout``."""
+        if self.process.is_alive() and self.pending is None:
+            try:
+                self.conn.send(("close", None))
+            except (OSError, ValueError):
+                pass
+            self.process.join(timeout=timeout)
+        self.kill()
+
+    def _release(self) -> None:
+        self._views = None
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if self._shm is not None:
+            shm, self._shm = self._shm, None
+            try:
+                shm.close()
+            except BufferError:
+                pass  # a view still exported: the block is freed when that view goes away
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def __del__(self) -> None:
+        if getattr(self, "process", None) is not None and self.process.pid is not None and os.getpid() == self.process._parent_pid:
+            try:
+                self.kill()
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass

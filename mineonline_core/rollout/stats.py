@@ -1,0 +1,168 @@
+"""Episode statistics: moving-window returns and lengths, per task, and Crafter's achievements.
+
+Rollout workers send one record per finished episode::
+
+    {"return": float, "discounted_return": float, "length": int, "task": str | None,
+     "achievements": dict[str, int] | None, "truncated": bool, "stream": str}
+
+``EpisodeStatistics`` keeps the last ``window`` episodes (overall and per task) and pushes a summary
+to the ``LoggerHub`` every ``report_every`` episodes. For Crafter it reports the success rate of each
+of the 22 achievements over the window (an achievement succeeds in an episode when its count is
+> 0) and the Crafter score of Hafner (2021), the geometric mean of the success rates in percent:
+``exp(mean_i ln(1 + s_i)) - 1``, so runs compare with the paper's table (the paper takes the rates
+over all training episodes; here they are over the window).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+CRAFTER_ACHIEVEMENTS = (
+    "collect_coal",
+    "collect_diamond",
+    "collect_drink",
+    "collect_iron",
+    "collect_sapling",
+    "collect_stone",
+    "collect_wood",
+    "defeat_skeleton",
+    "defeat_zombie",
+    "eat_cow",
+    "eat_plant",
+    "make_iron_pickaxe",
+    "make_iron_sword",
+    "make_stone_pickaxe",
+    "make_stone_sword",
+    "make_wood_pickaxe",
+    "make_wood_sword",
+    "place_furnace",
+    "place_plant",
+    "place_stone",
+    "place_table",
+    "wake_up",
+)
+
+
+def crafter_score(success_rates_percent: Iterable[float]) -> float:
+    """The Crafter score: ``exp(mean_i ln(1 + s_i)) - 1`` for success rates ``s_i`` in percent."""
+    rates = np.asarray(list(success_rates_percent), dtype=np.float64)
+    if rates.size == 0:
+        return float("nan")
+    return float(np.exp(np.mean(np.log1p(rates))) - 1.0)
+
+
+def _metric_name(task: str) -> str:
+    # Task names become one path segment of a metric key.
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in task) or "_"
+
+
+def _window_stats(prefix: str, episodes: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    episodes = list(episodes)
+    if not episodes:
+        return {}
+    returns = np.array([float(e["return"]) for e in episodes])
+    return {
+        f"{prefix}/return_mean": float(returns.mean()),
+        f"{prefix}/return_std": float(returns.std()),
+        f"{prefix}/return_min": float(returns.min()),
+        f"{prefix}/return_max": float(returns.max()),
+        f"{prefix}/discounted_return_mean": float(np.mean([float(e.get("discounted_return", math.nan)) for e in episodes])),
+        f"{prefix}/length_mean": float(np.mean([float(e["length"]) for e in episodes])),
+        f"{prefix}/truncated_frac": float(np.mean([bool(e.get("truncated", False)) for e in episodes])),
+    }
+
+
+class EpisodeStatistics:
+    """Moving-window episode statistics, pushed to the hub every ``report_every`` episodes.
+
+    Plain class; the rollout manager wraps it as a Ray actor (``num_cpus=0``). ``logger_hub`` is the
+    hub's actor handle, a plain ``LoggerHub`` (tests) or None (nothing is pushed).
+    """
+
+    def __init__(self, *, logger_hub: Any = None, window: int = 100, report_every: int = 10) -> None:
+        if window < 1 or report_every < 1:
+            raise ValueError(f"window and report_every must be >= 1; got window={window}, report_every={report_every}")
+        self.logger_hub = logger_hub
+        self.window = window
+        self.report_every = report_every
+        self._recent: deque[dict] = deque(maxlen=window)
+        self._per_task: dict[str, deque[dict]] = {}
+        self._task_counts: dict[str, int] = {}
+        self._achievement_window: deque[dict[str, int]] = deque(maxlen=window)
+        self._count = 0
+        self._since_report = 0
+
+    def add_episodes(self, records: list[dict]) -> None:
+        for record in records:
+            self._add(record)
+            self._since_report += 1
+            if self._since_report >= self.report_every:
+                self._since_report = 0
+                self.report()
+
+    def _add(self, record: dict) -> None:
+        self._count += 1
+        self._recent.append(record)
+        task = record.get("task")
+        if task is not None:
+            self._per_task.setdefault(task, deque(maxlen=self.window)).append(record)
+            self._task_counts[task] = self._task_counts.get(task, 0) + 1
+        achievements = record.get("achievements")
+        if achievements is not None:
+            self._achievement_window.append(dict(achievements))
+
+    def summary(self) -> dict[str, float]:
+        """Every statistic over the current window; ``episode/count`` counts all episodes seen."""
+        out: dict[str, float] = {"episode/count": float(self._count)}
+        out.update(_window_stats("episode", self._recent))
+        for task, episodes in self._per_task.items():
+            name = _metric_name(task)
+            out.update(_window_stats(f"episode/{name}", episodes))
+            out[f"episode/{name}/count"] = float(self._task_counts[task])
+        out.update(self._achievement_summary())
+        return out
+
+    def _achievement_summary(self) -> dict[str, float]:
+        episodes = list(self._achievement_window)
+        if not episodes:
+            return {}
+        names = set().union(*(e.keys() for e in episodes))
+        out: dict[str, float] = {}
+
+        def rate(name: str) -> float:
+            return float(np.mean([e.get(name, 0) > 0 for e in episodes]))
+
+        if names & set(CRAFTER_ACHIEVEMENTS):
+            rates = {name: rate(name) for name in CRAFTER_ACHIEVEMENTS}
+            out.update({f"crafter/success/{name}": r for name, r in rates.items()})
+            out["crafter/score"] = crafter_score(100.0 * r for r in rates.values())
+            out["crafter/achievements_per_episode"] = float(np.mean([sum(e.get(n, 0) > 0 for n in CRAFTER_ACHIEVEMENTS) for e in episodes]))
+        for name in sorted(names - set(CRAFTER_ACHIEVEMENTS)):
+            out[f"achievement/success/{_metric_name(name)}"] = rate(name)
+        return out
+
+    def report(self) -> dict[str, float]:
+        """Push the summary (and a histogram of window returns) to the hub; returns the summary."""
+        summary = self.summary()
+        hub = self.logger_hub
+        if hub is not None:
+            returns = np.array([float(e["return"]) for e in self._recent], dtype=np.float32)
+            _call(hub, "log_metrics", summary)
+            if returns.size:
+                _call(hub, "log_histogram", "episode/return", returns)
+        return summary
+
+
+def _call(hub: Any, method: str, *args: Any) -> None:
+    """Fire-and-forget on an actor handle; a direct call on a plain object."""
+    fn = getattr(hub, method)
+    remote = getattr(fn, "remote", None)
+    if remote is not None:
+        remote(*args)
+    else:
+        fn(*args)

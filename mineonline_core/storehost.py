@@ -1,0 +1,222 @@
+"""How processes on any node reach the replay store.
+
+A store lives on the node that holds ``database_config.path``. ``start_store_host`` starts one
+``StoreHost`` actor there, pinned with node-affinity scheduling (no custom resources), which owns
+the store. Rollout workers and trainer ranks use a ``StoreClient``:
+
+* on the host's node, when the store allows several processes to open its path
+  (``store_cls.multi_process``, e.g. LMDB), the client opens the store in its own process, once, with
+  ``resume=True`` so that it never clears it, and reads/writes without an actor round trip;
+* anywhere else, or for single-process stores such as ``memory``, it calls the host actor.
+
+The host actor is threaded (``max_concurrency``), so readers and writers are not serialised on it;
+the store itself is thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel
+
+from mineonline_core.store import FragmentStore
+
+# Threads of the host actor: enough for every rollout worker and trainer reader to be served at once.
+HOST_MAX_CONCURRENCY = 32
+
+
+def _options(store_cls: type[FragmentStore], options: BaseModel | dict[str, Any] | None) -> BaseModel:
+    if isinstance(options, BaseModel):
+        return options
+    return store_cls.Config(**(options or {}))
+
+
+def _current_node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+class StoreHost:
+    """Owns one ``FragmentStore``; started with ``start_store_host`` (it applies ``ray.remote``)."""
+
+    def __init__(
+        self,
+        *,
+        store_cls: type[FragmentStore],
+        path: str,
+        num_shards: int,
+        resume: bool,
+        options: BaseModel | dict[str, Any] | None = None,
+    ) -> None:
+        self._store = store_cls(path=path, num_shards=num_shards, resume=resume, options=_options(store_cls, options))
+
+    def put(self, key: str, payload: Any) -> None:
+        self._store.put(key, payload)
+
+    def put_many(self, items: list[tuple[str, Any]]) -> None:
+        self._store.put_many(items)
+
+    def get_many(self, keys: list[str]) -> list[Any]:
+        return self._store.get_many(keys)
+
+    def delete_many(self, keys: list[str]) -> None:
+        self._store.delete_many(keys)
+
+    def keys(self) -> list[str]:
+        return self._store.keys()
+
+    def size(self) -> int:
+        return self._store.size()
+
+    def nbytes(self) -> int:
+        return self._store.nbytes()
+
+    def node_id(self) -> str:
+        return _current_node_id()
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def start_store_host(
+    *,
+    store_cls: type[FragmentStore],
+    path: str,
+    num_shards: int,
+    resume: bool,
+    options: BaseModel | dict[str, Any] | None = None,
+    name: str | None = None,
+    namespace: str = "mineonline",
+    node_id: str | None = None,
+    lifetime: str | None = None,
+) -> Any:
+    """Start the store host on ``node_id`` (default: this process's node, the one that holds ``path``).
+
+    ``soft=False``: the actor must run where the files are, or not at all. It takes no CPU so that it
+    never competes with rollout workers for the node's slots. Returns the actor handle; the store is
+    open once ``ray.get(handle.node_id.remote())`` returns.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    actor_cls = ray.remote(num_cpus=0, max_concurrency=HOST_MAX_CONCURRENCY)(StoreHost)
+    actor_options: dict[str, Any] = {
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id or _current_node_id(), soft=False),
+        "namespace": namespace,
+    }
+    if name is not None:
+        actor_options["name"] = name
+    if lifetime is not None:
+        actor_options["lifetime"] = lifetime
+    return actor_cls.options(**actor_options).remote(
+        store_cls=store_cls, path=path, num_shards=num_shards, resume=resume, options=_options(store_cls, options)
+    )
+
+
+# Stores opened directly by clients, one per (class, path, shards) per process.
+_LOCAL_STORES: dict[tuple[str, str, int], FragmentStore] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+class StoreClient:
+    """Picklable access to the store from any process of the Ray cluster."""
+
+    def __init__(
+        self,
+        *,
+        host: Any,
+        store_cls: type[FragmentStore],
+        path: str,
+        num_shards: int,
+        options: BaseModel | dict[str, Any] | None,
+        host_node_id: str,
+    ) -> None:
+        self.host = host
+        self.store_cls = store_cls
+        self.path = path
+        self.num_shards = num_shards
+        self.options = _options(store_cls, options)
+        self.host_node_id = host_node_id
+        self._local: FragmentStore | None = None
+        self._decided = False
+
+    @classmethod
+    def connect(cls, host: Any, *, store_cls: type[FragmentStore], path: str, num_shards: int,
+                options: BaseModel | dict[str, Any] | None = None) -> StoreClient:
+        """A client for a running host; waits until the host has opened its store."""
+        import ray
+
+        return cls(host=host, store_cls=store_cls, path=path, num_shards=num_shards, options=options,
+                   host_node_id=ray.get(host.node_id.remote()))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_local"], state["_decided"] = None, False  # each process decides (and opens) for itself
+        return state
+
+    @property
+    def is_local(self) -> bool:
+        """True when this process opened the store directly instead of calling the host."""
+        return self._local_store() is not None
+
+    def _local_store(self) -> FragmentStore | None:
+        if not self._decided:
+            import ray
+
+            if self.store_cls.multi_process and ray.is_initialized() and _current_node_id() == self.host_node_id:
+                key = (f"{self.store_cls.__module__}.{self.store_cls.__qualname__}", self.path, self.num_shards)
+                with _LOCAL_LOCK:
+                    if key not in _LOCAL_STORES:
+                        _LOCAL_STORES[key] = self.store_cls(
+                            path=self.path, num_shards=self.num_shards, resume=True, options=self.options
+                        )
+                    self._local = _LOCAL_STORES[key]
+            self._decided = True
+        return self._local
+
+    def _call(self, method: str, *args: Any) -> Any:
+        import ray
+
+        return ray.get(getattr(self.host, method).remote(*args))
+
+    def put(self, key: str, payload: Any) -> None:
+        store = self._local_store()
+        store.put(key, payload) if store is not None else self._call("put", key, payload)
+
+    def put_many(self, items: Iterable[tuple[str, Any]]) -> None:
+        store = self._local_store()
+        store.put_many(items) if store is not None else self._call("put_many", list(items))
+
+    def get_many(self, keys: Iterable[str]) -> list[Any]:
+        store = self._local_store()
+        return store.get_many(keys) if store is not None else self._call("get_many", list(keys))
+
+    def get(self, key: str) -> Any:
+        return self.get_many([key])[0]
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        store = self._local_store()
+        store.delete_many(keys) if store is not None else self._call("delete_many", list(keys))
+
+    def keys(self) -> list[str]:
+        store = self._local_store()
+        return store.keys() if store is not None else self._call("keys")
+
+    def size(self) -> int:
+        store = self._local_store()
+        return store.size() if store is not None else self._call("size")
+
+    def nbytes(self) -> int:
+        store = self._local_store()
+        return store.nbytes() if store is not None else self._call("nbytes")
+
+
+def close_local_stores() -> None:
+    """Close the stores this process's clients opened (at worker shutdown; optional)."""
+    with _LOCAL_LOCK:
+        for store in _LOCAL_STORES.values():
+            store.close()
+        _LOCAL_STORES.clear()

@@ -1,0 +1,73 @@
+"""From fetched fragment payloads to a training batch: chunk assembly and advantage estimation.
+
+Each chunk's fragments are concatenated along time into one sequence of
+``L = fragments_per_chunk * fragment_length`` steps; the chunks are stacked into (N, L, ...) tensors.
+The recurrent state before the sequence is the first fragment's ``state_in`` (batch size 1 each,
+concatenated along the batch axis), so a chunk trains as one sequence from where rollout started it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from mineonline_core import fragment as F
+from mineonline_core.trainer.gae import compute_gae
+from mineonline_core.trainer.sequence import forward_sequence, unwrap
+from mineonline_core.tree import to_torch, tree_cat, tree_map, tree_stack
+
+
+def assemble_chunks(chunks: list[list[dict]], *, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Stack chunks (each a list of consecutive fragments of one stream) into a (N, L) batch."""
+    sequences = []
+    for fragments in chunks:
+        seq = {c: tree_cat([f[c] for f in fragments], axis=0) for c in F.STEP_COLUMNS}
+        seq[F.NEXT_OBS] = fragments[-1][F.NEXT_OBS]
+        seq[F.STATE_IN] = fragments[0][F.STATE_IN]
+        sequences.append(seq)
+    batch = {c: tree_stack([s[c] for s in sequences], axis=0) for c in (*F.STEP_COLUMNS,)}
+    # Each fragment's next_obs leaves are (1, ...): stacked they are (N, 1, ...), one time step.
+    batch[F.NEXT_OBS] = tree_stack([s[F.NEXT_OBS] for s in sequences], axis=0)
+    states = [s[F.STATE_IN] for s in sequences]
+    batch[F.STATE_IN] = None if states[0] is None else tree_cat([tree_map(np.asarray, s) for s in states], axis=0)
+    return to_torch(batch, device)
+
+
+def denormalized_value(policy: nn.Module, vpred: torch.Tensor) -> torch.Tensor:
+    head = getattr(unwrap(policy), "value_head", None)
+    return head.denormalize(vpred) if head is not None and hasattr(head, "denormalize") else vpred
+
+
+@torch.no_grad()
+def estimate_advantages(
+    policy: nn.Module, batch: dict[str, Any], *, version: int, context_length: int, discount: float, gae_lambda: float
+) -> dict[str, Any]:
+    """Add ``value``, ``advantage``, ``return`` and ``staleness`` (all (N, L) float32) to ``batch``.
+
+    The *current* model is run over each chunk from its ``state_in``, plus one step on ``next_obs``
+    for the value after the last step (its ``first`` flag is set when the last step ended an episode,
+    though GAE ignores that value then).
+    """
+    policy = unwrap(policy)
+    was_training = policy.training
+    policy.eval()
+    try:
+        latents, state = forward_sequence(policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=context_length)
+        done_last = (batch[F.TERMINATED][:, -1:] | batch[F.TRUNCATED][:, -1:]).bool()
+        next_latents, _ = policy(input=batch[F.NEXT_OBS], state_in=state, context={"first": done_last})
+    finally:
+        policy.train(was_training)
+    value = denormalized_value(policy, latents["vpred"]).float()
+    next_vpred = next_latents["vpred"]
+    next_vpred = next_vpred[..., 0] if next_vpred.dim() == 3 else next_vpred
+    next_value = denormalized_value(policy, next_vpred).float()[:, 0]
+    advantage, returns = compute_gae(
+        reward=batch[F.REWARD], value=value, next_value=next_value, terminated=batch[F.TERMINATED],
+        truncated=batch[F.TRUNCATED], bootstrap=batch[F.BOOTSTRAP], discount=discount, gae_lambda=gae_lambda,
+    )  # fmt: skip
+    batch[F.VALUE], batch[F.ADVANTAGE], batch[F.RETURN] = value, advantage, returns
+    batch["staleness"] = (version - batch[F.VERSION]).float()
+    return batch

@@ -1,0 +1,252 @@
+"""Checkpoints: atomic, self-verifying, loadable with ``torch.load(weights_only=True)``.
+
+Layout of ``<save_path>/checkpoint_{iteration:06d}/``::
+
+    model.pt          the policy's state dict (value-normaliser statistics included)
+    optimizer.pt      the optimiser's state dict
+    scaler.pt         the AMP grad scaler's state dict (empty when AMP is off)
+    trainer.pt        iteration, model version, KL weight rho, learning rate, RNG states, extra
+    config.yaml       the resolved run config
+    manifest.json     sha256 and size of every file above
+
+A checkpoint is written into a temporary sibling directory, every file fsynced, then renamed into
+place, so a crash leaves either the whole checkpoint or none. Nothing is pickled: RNG states are
+tensors and lists, so loading never executes code from the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from mineonline_core.errors import CheckpointError, ConfigError
+
+_NAME = re.compile(r"^checkpoint_(\d{6,})$")
+_FILES = ("model.pt", "optimizer.pt", "scaler.pt", "trainer.pt")
+MANIFEST = "manifest.json"
+
+
+def checkpoint_dir(save_dir: str | Path, iteration: int) -> Path:
+    return Path(save_dir) / f"checkpoint_{iteration:06d}"
+
+
+def list_checkpoints(save_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints (those with a manifest) under ``save_dir``, oldest first."""
+    root = Path(save_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _NAME.match(child.name)
+        if match and (child / MANIFEST).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(save_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``save_dir``, or None."""
+    found = list_checkpoints(save_dir)
+    return found[-1][1] if found else None
+
+
+def resolve_save_path(save_path: str, run_dir: str | Path) -> Path:
+    path = Path(save_path).expanduser()
+    return path if path.is_absolute() else Path(run_dir) / path
+
+
+def check_writable(save_dir: Path) -> None:
+    """Raise ``ConfigError`` now, before training, if checkpoints could not be written there."""
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        probe = save_dir / f".write_probe_{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"train_config.save_path: cannot write checkpoints to {str(save_dir)!r} ({exc.strerror or exc}). "
+            "Set train_config.save_path to a writable directory (relative paths are under the run directory)."
+        ) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG states as plain tensors and lists
+# ---------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},  # fmt: skip
+        "python": {"version": version, "internal": list(internal), "gauss": gauss},
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Save
+# ---------------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    save_dir: str | Path,
+    *,
+    iteration: int,
+    model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+    scaler_state: dict[str, Any] | None,
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    keep_interval: int | None = None,
+) -> Path:
+    """Write ``checkpoint_{iteration:06d}`` atomically, then apply the retention rule."""
+    root = Path(save_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_dir(root, iteration)
+    tmp = root / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    contents = {"model.pt": model_state, "optimizer.pt": optimizer_state, "scaler.pt": scaler_state or {},
+                "trainer.pt": {**trainer_state, "iteration": iteration, "rng": rng_state()}}  # fmt: skip
+    manifest: dict[str, Any] = {"format": 1, "iteration": iteration, "files": {}}
+    for name, obj in contents.items():
+        torch.save(obj, tmp / name)
+    (tmp / "config.yaml").write_text(config_yaml)
+    for name in (*_FILES, "config.yaml"):
+        _fsync(tmp / name)
+        manifest["files"][name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _fsync(tmp / MANIFEST)
+    _fsync(tmp)
+    if final.exists():  # re-saving an iteration (a resumed run): move the old one out of the way first
+        stale = root / f".{final.name}.old-{os.getpid()}"
+        os.replace(final, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    os.replace(tmp, final)
+    _fsync(root)
+    if keep_interval:
+        apply_retention(root, keep_interval)
+    return final
+
+
+def apply_retention(save_dir: str | Path, keep_interval: int) -> list[int]:
+    """Delete checkpoints that are neither a multiple of ``keep_interval`` nor the latest; return kept."""
+    found = list_checkpoints(save_dir)
+    kept = []
+    for position, (iteration, path) in enumerate(found):
+        if iteration % keep_interval == 0 or position == len(found) - 1:
+            kept.append(iteration)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    return kept
+
+
+# ---------------------------------------------------------------------------------------------
+# Load
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_resume(path: str | Path) -> Path:
+    """A checkpoint directory, or the newest checkpoint under a save directory or run directory."""
+    path = Path(path).expanduser()
+    if (path / MANIFEST).is_file():
+        return path
+    for candidate in (path, path / "checkpoints"):
+        latest = latest_checkpoint(candidate)
+        if latest is not None:
+            return latest
+    if not path.exists():
+        raise CheckpointError(
+            f"train_config.resume: checkpoint {str(path)!r} does not exist. Point it at a "
+            "checkpoint_NNNNNN directory (or a run directory holding checkpoints), or set it to null to start fresh."
+        )
+    raise CheckpointError(
+        f"train_config.resume: {str(path)!r} holds no complete checkpoint (no {MANIFEST}; the write may "
+        "have been interrupted). Point it at an earlier checkpoint_NNNNNN directory, or set it to null."
+    )
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Verify every file against the manifest and load it with ``weights_only=True``."""
+    path = resolve_resume(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"train_config.resume: the manifest of {str(path)!r} is unreadable ({exc}); the checkpoint is corrupted.") from exc
+    for name in (*_FILES, "config.yaml"):
+        file = path / name
+        if name not in files or not file.is_file():
+            raise CheckpointError(f"train_config.resume: {str(path)!r} is truncated: {name} is missing. Use an earlier checkpoint.")
+        if file.stat().st_size != files[name]["bytes"] or _sha256(file) != files[name]["sha256"]:
+            raise CheckpointError(
+                f"train_config.resume: {str(file)!r} does not match its sha256 in {MANIFEST} (truncated or "
+                "corrupted on disk). Use an earlier checkpoint."
+            )
+    out: dict[str, Any] = {"path": path, "config_yaml": (path / "config.yaml").read_text()}
+    for name in _FILES:
+        try:
+            out[name[:-3]] = torch.load(path / name, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any unpickling failure means a bad file
+            raise CheckpointError(f"train_config.resume: cannot load {str(path / name)!r} safely ({exc}).") from exc
+    return out
+
+
+def check_compatible(model: nn.Module, state: dict[str, torch.Tensor], *, source: str) -> None:
+    """Raise ``CheckpointError`` naming missing, unexpected and mis-shaped keys."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(state)) if tuple(own[k].shape) != tuple(state[k].shape)]  # fmt: skip
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+        if shapes:
+            parts.append(f"shape mismatches {shapes[:8]}")
+        raise CheckpointError(
+            f"train_config.resume: {source} was saved from a different model than policy_generator() builds: "
+            + "; ".join(parts) + ". Resume with the policy config the checkpoint was trained with, or start fresh."
+        )

@@ -1,0 +1,431 @@
+"""``LMDBStore``: fragment payloads in sharded LMDB environments on local disk.
+
+Layout under ``database_config.path``::
+
+    mineonline-store.json      format marker and shard count (a resume with another count is refused)
+    shard-000/data.mdb, ...    one LMDB environment per shard; a key's shard is crc32(key) % num_shards
+
+Each environment has two named databases: ``meta`` maps a key to its record header and ``parts``
+maps ``key NUL index`` to the raw buffer of one array (see ``codec``). Storing each array as its own
+LMDB value lets LMDB copy straight from the caller's numpy buffer, so a put costs no extra copy.
+A put (or a ``put_many`` on one shard) is one write transaction: whole or absent after a crash.
+
+Several processes on one node may open the same path (``multi_process``); LMDB's lock file
+serialises their writers, and readers never block writers (MVCC). The map starts small and doubles
+on ``MapFullError``; a process that sees ``MapResizedError`` adopts the new size and retries.
+Resizing needs no transaction of this process to be active on the environment, hence a per-shard
+shared/exclusive guard around every transaction.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import json
+import logging
+import os
+import shutil
+import threading
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mineonline_core.errors import ConfigError, MineOnlineError
+from mineonline_core.store import FragmentStore
+from mineonline_lmdb import codec
+
+log = logging.getLogger("mineonline")
+T = TypeVar("T")
+
+LAYOUT_FILE = "mineonline-store.json"
+FORMAT = "mineonline-lmdb/1"
+_SEP = b"\x00"
+# Errors from the OS that mean "the disk (or the allowed file size) is full". LMDB reports a short
+# write at commit, which is what a filling disk produces, as EIO, so EIO is included.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+_DISK_FULL_TEXT = tuple(os.strerror(code) for code in _DISK_FULL)
+
+
+class LMDBOptions(BaseModel):
+    """The ``database_config`` keys the ``lmdb`` backend adds to ``backend``, ``path``, ``num_shards``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    map_size_mb: int = Field(64, ge=1, description="Initial LMDB map size per shard in MiB; it doubles when full.")
+    max_map_size_gb: float = Field(
+        1024.0, gt=0, description="Largest map size per shard in GiB; a shard that needs more is reported as full."
+    )
+    sync: bool = Field(True, description="fsync every commit, so committed fragments survive a power loss or kill -9.")
+    max_readers: int = Field(1024, ge=8, description="Concurrent read transactions allowed per shard (all processes).")
+
+
+class StoreFullError(MineOnlineError):
+    """The disk under the store, or the store's map-size cap, has no room for more fragments."""
+
+
+class _Guard:
+    """Shared (transactions) / exclusive (map resize) lock; writers of the resize get priority."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive_waiting = 0
+        self._exclusive = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self._exclusive_waiting:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                if not self._shared:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._exclusive_waiting += 1
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._exclusive_waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class _Shard:
+    """One LMDB environment, shared by every store object of this process that opens its directory.
+
+    LMDB forbids opening one environment twice in a process (its POSIX locks would be released by
+    the first close), so environments are reference-counted per directory.
+    """
+
+    _open: ClassVar[dict[str, _Shard]] = {}
+    _open_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, directory: str, options: LMDBOptions) -> None:
+        self.lmdb = importlib.import_module("lmdb")
+        self.directory = directory
+        self.max_map = int(options.max_map_size_gb * 2**30)
+        self.env = self.lmdb.open(
+            directory,
+            map_size=min(options.map_size_mb * 2**20, self.max_map),
+            max_dbs=2,
+            max_readers=options.max_readers,
+            sync=options.sync,
+            metasync=options.sync,
+            readahead=False,
+            lock=True,
+        )
+        self.meta = self.env.open_db(b"meta")
+        self.parts = self.env.open_db(b"parts")
+        self.guard = _Guard()
+        self.write_lock = threading.Lock()
+        self.refs = 0
+
+    @classmethod
+    def acquire(cls, directory: str, options: LMDBOptions) -> _Shard:
+        directory = os.path.realpath(directory)
+        with cls._open_lock:
+            shard = cls._open.get(directory)
+            if shard is None:
+                shard = cls._open[directory] = _Shard(directory, options)
+            shard.refs += 1
+            return shard
+
+    def release(self) -> None:
+        with self._open_lock:
+            self.refs -= 1
+            if self.refs == 0:
+                del self._open[self.directory]
+                with self.guard.exclusive():
+                    self.env.close()
+
+    @classmethod
+    def is_open(cls, directory: str) -> bool:
+        return os.path.realpath(directory) in cls._open
+
+    def read(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(txn)`` in a read transaction whose values are views into the map."""
+        while True:
+            with self.guard.shared():
+                try:
+                    with self.env.begin(buffers=True) as txn:
+                        return fn(txn)
+                except self.lmdb.MapResizedError:
+                    pass
+            self._adopt_new_size()
+
+    def write(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(txn)`` in one write transaction; grow the map and retry when it is full."""
+        while True:
+            grow = False
+            with self.guard.shared(), self.write_lock:
+                try:
+                    with self.env.begin(write=True) as txn:
+                        return fn(txn)
+                except self.lmdb.MapFullError:
+                    grow = True
+                except self.lmdb.MapResizedError:
+                    pass
+            self._grow() if grow else self._adopt_new_size()
+
+    def _adopt_new_size(self) -> None:
+        with self.guard.exclusive():
+            self.env.set_mapsize(0)  # 0: take the size another process has set
+
+    def _grow(self) -> None:
+        with self.guard.exclusive():
+            self.env.set_mapsize(0)
+            current = self.env.info()["map_size"]
+            if current >= self.max_map:
+                raise StoreFullError(
+                    f"The LMDB shard {self.directory} has reached database_config.max_map_size_gb "
+                    f"({self.max_map / 2**30:g} GiB) and cannot take more fragments. Raise "
+                    "database_config.max_map_size_gb or num_shards, or lower replay_buffer_config.max_chunks."
+                )
+            new = min(current * 2, self.max_map)
+            log.debug("growing LMDB map of %s from %d to %d MiB", self.directory, current >> 20, new >> 20)
+            self.env.set_mapsize(new)
+
+    def page_bytes(self) -> int:
+        def count(txn: Any) -> int:
+            total = 0
+            for db in (self.meta, self.parts):
+                st = txn.stat(db)
+                total += (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
+            return total
+
+        return self.read(count)
+
+
+def _part_key(key: bytes, index: int) -> bytes:
+    return key + _SEP + index.to_bytes(4, "big")
+
+
+class LMDBStore(FragmentStore):
+    """Fragment payloads in ``num_shards`` LMDB environments under ``database_config.path``."""
+
+    name = "lmdb"
+    Config = LMDBOptions
+    multi_process = True
+    persistent = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(self.options, LMDBOptions):
+            self.options = LMDBOptions.model_validate(dict(self.options or {}))
+        if self.num_shards < 1:
+            raise ConfigError(
+                f"database_config.num_shards is {self.num_shards}; the lmdb store needs at least 1 shard."
+            )
+        self.path = os.path.abspath(self.path)
+        self._closed = False
+        with self._disk_errors():
+            self._prepare_path()
+            self._shards = [
+                _Shard.acquire(os.path.join(self.path, f"shard-{i:03d}"), self.options) for i in range(self.num_shards)
+            ]
+        if not self.resume:
+            self.clear()  # a no-op after _prepare_path, except when this process already had it open
+
+    # -- layout ------------------------------------------------------------------------------------
+
+    def _prepare_path(self) -> None:
+        layout_path = os.path.join(self.path, LAYOUT_FILE)
+        layout = {"format": FORMAT, "num_shards": self.num_shards}
+        if self.resume and os.path.exists(layout_path):
+            try:
+                with open(layout_path) as f:
+                    found = json.load(f)
+            except (OSError, ValueError) as exc:
+                raise MineOnlineError(
+                    f"database_config.path={self.path!r}: {LAYOUT_FILE} is unreadable ({exc}); the store "
+                    "cannot be resumed. Remove the directory or start without resume."
+                ) from None
+            if found != layout:
+                raise ConfigError(
+                    f"database_config.path={self.path!r} holds a store written with {found}, but this run "
+                    f"asks for {layout}. Resume with database_config.num_shards={found.get('num_shards')}, "
+                    "or start without resume (the stored fragments are then discarded)."
+                )
+            return
+        if not self.resume:
+            log.info("starting from an empty replay store at %s (resume not set)", self.path)
+            if os.path.isdir(self.path):
+                for entry in os.listdir(self.path):
+                    full = os.path.join(self.path, entry)
+                    # Only what this store created is removed; other files under the path stay.
+                    if entry.startswith("shard-") and os.path.isdir(full) and not _Shard.is_open(full):
+                        shutil.rmtree(full)
+        os.makedirs(self.path, exist_ok=True)
+        tmp = f"{layout_path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(layout, f)
+        os.replace(tmp, layout_path)
+
+    def _shard(self, key: bytes) -> _Shard:
+        return self._shards[zlib.crc32(key) % self.num_shards]
+
+    def _group(self, keys: Iterable[bytes]) -> dict[int, list[tuple[int, bytes]]]:
+        groups: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+        for position, key in enumerate(keys):
+            groups[zlib.crc32(key) % self.num_shards].append((position, key))
+        return groups
+
+    @staticmethod
+    def _key(key: str) -> bytes:
+        if not isinstance(key, str):
+            raise TypeError(f"store keys are str, got {type(key).__name__}")
+        raw = key.encode("utf-8")
+        if not raw or b"\x00" in raw or len(raw) > 400:
+            raise ValueError(f"store key {key[:60]!r} must be 1..400 UTF-8 bytes without NUL")
+        return raw
+
+    @contextmanager
+    def _disk_errors(self) -> Iterator[None]:
+        """Turn a full disk into an error that names the config key to change."""
+        lmdb = importlib.import_module("lmdb")
+        try:
+            yield
+        except (lmdb.Error, OSError) as exc:
+            code = getattr(exc, "errno", None)
+            text = str(exc)
+            if isinstance(exc, lmdb.DiskError) or code in _DISK_FULL or any(t in text for t in _DISK_FULL_TEXT):
+                raise StoreFullError(
+                    f"Writing to database_config.path={self.path!r} failed: the disk is full, a file-size "
+                    f"limit was hit, or the disk failed: "
+                    f"{type(exc).__name__}: {exc}. Free space there, point database_config.path at a larger "
+                    "disk, or lower replay_buffer_config.max_chunks."
+                ) from exc
+            raise
+
+    # -- FragmentStore -----------------------------------------------------------------------------
+
+    def put(self, key: str, payload: Any) -> None:
+        self.put_many([(key, payload)])
+
+    def put_many(self, items: Iterable[tuple[str, Any]]) -> None:
+        encoded = [(self._key(k), *codec.encode(p)) for k, p in items]
+        for shard_index, members in self._group(k for k, _, _ in encoded).items():
+            batch = [encoded[position] for position, _ in members]
+            shard = self._shards[shard_index]
+
+            def write(txn: Any, batch: list = batch, shard: _Shard = shard) -> None:
+                for key, header, parts in batch:
+                    old = txn.get(key, db=shard.meta)
+                    for i in range(len(parts), codec.part_count(old) if old is not None else 0):
+                        txn.delete(_part_key(key, i), db=shard.parts)
+                    txn.put(key, header, db=shard.meta)
+                    for i, part in enumerate(parts):
+                        txn.put(_part_key(key, i), codec.raw_view(part), db=shard.parts)
+
+            with self._disk_errors():
+                shard.write(write)
+
+    def get(self, key: str) -> Any:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Iterable[str]) -> list[Any]:
+        raw_keys = [self._key(k) for k in keys]
+        out: list[Any] = [None] * len(raw_keys)
+        for shard_index, members in self._group(raw_keys).items():
+            shard = self._shards[shard_index]
+
+            def read(txn: Any, members: list = members, shard: _Shard = shard) -> None:
+                for position, key in members:
+                    out[position] = self._read_one(txn, shard, key)
+
+            shard.read(read)
+        return out
+
+    def _read_one(self, txn: Any, shard: _Shard, key: bytes) -> Any:
+        header = txn.get(key, db=shard.meta)
+        if header is None:
+            raise KeyError(key.decode("utf-8"))
+        try:
+            count, tree = codec.decode_header(header)
+            specs = codec.array_spec(tree)
+            if count != len(specs):
+                raise codec.CorruptRecordError(f"header announces {count} parts, its tree uses {len(specs)}")
+            parts = []
+            for i, spec in enumerate(specs):
+                buf = txn.get(_part_key(key, i), db=shard.parts)
+                if buf is None:
+                    raise codec.CorruptRecordError(f"part {i} is missing")
+                parts.append(codec.copy_part(spec, buf))  # copied while the read transaction is live
+            return codec.build(tree, parts)
+        except codec.CorruptRecordError as exc:
+            raise codec.CorruptRecordError(
+                f"The record {key.decode('utf-8', 'replace')!r} in {shard.directory} is not a valid "
+                f"mineonline record: {exc}. The store under database_config.path={self.path!r} is damaged or "
+                "was written by another program; delete that key or the directory, or start without resume."
+            ) from None
+
+    def delete(self, key: str) -> None:
+        self.delete_many([key])
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        for shard_index, members in self._group(self._key(k) for k in keys).items():
+            shard = self._shards[shard_index]
+
+            def delete(txn: Any, members: list = members, shard: _Shard = shard) -> None:
+                for _, key in members:
+                    header = txn.pop(key, db=shard.meta)
+                    if header is not None:
+                        for i in range(codec.part_count(header)):
+                            txn.delete(_part_key(key, i), db=shard.parts)
+
+            with self._disk_errors():
+                shard.write(delete)
+
+    def clear(self) -> None:
+        for shard in self._shards:
+
+            def drop(txn: Any, shard: _Shard = shard) -> None:
+                txn.drop(shard.meta, delete=False)
+                txn.drop(shard.parts, delete=False)
+
+            with self._disk_errors():
+                shard.write(drop)
+
+    def keys(self) -> list[str]:
+        out: list[str] = []
+        for shard in self._shards:
+
+            def scan(txn: Any, shard: _Shard = shard) -> None:
+                with txn.cursor(db=shard.meta) as cursor:
+                    out.extend(bytes(k).decode("utf-8") for k in cursor.iternext(keys=True, values=False))
+
+            shard.read(scan)
+        return out
+
+    def size(self) -> int:
+        return sum(shard.read(lambda txn, s=shard: txn.stat(s.meta)["entries"]) for shard in self._shards)
+
+    def nbytes(self) -> int:
+        """Bytes of the database pages holding live records (freed pages are reused, not counted)."""
+        return sum(shard.page_bytes() for shard in self._shards)
+
+    def disk_bytes(self) -> int:
+        """Bytes the shards' data files occupy on disk (the high-water mark of ``nbytes``)."""
+        return sum(os.path.getsize(os.path.join(s.directory, "data.mdb")) for s in self._shards)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            for shard in self._shards:
+                shard.release()

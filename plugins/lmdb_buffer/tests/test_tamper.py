@@ -1,0 +1,110 @@
+"""A store whose bytes were changed by someone else: a clear error, never code execution."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+import torch
+
+from mineonline_lmdb import CorruptRecordError, LMDBStore
+from mineonline_lmdb import codec
+
+
+class _Trap:
+    """Unpickling this creates a file: the test fails if the store ever unpickles a value."""
+
+    def __init__(self, canary: Path) -> None:
+        self.canary = canary
+
+    def __reduce__(self):
+        return (Path.touch, (self.canary,))
+
+
+def _header(tree, parts: int) -> bytes:
+    return struct.pack("<4sI", b"MOL1", parts) + json.dumps(tree).encode()
+
+
+def _tamper(path: str, key: str, *, header: bytes | None = None, part: tuple[int, bytes | None] | None = None) -> None:
+    """Rewrite one record with raw LMDB while no store has the path open (one shard)."""
+    env = lmdb.open(f"{path}/shard-000", max_dbs=2)
+    try:
+        meta, parts = env.open_db(b"meta"), env.open_db(b"parts")
+        with env.begin(write=True) as txn:
+            if header is not None:
+                txn.put(key.encode(), header, db=meta)
+            if part is not None:
+                index, value = part
+                part_key = key.encode() + b"\x00" + index.to_bytes(4, "big")
+                txn.delete(part_key, db=parts) if value is None else txn.put(part_key, value, db=parts)
+    finally:
+        env.close()
+
+
+CASES = {
+    "pickle instead of a header": lambda canary: {"header": pickle.dumps(_Trap(canary))},
+    "pickle behind our magic": lambda canary: {"header": struct.pack("<4sI", b"MOL1", 1) + pickle.dumps(_Trap(canary))},
+    "object dtype": lambda canary: {"header": _header(["a", "|O", [1], 0, 0], 1), "part": (0, pickle.dumps(_Trap(canary)))},
+    "shape larger than the buffer": lambda canary: {"header": _header(["a", "<f4", [1000, 1000], 0, 0], 1)},
+    "truncated part": lambda canary: {"part": (0, b"\x00" * 7)},
+    "missing part": lambda canary: {"part": (0, None)},
+    "part index out of range": lambda canary: {"header": _header(["a", "<f4", [4], 5, 0], 1)},
+    "unknown tag": lambda canary: {"header": _header(["eval", "__import__('os')"], 0)},
+    "nesting bomb": lambda canary: {"header": struct.pack("<4sI", b"MOL1", 0) + b"[" * 100_000 + b"]" * 100_000},
+    "structured dtype": lambda canary: {"header": _header(["a", "[('a', '<i4')]", [1], 0, 0], 1)},
+    "truncated header": lambda canary: {"header": b"MOL"},
+    "garbage": lambda canary: {"header": bytes(range(256))},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tampered_record_is_a_clear_error(tmp_path, case):
+    path, canary = str(tmp_path / "s"), tmp_path / "canary"
+    store = LMDBStore(path=path, num_shards=1, resume=False)
+    store.put("victim", {"x": np.arange(4, dtype=np.float32)})
+    store.put("bystander", {"y": np.arange(3)})
+    store.close()
+    _tamper(path, "victim", **CASES[case](canary))
+
+    store = LMDBStore(path=path, num_shards=1, resume=True)
+    try:
+        with pytest.raises(CorruptRecordError, match="'victim'.*database_config.path"):
+            store.get("victim")
+        assert not canary.exists(), "the store executed code from a stored value"
+        assert np.array_equal(store.get("bystander")["y"], np.arange(3))  # one bad record spoils nothing else
+        store.delete("victim")
+        assert store.keys() == ["bystander"]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "payload, match",
+    [
+        ({"x": np.array([object()], dtype=object)}, "dtype"),
+        ({"x": torch.zeros(2)}, "to_numpy"),
+        ({1: np.zeros(1)}, "keys must be str"),
+        ({"x": {1, 2}}, "set"),
+    ],
+)
+def test_values_that_need_pickle_are_refused_on_write(tmp_path, payload, match):
+    store = LMDBStore(path=str(tmp_path / "s"), num_shards=1, resume=False)
+    try:
+        with pytest.raises(TypeError, match=match):
+            store.put("k", payload)
+        assert store.size() == 0
+    finally:
+        store.close()
+
+
+def test_records_decode_without_pickle():
+    header, parts = codec.encode({"a": np.arange(3), "b": (None, 1.5, "s", b"raw")})
+    assert b"pickle" not in header and header.startswith(b"MOL1")
+    json.loads(header[8:])  # the structure is plain JSON
+    got = codec.decode(header, [codec.raw_view(p) for p in parts])
+    assert np.array_equal(got["a"], np.arange(3)) and got["b"] == (None, 1.5, "s", b"raw")

@@ -1,0 +1,198 @@
+"""mineonline-wandb-logger: every metric, histogram and episode video of a run in Weights & Biases.
+
+Select it with ``logger_config.loggers: [wandb]``. Every other ``logger_config`` key this logger
+declares goes to ``wandb.init`` (``project``, ``name``, ``entity``, ``group``, ``tags``, ``notes``,
+``mode``, ``dir``, ``id``, ``resume``, ``job_type``, ...); a key that no selected logger declares is
+rejected by the core with the list of valid keys.
+
+* Offline unless wandb was configured online: ``mode`` in ``logger_config`` wins, then the
+  ``WANDB_MODE`` environment variable, else ``offline``. Online without an API key (``WANDB_API_KEY``
+  or a netrc entry from ``wandb login``) falls back to offline with a warning; sync later with
+  ``wandb sync <run_dir>/wandb/offline-run-*``.
+* The run lives in the run directory (``dir`` defaults to it) and stores the full resolved config,
+  minus any key that looks like a secret (api_key, token, secret, password).
+* One step axis: ``env_steps`` (total env steps) via ``define_metric("*", step_metric="env_steps")``,
+  so metrics from rollout and training line up whatever order they arrive in.
+* ``log_*`` never block: items go to a queue that a background thread sends; ``finish`` flushes.
+
+The module imports nothing heavy: wandb loads when the logger is built, inside the logging actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import netrc
+import os
+import queue
+import re
+import threading
+import traceback
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlparse
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+import mineonline_core
+from mineonline_core.logger import Logger
+
+log = logging.getLogger(__name__)
+
+STEP_METRIC = "env_steps"
+SECRET_KEY = re.compile(r"api[_-]?key|token|secret|passw(or)?d|credential", re.IGNORECASE)
+_STOP = object()
+
+
+class WandbOptions(BaseModel):
+    """The ``logger_config`` keys the wandb logger consumes; each is passed to ``wandb.init``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    project: str | None = Field(None, description="wandb project the run belongs to.")
+    name: str | None = Field(None, description="Display name of the wandb run; defaults to the run name.")
+    entity: str | None = Field(None, description="wandb user or team that owns the project.")
+    group: str | None = Field(None, description="Group several runs together (e.g. seeds of one experiment).")
+    tags: list[str] | None = Field(None, description="Tags of the wandb run.")
+    notes: str | None = Field(None, description="A longer description of the run.")
+    job_type: str | None = Field(None, description="wandb job type, e.g. 'train'.")
+    mode: Literal["online", "offline", "disabled", "shared"] | None = Field(
+        None, description="wandb mode; default: WANDB_MODE if set, else 'offline'. Online needs an API key."
+    )
+    dir: str | None = Field(None, description="Where the wandb files go; relative to the run directory; default: the run directory.")
+    id: str | None = Field(None, description="wandb run id, to resume a specific wandb run.")
+    resume: bool | Literal["allow", "never", "must", "auto"] | None = Field(None, description="wandb resume behaviour for `id`.")
+    resume_from: str | None = Field(None, description="Rewind a run to a step: '{run_id}?_step={step}'.")
+    fork_from: str | None = Field(None, description="Fork a run at a step: '{run_id}?_step={step}'.")
+    config_exclude_keys: list[str] | None = Field(None, description="Top-level config keys not to store in wandb.")
+    config_include_keys: list[str] | None = Field(None, description="Only these top-level config keys are stored in wandb.")
+    allow_val_change: bool | None = Field(None, description="Allow config values to change after they are set.")
+    save_code: bool | None = Field(None, description="Save the main script or notebook with the run.")
+    force: bool | None = Field(None, description="Fail instead of running offline when not logged in (online mode).")
+    settings: dict[str, Any] | None = Field(
+        None, description="wandb.Settings fields, e.g. {'console': 'wrap'}. Default: console capture off."
+    )
+
+
+def scrub_secrets(tree: Any) -> Any:
+    """A copy of a config tree without the keys that look like credentials."""
+    if isinstance(tree, dict):
+        return {k: scrub_secrets(v) for k, v in tree.items() if not (isinstance(k, str) and SECRET_KEY.search(k))}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(scrub_secrets(v) for v in tree)
+    return tree
+
+
+def has_api_key(env: dict[str, str] | None = None) -> bool:
+    """Whether wandb could authenticate: ``WANDB_API_KEY`` or a netrc entry for the wandb host.
+
+    Only the presence of a key is checked; its value is never read into the config or the logs.
+    """
+    env = os.environ if env is None else env
+    if env.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(env.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(env.get("NETRC") or None).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def resolve_mode(mode: str | None, env: dict[str, str] | None = None) -> str:
+    """``mode`` key, else ``WANDB_MODE``, else offline; online without an API key becomes offline."""
+    env = os.environ if env is None else env
+    resolved = mode or env.get("WANDB_MODE") or "offline"
+    if resolved == "dryrun":  # wandb's old name for offline
+        resolved = "offline"
+    if resolved in ("online", "shared", "run") and not has_api_key(env):
+        log.warning(
+            "wandb mode %r was requested but no API key is configured (WANDB_API_KEY or `wandb login`); "
+            "logging offline instead. Sync later with `wandb sync <run_dir>/wandb/offline-run-*`.",
+            resolved,
+        )
+        resolved = "offline"
+    return resolved
+
+
+class WandbLogger(Logger):
+    """Sends scalars, histograms and videos to a wandb run from a background thread."""
+
+    name: ClassVar[str] = "wandb"
+    Config: ClassVar[type[BaseModel]] = WandbOptions
+
+    def __init__(self, *, run_dir: str, options: BaseModel | None = None, config: dict[str, Any] | None = None) -> None:
+        options = options if options is not None else WandbOptions()
+        super().__init__(run_dir=run_dir, options=options, config=config or {})
+        import wandb
+
+        self._wandb = wandb
+        kwargs = options.model_dump(exclude_none=True)
+        settings = {"console": "off", **kwargs.pop("settings", {})}  # the hub's stdout stays ours
+        kwargs["mode"] = resolve_mode(kwargs.get("mode"))
+        directory = kwargs.get("dir") or run_dir
+        kwargs["dir"] = directory if os.path.isabs(directory) else os.path.join(run_dir, directory)
+        os.makedirs(kwargs["dir"], exist_ok=True)
+        kwargs.setdefault("name", os.path.basename(os.path.normpath(run_dir)))
+        self.run = wandb.init(
+            **kwargs,
+            config=scrub_secrets(self.config),
+            settings=wandb.Settings(**settings),
+            reinit="create_new",  # several runs per process (tests, a restarted hub) stay apart
+        )
+        self.run.define_metric(STEP_METRIC)
+        self.run.define_metric("*", step_metric=STEP_METRIC)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._send_loop, name="wandb-sender", daemon=True)
+        self._thread.start()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the wandb sender thread failed; nothing more is sent to wandb:\n{self._error}")
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self._check()
+        self._queue.put(("log", dict(metrics), step))
+
+    def log_histogram(self, key: str, values: np.ndarray, step: int) -> None:
+        self._check()
+        self._queue.put(("histogram", key, np.asarray(values), step))
+
+    def log_video(self, key: str, path: str, step: int) -> None:
+        self._check()
+        self._queue.put(("video", key, path, step))
+
+    def _send_loop(self) -> None:
+        wandb = self._wandb
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if self._error is not None:
+                continue  # drain without sending; the hub reports the failure
+            try:
+                if item[0] == "log":
+                    _, metrics, step = item
+                    self.run.log({**metrics, STEP_METRIC: step})
+                elif item[0] == "histogram":
+                    _, key, values, step = item
+                    values = np.asarray(values, dtype=np.float64).reshape(-1)
+                    values = values[np.isfinite(values)]
+                    if values.size:
+                        self.run.log({key: wandb.Histogram(values, num_bins=64), STEP_METRIC: step})
+                elif item[0] == "video":
+                    _, key, path, step = item
+                    self.run.log({key: wandb.Video(path, format="mp4"), STEP_METRIC: step})
+            except Exception:  # noqa: BLE001 - surfaced through _check on the next call
+                self._error = traceback.format_exc()
+                log.error("wandb logger: sending %s failed:\n%s", item[0], self._error)
+
+    def finish(self) -> None:
+        self._queue.put(_STOP)
+        self._thread.join()
+        self.run.finish()
+        self._check()
+
+
+@mineonline_core.hookimpl
+def mineonline_register_loggers(register: Any) -> None:
+    register(WandbLogger)

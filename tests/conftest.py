@@ -1,0 +1,1 @@
+pytest_plugins = ["mineonline_core.testing.fixtures"]

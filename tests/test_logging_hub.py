@@ -1,0 +1,186 @@
+"""LoggerHub: ordering, latest values, the env-step axis, failing loggers, videos, and the Ray actor."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from mineonline_core.console import ConsoleLogger, ConsoleOptions
+from mineonline_core.logger import Logger, LoggerOptions
+from mineonline_core.loggerhub import LoggerHub, video_filename
+
+
+class RecordingLogger(Logger):
+    name = "recording"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls: list[tuple] = []
+        self.finished = 0
+
+    def log_metrics(self, metrics, step):
+        self.calls.append(("metrics", dict(metrics), step))
+
+    def log_histogram(self, key, values, step):
+        self.calls.append(("histogram", key, np.asarray(values).copy(), step))
+
+    def log_video(self, key, path, step):
+        self.calls.append(("video", key, path, step))
+
+    def finish(self):
+        self.finished += 1
+
+
+class ExplodingLogger(Logger):
+    name = "exploding"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def log_metrics(self, metrics, step):
+        self.calls += 1
+        if self.calls == 3:
+            raise ZeroDivisionError("boom in log_metrics")
+
+
+class BrokenAtStart(Logger):
+    name = "broken_at_start"
+
+    def __init__(self, **kwargs):
+        raise RuntimeError("cannot start")
+
+    def log_metrics(self, metrics, step):  # pragma: no cover - never built
+        pass
+
+
+def make_hub(tmp_path, loggers, **kw):
+    return LoggerHub(run_dir=str(tmp_path), loggers=[(cls, LoggerOptions()) for cls in loggers], config={"seed": 1}, num_iterations=10, video_dir="videos", **kw)
+
+
+def recorder(hub) -> RecordingLogger:
+    return next(lg for lg in hub._loggers if isinstance(lg, RecordingLogger))
+
+
+def test_order_latest_and_env_step_axis(tmp_path):
+    hub = make_hub(tmp_path, [RecordingLogger])
+    rec = recorder(hub)
+    hub.log_metrics({"trainer/policy_loss": 1.0})  # no step: stamped with env steps (0)
+    hub.add_env_steps(128)
+    hub.add_env_steps(72)
+    hub.log_metrics({"trainer/policy_loss": 0.5, "episode/return_mean": np.float32(2.5)})
+    hub.log_metrics({"rollout/env_steps_per_s": 10}, step=7)  # an explicit step is kept
+    hub.log_histogram("trainer/advantages", np.arange(6.0))
+    for i in range(100):
+        hub.log_metrics({"seq": i})
+    assert hub.flush(timeout=30)
+    assert hub.env_steps() == 200
+    latest = hub.latest()
+    assert latest["trainer/policy_loss"] == 0.5
+    assert latest["episode/return_mean"] == 2.5
+    assert latest["seq"] == 99.0
+    assert latest["env_steps"] == 200.0
+    assert latest["logger/errors"] == 0.0
+    metric_calls = [c for c in rec.calls if c[0] == "metrics"]
+    assert [c[2] for c in metric_calls[:3]] == [0, 200, 7]
+    assert metric_calls[0][1] == {"trainer/policy_loss": 1.0}
+    assert [c[1]["seq"] for c in metric_calls[3:]] == list(range(100))  # arrival order preserved
+    hist = [c for c in rec.calls if c[0] == "histogram"]
+    assert hist[0][1] == "trainer/advantages" and hist[0][3] == 200
+    np.testing.assert_array_equal(hist[0][2], np.arange(6.0))
+    summary = hub.finish()
+    assert rec.finished == 1
+    assert summary["trainer/policy_loss"] == 0.5 and summary["env_steps"] == 200.0
+    assert hub.finish() == summary  # idempotent, loggers finished once
+    assert rec.finished == 1
+    hub.log_metrics({"late": 1.0})  # after finish: ignored, no crash
+    assert "late" not in hub.latest()
+
+
+def test_non_numeric_values_are_dropped_not_fatal(tmp_path):
+    hub = make_hub(tmp_path, [RecordingLogger])
+    hub.log_metrics({"ok": 1, "bad": "text", "none": None})
+    hub.finish()
+    assert recorder(hub).calls[0][1] == {"ok": 1.0}
+
+
+def test_raising_logger_is_disabled_and_reported(tmp_path, caplog):
+    hub = make_hub(tmp_path, [ExplodingLogger, RecordingLogger, BrokenAtStart])
+    rec = recorder(hub)
+    for i in range(10):
+        hub.log_metrics({"i": i})
+    assert hub.flush(timeout=30)
+    exploding = [lg for lg in hub._loggers if isinstance(lg, ExplodingLogger)]
+    assert exploding == []  # disabled after its failure
+    assert len(rec.calls) == 10  # the healthy logger got everything
+    errors = hub.errors()
+    assert len(errors) == 2
+    assert any("exploding.log_metrics" in e and "ZeroDivisionError: boom in log_metrics" in e for e in errors)
+    assert any("broken_at_start.start" in e and "cannot start" in e for e in errors)
+    assert hub.latest()["logger/errors"] == 2.0
+    assert "boom in log_metrics" in caplog.text and "Traceback" in caplog.text  # never silent
+    assert hub.finish()["logger/errors"] == 2.0
+
+
+def test_video_written_and_forwarded(tmp_path):
+    hub = make_hub(tmp_path, [RecordingLogger])
+    hub.add_env_steps(1234)
+    hub.log_video("video/worker_0", b"not really an mp4")
+    hub.log_video("video/worker_1", b"x", step=5, filename="../escape.mp4")
+    hub.finish()
+    videos = [c for c in recorder(hub).calls if c[0] == "video"]
+    expected = tmp_path / "videos" / "video_worker_0_step000001234.mp4"
+    assert video_filename("video/worker_0", 1234) == expected.name
+    assert videos[0] == ("video", "video/worker_0", str(expected), 1234)
+    assert expected.read_bytes() == b"not really an mp4"
+    assert videos[1][2] == str(tmp_path / "videos" / "escape.mp4")  # no path traversal out of the video dir
+    assert not list((tmp_path / "videos").glob("*.tmp"))
+
+
+def test_hub_without_videos_finishes(tmp_path):
+    # record_video_interval: 0 means no video ever reaches the hub; the run still ends cleanly.
+    hub = LoggerHub(run_dir=str(tmp_path), loggers=[(ConsoleLogger, ConsoleOptions())], config={}, num_iterations=3, video_dir="videos")
+    for it in range(1, 4):
+        hub.add_env_steps(100)
+        hub.log_metrics({"trainer/iteration": it, "trainer/policy_loss": 1.0 / it})
+    summary = hub.finish()
+    assert summary["trainer/iteration"] == 3.0 and summary["logger/errors"] == 0.0
+    assert not (tmp_path / "videos").exists()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [100, 200, 300]
+
+
+def test_hub_as_named_ray_actor(tmp_path):
+    ray = pytest.importorskip("ray")
+    from mineonline_core.loggerhub import get_logger_hub, start_logger_hub
+
+    ray.init(num_cpus=2, address="local", include_dashboard=False, namespace="mineonline")
+    try:
+        hub = start_logger_hub(
+            run_name="hubtest",
+            run_dir=str(tmp_path),
+            loggers=[(ConsoleLogger, ConsoleOptions())],
+            config={"x": 1},
+            num_iterations=2,
+            video_dir="videos",
+        )
+        assert get_logger_hub("hubtest")._actor_id == hub._actor_id
+        for i in range(50):  # fire-and-forget, as producers do
+            hub.add_env_steps.remote(10)
+            hub.log_metrics.remote({"rollout/env_steps_per_s": float(i)})
+        hub.log_histogram.remote("trainer/values", np.ones(100))
+        assert ray.get(hub.flush.remote(30))
+        latest = ray.get(hub.latest.remote())
+        assert latest["rollout/env_steps_per_s"] == 49.0
+        assert latest["env_steps"] == 500.0
+        summary = ray.get(hub.finish.remote())
+        assert summary["env_steps"] == 500.0
+        lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        assert len(lines) == 51
+        assert lines[-1]["trainer/values/mean"] == 1.0
+        assert os.path.exists(tmp_path / "summary.json")
+    finally:
+        ray.shutdown()
