@@ -40,8 +40,9 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     from mineonline_core.plugins import get_plugin_manager
 
     pm = get_plugin_manager()
+    titles = {"trainer": "trainers", "replay_store": "replay stores", "logger": "loggers", "policy": "policies", "env": "envs"}
     for kind, registry in pm.registries.items():
-        print(f"{kind}s:")
+        print(f"{titles[kind]}:")
         for name, cls, origin in registry.items():
             print(f"  {name:<18} {origin.distribution} {origin.version}  ({cls.__module__}.{cls.__qualname__})")
     if pm.load_failures:

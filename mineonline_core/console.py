@@ -68,11 +68,13 @@ class ConsoleLogger(Logger):
         values = values[np.isfinite(values)]
         if values.size == 0:
             return
+        self._last_step = max(self._last_step, step)
         stats = {f"{key}/mean": float(values.mean()), f"{key}/std": float(values.std())}
         self._last.update(stats)
         self._write({"step": step, "time": time.time(), **stats})
 
     def log_video(self, key: str, path: str, step: int) -> None:
+        self._last_step = max(self._last_step, step)
         rel = os.path.relpath(path, self.run_dir)
         # A non-numeric record: the report reads only numbers, people and scripts find the videos.
         self._write({"step": step, "time": time.time(), "video": key, "path": rel})

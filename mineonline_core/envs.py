@@ -65,6 +65,8 @@ def adapt_env(env: Any) -> gym.Env:
     """Make any supported env a gymnasium env with dict observations."""
     if not isinstance(env, gym.Env) and hasattr(env, "step") and hasattr(env, "reset"):
         env = OldGymAdapter(env)
+    if type(env).__module__.startswith("minestudio.") and not isinstance(env, MinecraftAdapter):
+        env = MinecraftAdapter(env)
     if not isinstance(env.observation_space, gym.spaces.Dict):
         env = DictObservation(env)
     return env

@@ -20,6 +20,7 @@ of the run's named actors.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -44,22 +45,49 @@ def token_available() -> bool:
 def prepare_auth_env() -> None:
     """Present the cluster's token when connecting: set ``RAY_AUTH_MODE=token`` if a token exists.
 
-    An explicit ``RAY_AUTH_MODE`` chosen by the user is left as it is.
+    An explicit ``RAY_AUTH_MODE`` chosen by the user is left as it is. Ray caches its config when
+    ``ray`` is imported, so after changing the variable we ask it to re-read it (as Ray itself does
+    in ``authentication_token_setup._enable_token_auth``).
     """
-    if AUTH_MODE_VAR not in os.environ and token_available():
-        os.environ[AUTH_MODE_VAR] = "token"
+    if AUTH_MODE_VAR in os.environ or not token_available():
+        return
+    os.environ[AUTH_MODE_VAR] = "token"
+    if "ray" in sys.modules:
+        try:
+            from ray._raylet import Config
+
+            Config.initialize("")
+        except (ImportError, AttributeError):  # a Ray without token auth: the variable is harmless
+            pass
+
+
+def _listening(address: str, timeout: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` (Ray waits minutes on a dead address)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise MineOnlineError(f"--address {address!r}: expected host:port of the Ray head node, or 'auto'.")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def attach(address: str) -> bool:
     """Connect to the running cluster at ``address`` ("auto" finds the local one); False when none runs."""
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return True
+    target = address.removeprefix("ray://") if address != "auto" else address
+    if target != "auto" and not _listening(target):
+        return False  # checked before importing Ray: the import alone takes seconds
+    prepare_auth_env()
     import ray
 
-    if ray.is_initialized():
-        return True
-    prepare_auth_env()
     try:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
-    except ConnectionError:
+    except ConnectionError as exc:
+        if "multiple" in str(exc).lower():
+            raise MineOnlineError(f"--address {address}: {exc} Fix: pass --address host:port of the cluster.") from None
         return False
     except ray.exceptions.AuthenticationError as exc:
         raise MineOnlineError(

@@ -21,6 +21,7 @@ import traceback
 from typing import Any
 
 import numpy as np
+import ray
 from pydantic import BaseModel
 
 from mineonline_core.logger import Logger
@@ -28,6 +29,15 @@ from mineonline_core.logger import Logger
 log = logging.getLogger(__name__)
 
 _STOP = object()
+
+# Producer calls (log_*, add_env_steps) and flush/finish run on the actor's default single thread,
+# so the calls of one producer reach the loggers in the order they were made (Ray keeps a caller's
+# order on a single-threaded group) and a caller's flush/finish comes after its earlier calls.
+# Queries (latest, env_steps, errors) have a group of their own and never wait behind a flush.
+CONTROL = "control"
+CONCURRENCY_GROUPS = {CONTROL: 4}
+#: ``ray.remote(**ACTOR_OPTIONS)(LoggerHub)`` is the hub actor class (``start_logger_hub`` uses it).
+ACTOR_OPTIONS = {"num_cpus": 0, "max_concurrency": 1, "concurrency_groups": CONCURRENCY_GROUPS}
 
 
 def video_filename(key: str, step: int) -> str:
@@ -39,8 +49,8 @@ def video_filename(key: str, step: int) -> str:
 class LoggerHub:
     """Receives metrics from every process of a run and feeds the selected loggers.
 
-    Plain class: the driver wraps it with ``ray.remote(num_cpus=0, max_concurrency=4)`` (see
-    ``start_logger_hub``); tests may use it directly. ``loggers`` are (class, validated options)
+    Plain class: ``start_logger_hub`` makes it a named Ray actor with ``num_cpus=0`` and two
+    concurrency groups (see ``CONCURRENCY_GROUPS``); tests may use it directly. ``loggers`` are (class, validated options)
     pairs; ``config`` is the full resolved run config given to each logger; ``video_dir`` is where
     videos are written, relative to ``run_dir`` unless absolute.
     """
@@ -121,10 +131,12 @@ class LoggerHub:
         with self._lock:
             self._env_steps = int(n)
 
+    @ray.method(concurrency_group=CONTROL)
     def env_steps(self) -> int:
         with self._lock:
             return self._env_steps
 
+    @ray.method(concurrency_group=CONTROL)
     def latest(self) -> dict[str, float]:
         """The latest value of every metric, plus ``env_steps``, ``logger/errors``, ``logger/queue``."""
         with self._lock:
@@ -134,6 +146,7 @@ class LoggerHub:
         out["logger/queue"] = float(self._queue.qsize())
         return out
 
+    @ray.method(concurrency_group=CONTROL)
     def errors(self) -> list[str]:
         """One line per failed logger: its name, where it failed and the exception."""
         with self._lock:
@@ -231,12 +244,13 @@ class LoggerHub:
 def start_logger_hub(*, run_name: str, namespace: str = "mineonline", lifetime: str | None = None, **kwargs: Any) -> Any:
     """Start the hub as the named actor ``{run_name}/logger_hub`` and wait until its loggers exist.
 
+    Producer methods, ``flush`` and ``finish`` share one thread (per-producer order is kept);
+    queries have a group of 4 threads of their own.
+
     ``kwargs`` are ``LoggerHub``'s constructor arguments. ``lifetime="detached"`` keeps the hub
     alive after the driver exits (used with ``detach_rollout_manager``).
     """
-    import ray
-
-    actor_cls = ray.remote(num_cpus=0, max_concurrency=4)(LoggerHub)
+    actor_cls = ray.remote(**ACTOR_OPTIONS)(LoggerHub)
     hub = actor_cls.options(name=f"{run_name}/logger_hub", namespace=namespace, lifetime=lifetime).remote(**kwargs)
     errors = ray.get(hub.errors.remote())  # constructor errors surface here, not at the first metric
     for line in errors:
@@ -246,6 +260,5 @@ def start_logger_hub(*, run_name: str, namespace: str = "mineonline", lifetime: 
 
 def get_logger_hub(run_name: str, *, namespace: str = "mineonline") -> Any:
     """The hub of a running run (e.g. for a detached rollout manager started by another driver)."""
-    import ray
 
     return ray.get_actor(f"{run_name}/logger_hub", namespace=namespace)

@@ -50,6 +50,14 @@ def read_metrics(path: Path) -> Series:
     return dict(series)
 
 
+def _short_number(x: float, _pos: object = None) -> str:
+    # Env-step axes reach millions: "2.5M" reads better than overlapping "2500000" labels.
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:g}{suffix}"
+    return f"{x:g}"
+
+
 def _no_data(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no data\n({what})", ha="center", va="center", transform=ax.transAxes, color="gray")
     ax.set_xticks([])
@@ -65,7 +73,11 @@ def _plot_keys(ax, series: Series, keys: list[str], *, title: str, ylabel: str =
     for key in present:
         xs, ys = series[key]
         ax.plot(xs, ys, label=key, marker="." if len(xs) < 30 else None)
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
     ax.set_xlabel("env steps")
+    ax.xaxis.set_major_formatter(FuncFormatter(_short_number))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
     if ylabel:
         ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

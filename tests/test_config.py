@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -273,6 +274,8 @@ def test_out_of_range_value_names_key_value_and_fix(path, value, expect):
         ("trainer_name", 5, "a string"),
         ("rollout_config", 7, "a mapping"),
         ("logger_config.loggers", "wandb", "a list"),
+        ("train_config.learning_rate", True, "a number"),
+        ("seed", False, "an integer"),
     ],
 )
 def test_wrong_type_names_key_value_and_fix(path, value, noun):
@@ -351,6 +354,9 @@ def test_yaml_file_and_its_errors(tmp_path):
     assert loaded.config.seed == 5 and loaded.config.train_config.learning_rate == 1e-4
     assert loaded.config.train_config.keep_interval == 5  # OmegaConf interpolation
     assert loaded.source_text == path.read_text() and loaded.source_path == str(path)
+    empty_section = tmp_path / "empty_section.yaml"
+    empty_section.write_text("rollout_config:\n  episode_statistics_config:\n")
+    assert load_config(empty_section).config.rollout_config.episode_statistics_config.window == 100
 
     bad = tmp_path / "bad.yml"
     bad.write_text("train_config: [1, 2\n")
@@ -364,9 +370,12 @@ def test_yaml_file_and_its_errors(tmp_path):
     assert "suffix '.toml'" in _error(other)
 
 
-def test_omegaconf_object():
+def test_omegaconf_object_and_model():
     node = OmegaConf.create(MINESTUDIO_EXAMPLE)
-    assert load_config(node).config == load_config(MINESTUDIO_EXAMPLE).config
+    expected = load_config(MINESTUDIO_EXAMPLE).config
+    assert load_config(node).config == expected
+    assert load_config(expected).config == expected
+    assert load_config(expected, ["seed=9"]).config.seed == 9
     broken = OmegaConf.create({"seed": "${nowhere}"})
     assert "cannot be resolved" in _error(broken)
 
@@ -409,7 +418,8 @@ def test_paths_resolve_under_the_run_dir(tmp_path):
     relative = validate_online_config({"output_dir": "runs"})
     assert relative.run_dir().is_absolute()
     assert re.fullmatch(r"run-\d{8}-\d{6}", relative.run_name)
-    assert validate_online_config({"logger_config": {"name": "bow cow/v2"}}).run_name == "bow-cow-v2"
+    named = validate_online_config({"logger_config": {"name": "bow cow/v2"}})
+    assert named.run_name == "bow-cow-v2"
     assert "plain directory name" in _error({"run_name": "../elsewhere"})
 
 
@@ -439,8 +449,12 @@ def test_consistency_accepts_defaults_and_examples():
         ),
         (
             {
-                "train_config": {"num_workers": 4, "batches_per_iteration": 50, "gradient_accumulation": 1,
-                                 "batch_size_per_gpu": 2},
+                "train_config": {
+                    "num_workers": 4,
+                    "batches_per_iteration": 50,
+                    "gradient_accumulation": 1,
+                    "batch_size_per_gpu": 2,
+                },
                 "rollout_config": {"replay_buffer_config": {"max_chunks": 100}},
             },
             ["needs 400 chunks", "max_chunks is 100", "at least 400"],
@@ -472,8 +486,18 @@ def test_resources_enough_and_short():
     assert "asks for 4 GPUs" in message and "has 0" in message
     assert "rollout_config.num_rollout_workers 2" in message and "add nodes" in message
     fractional = validate_online_config(
-        {"rollout_config": {"num_cpus_per_worker": 0.5}, "train_config": {"num_cpus_per_worker": 0.5}}
+        {
+            "rollout_config": {"num_cpus_per_worker": 0.5},
+            "train_config": {"num_cpus_per_worker": 0.5},
+        }
     )
     check_resources(fractional, {"CPU": 1.0})
     with pytest.raises(ConfigError, match="asks for 1 CPUs"):
         check_resources(fractional, {"CPU": 0.5})
+
+
+def test_committed_reference_is_current():
+    committed = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    assert committed.read_text(encoding="utf-8") == config_docs(), (
+        "docs/configuration.md is stale: run `mineonline config docs --output docs/configuration.md`."
+    )

@@ -106,7 +106,7 @@ values = st.one_of(plausible, garbage)
 items = st.one_of(typed_items, typed_items, typed_items, st.tuples(keys, values))
 configs = st.lists(items, max_size=6).map(_build)
 override_values = st.one_of(
-    st.sampled_from(["1", "-1", "0.5", "null", "[]", "[a, b]", "{x: 1}", "true", "abc", "${x}", "[1"]),
+    st.sampled_from(["1", "-1", "0.5", "null", "[]", "[a, b]", "{x: 1}", "true", "abc", "${x}"]),
     st.text(max_size=8),
 )
 overrides = st.lists(
@@ -131,7 +131,12 @@ def test_load_config_returns_or_raises_mineonline_error(tmp_path):
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    @given(data=configs, extra=st.one_of(st.just([]), overrides), kind=sources, text=st.text(max_size=60))
+    @given(
+        data=configs,
+        extra=st.one_of(st.just([]), overrides),
+        kind=sources,
+        text=st.text(max_size=60),
+    )
     def run(data, extra, kind, text):
         source: object = data
         if kind == "omegaconf":

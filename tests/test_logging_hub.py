@@ -171,6 +171,7 @@ def test_hub_as_named_ray_actor(tmp_path):
         for i in range(50):  # fire-and-forget, as producers do
             hub.add_env_steps.remote(10)
             hub.log_metrics.remote({"rollout/env_steps_per_s": float(i)})
+            assert i % 10 or ray.get(hub.latest.remote())["logger/errors"] == 0.0  # queries interleave
         hub.log_histogram.remote("trainer/values", np.ones(100))
         assert ray.get(hub.flush.remote(30))
         latest = ray.get(hub.latest.remote())
@@ -180,6 +181,9 @@ def test_hub_as_named_ray_actor(tmp_path):
         assert summary["env_steps"] == 500.0
         lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
         assert len(lines) == 51
+        # one producer's calls arrive in order, each stamped with the env steps added before it
+        assert [x["rollout/env_steps_per_s"] for x in lines[:50]] == [float(i) for i in range(50)]
+        assert [x["step"] for x in lines[:50]] == [10 * (i + 1) for i in range(50)]
         assert lines[-1]["trainer/values/mean"] == 1.0
         assert os.path.exists(tmp_path / "summary.json")
     finally:

@@ -11,8 +11,9 @@ import typing
 from typing import Any
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 
 class Section(BaseModel):
@@ -20,8 +21,23 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _yaml_friendly(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name is None:
+            return value
+        annotation = cls.model_fields[info.field_name].annotation
+        # pydantic reads true as 1; in a config `learning_rate: yes` is a mistake, not 1.0.
+        if isinstance(value, bool) and annotation in (int, float):
+            kind = "int_type" if annotation is int else "float_type"
+            raise PydanticCustomError(kind, "Input should be a number, not a boolean")
+        # A YAML section written with no keys (`episode_statistics_config:`) reads as null.
+        if value is None and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return {}
+        return value
 
-class OpenSection(BaseModel):
+
+class OpenSection(Section):
     """A section whose extra keys belong to a component selected by name (checked by the core)."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)

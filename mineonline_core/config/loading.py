@@ -40,7 +40,7 @@ class LoadedConfig:
 
 
 def load_config(
-    source: Mapping[str, Any] | DictConfig | str | os.PathLike[str] | ModuleType,
+    source: Mapping[str, Any] | DictConfig | str | os.PathLike[str] | ModuleType | OnlineConfig,
     overrides: Sequence[str] = (),
 ) -> LoadedConfig:
     """Read, override, validate and cross-check a config; raise ``ConfigError`` on any mistake.
@@ -110,6 +110,8 @@ def _read(source: Any) -> tuple[LoadedConfig, Any, str | None]:
     empty = OnlineConfig.model_construct()  # placeholder until validation
     if isinstance(source, ModuleType):
         return _from_module(source, empty, text=_module_text(source))
+    if isinstance(source, OnlineConfig):  # re-validated, so overrides and checks still apply
+        return LoadedConfig(config=empty), source.to_dict(), None
     if isinstance(source, (DictConfig, ListConfig, Mapping)):
         return LoadedConfig(config=empty), _plain(source), None
     if isinstance(source, (str, os.PathLike)):

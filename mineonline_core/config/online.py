@@ -9,10 +9,12 @@ from typing import Any
 
 import yaml
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticSerializationError
 
 from mineonline_core.config._fields import OpenSection, Section, setting
 from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.config.train import TrainConfig
+from mineonline_core.errors import ConfigError
 
 
 class LoggerConfig(OpenSection):
@@ -81,7 +83,9 @@ class OnlineConfig(Section):
     output_dir: str = Field(
         "runs", description="Parent directory of run directories (relative to the working dir)."
     )
-    seed: int = setting(0, "Seed of every random generator; env i of worker w gets a derived one.", ge=0)
+    seed: int = setting(
+        0, "Seed of every random generator; each env and worker derives its own from it.", ge=0
+    )
     rollout_config: RolloutConfig = Field(
         default_factory=RolloutConfig, description="Experience collection."
     )
@@ -127,7 +131,14 @@ class OnlineConfig(Section):
     # --- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict of every key (defaults included), ready for YAML or wandb."""
-        return self.model_dump(mode="json", fallback=repr)
+        try:
+            return self.model_dump(mode="json")
+        except PydanticSerializationError as exc:
+            raise ConfigError(
+                f"The config holds a value that cannot be written as YAML/JSON: {exc}. Fix: give "
+                f"extra logger_config, database_config, policy_config and env_config keys plain "
+                f"values (numbers, strings, booleans, lists, mappings)."
+            ) from exc
 
     def to_yaml(self) -> str:
         """The resolved config as YAML; ``load_config`` reads it back to an equal model."""

@@ -84,13 +84,21 @@ def _section_table(path: str, model: type[BaseModel]) -> list[str]:
         description = (info.description or "").split(" Valid range:")[0]
         lines.append(
             f"| `{key}` | {_cell(type_text(info.annotation))} | {_cell(default)} | "
-            f"{_cell(range_text(info)) or 'any'} | {_cell(description)} |"
+            f"{_cell(range_text(info)) or '-'} | {_cell(description)} |"
         )
     if issubclass(model, OpenSection):
         lines += ["", "Other keys in this section are allowed: they are passed to the component "
                   "the section selects and checked against that component's own `Config`."]
     return lines + [""]
 
+
+_CHECKS = (
+    "Before any actor starts: `batches_per_iteration` is a multiple of `gradient_accumulation`; "
+    "`worker_config.batch_size <= num_envs`; one iteration's chunks (`num_workers x "
+    "batches_per_iteration x batch_size_per_gpu`) fit in `max_chunks`; `context_length <= "
+    "fragment_length x fragments_per_chunk`; and the Ray cluster has the CPUs and GPUs that the "
+    "rollout and train workers reserve (`mineonline run` checks this once Ray is up)."
+)
 
 _OVERRIDES = """\
 ## Overrides on the command line
@@ -126,15 +134,5 @@ def config_docs() -> str:
     ]
     for path, model in _sections(OnlineConfig):
         lines += _section_table(path, model)
-    lines += [
-        "## Cross-field checks",
-        "",
-        "Before any actor starts: `batches_per_iteration` is a multiple of `gradient_accumulation`;",
-        "`worker_config.batch_size <= num_envs`; one iteration's chunks (`num_workers x",
-        "batches_per_iteration x batch_size_per_gpu`) fit in `max_chunks`; `context_length <=",
-        "fragment_length x fragments_per_chunk`; and the Ray cluster has the CPUs and GPUs the",
-        "rollout and train workers reserve.",
-        "",
-        _OVERRIDES,
-    ]
+    lines += ["## Cross-field checks", "", *textwrap.wrap(_CHECKS, width=_WIDTH), "", _OVERRIDES]
     return "\n".join(lines)

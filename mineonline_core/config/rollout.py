@@ -11,7 +11,7 @@ class WorkerConfig(Section):
     """``rollout_config.worker_config``: what each rollout worker runs."""
 
     num_envs: int = setting(
-        2, "Env processes each rollout worker steps in parallel (MineStudio example: 2 to 16).", ge=1
+        2, "Env processes each rollout worker steps in parallel (MineStudio example: 2-16).", ge=1
     )
     batch_size: int = setting(
         1,
@@ -96,7 +96,7 @@ class ReplayBufferConfig(Section):
 
 
 class EpisodeStatisticsConfig(Section):
-    """``rollout_config.episode_statistics_config``: the episode-statistics actor (``{}`` is fine)."""
+    """``rollout_config.episode_statistics_config``: the statistics actor; ``{}`` is fine."""
 
     window: int = setting(
         100, "Most recent finished episodes over which episode/* moving averages are taken.", ge=1

@@ -25,12 +25,12 @@ import threading
 import time
 import warnings
 from collections import deque
+from multiprocessing import connection
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from mineonline_core import fragment as F
 from mineonline_core.errors import RunFailedError
 from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, default_context
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
@@ -132,6 +132,28 @@ class FragmentCollector:
         self._infer(rows)
         return len(rows)
 
+    def warmup(self, timeout: float) -> None:
+        """Wait until every env has been built and reset (failed ones are rebuilt meanwhile)."""
+        end = time.monotonic() + timeout
+        while not all(s.obs is not None for s in self._slots):
+            now = time.monotonic()
+            if now >= end:
+                down = [s.env_id for s in self._slots if s.obs is None]
+                raise TimeoutError(f"worker {self.worker_id}: envs {down} not ready after {timeout:.0f}s")
+            for slot in self._slots:
+                if slot.proc is None and slot.restart_at is not None and slot.restart_at <= now:
+                    self._start_env(slot, now)
+            busy = [s for s in self._slots if s.proc is not None and s.obs is None]
+            by_conn = {id(s.proc.conn): s for s in busy}
+            for conn in connection.wait([s.proc.conn for s in busy], min(0.5, end - now)) if busy else []:
+                self._receive(by_conn[id(conn)])
+            now = time.monotonic()
+            for slot in busy:
+                if slot.proc is not None and slot.obs is None and slot.deadline <= now:
+                    self._on_failure(slot, EnvFailure("timeout", f"no answer within {now - slot.sent_at:.1f}s"))
+            if not busy:
+                time.sleep(0.05)
+
     def collect(self, num_fragments: int) -> list[dict]:
         """Step until ``num_fragments`` fragments are complete; return exactly that many (oldest first)."""
         while len(self._fragments) < num_fragments:
@@ -230,14 +252,17 @@ class FragmentCollector:
             # Sleep until an env answers, the next hang deadline, or the next scheduled rebuild.
             wake = [s.deadline for s in busy] + [s.restart_at for s in self._slots if s.restart_at is not None]
             timeout = max(0.0, min(wake, default=now + 1.0) - now)
-            ready_conns = mp_wait([s.proc.conn for s in busy], timeout) if busy else time.sleep(timeout) or []
-            now = time.monotonic()
+            if not busy:
+                time.sleep(timeout)
+                continue
             by_conn = {id(s.proc.conn): s for s in busy}
-            for conn in ready_conns:
+            for conn in connection.wait([s.proc.conn for s in busy], timeout):
                 self._receive(by_conn[id(conn)])
+            now = time.monotonic()
             for slot in busy:
-                if slot.proc is not None and slot.obs is None and slot.deadline <= now and id(slot.proc.conn) not in {id(c) for c in ready_conns}:
-                    self._on_failure(slot, EnvFailure("timeout", f"no answer within {slot.deadline - slot.sent_at:.1f}s"))
+                if slot.proc is not None and slot.obs is None and slot.deadline <= now:
+                    waited = now - slot.sent_at
+                    self._on_failure(slot, EnvFailure("timeout", f"no answer within {waited:.1f}s"))
         self.timers.add("perf/env_wait_ms", (time.perf_counter() - t0) * 1e3)
         return [self._ready.popleft() for _ in range(want)]
 
@@ -289,7 +314,7 @@ class FragmentCollector:
         self.video.reward(slot.env_id, slot.ep_return)
 
     def _end_episode(self, slot: _Slot, *, truncated: bool, final_obs: Any, info: dict | None = None) -> None:
-        b, t = slot.builder, self.fragment_length - 1
+        b = slot.builder  # the step that ended the episode is its last recorded one
         if b is not None and b.n == self.fragment_length and b.next_obs is None:
             b.set_next_obs(final_obs)
         if slot.ep_len:
@@ -311,7 +336,6 @@ class FragmentCollector:
         slot.first = True
         if self._init_row is not None:
             tree_map(lambda full, init: full[slot.env_id : slot.env_id + 1].copy_(init), self.state, self._init_row)
-        del t
 
     # -- inference ----------------------------------------------------------------------------
 
@@ -394,12 +418,3 @@ class FragmentCollector:
 
     def _stream(self, slot: _Slot) -> str:
         return f"{self.worker_id}.{self.incarnation}.{slot.env_id}"
-
-
-def mp_wait(conns: list, timeout: float) -> list:
-    from multiprocessing.connection import wait
-
-    return wait(conns, timeout)
-
-
-__all__ = ["FragmentCollector", "F"]

@@ -137,14 +137,20 @@ class BaseTrainer:
 
     # -- rank side ------------------------------------------------------------------------------
 
-    def setup_rank(self) -> None:
-        """Build the policy, optimiser, DDP wrapper and AMP scaler on this rank (resuming if asked)."""
+    def setup_rank(self, *, local: bool = False) -> None:
+        """Build the policy, optimiser, DDP wrapper and AMP scaler on this rank (resuming if asked).
+
+        ``local=True`` sets up a single CPU rank outside Ray Train (unit tests, benchmarks).
+        """
         import ray.train
         import ray.train.torch
 
-        ctx = ray.train.get_context()
-        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
-        self.device = ray.train.torch.get_device()
+        if local:
+            self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
+        else:
+            ctx = ray.train.get_context()
+            self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+            self.device = ray.train.torch.get_device()
         tc, seed = self.train_config, int(getattr(self.config, "seed", 0) or 0)
         torch.manual_seed(seed)  # the same initial weights (and KL reference) on every rank
         policy = self.policy_generator()
@@ -181,9 +187,29 @@ class BaseTrainer:
         self._connect()
         if self.rank == 0:
             self._publish_weights()  # rollout waits for the first weights
-        for iteration in range(self.iteration + 1, self.train_config.num_iterations + 1):
+        tc = self.train_config
+        for iteration in range(self.iteration + 1, tc.num_iterations + 1):
             self.run_iteration(iteration)
+            if iteration < tc.num_iterations and self._stop_requested():
+                # Ctrl-C / `mineonline stop`: leave a checkpoint of the last finished iteration.
+                if iteration % tc.save_interval != 0:
+                    self.save_checkpoint()
+                self.last_metrics["trainer/stopped_early"] = 1.0
+                break
         ray.train.report(dict(self.last_metrics))
+
+    def _stop_requested(self) -> bool:
+        """Rank 0 asks the manager; every rank gets the same answer so that all stop together."""
+        flag = 0.0
+        if self.rank == 0 and hasattr(self.rollout_manager, "stop_requested"):
+            flag = float(ray.get(self.rollout_manager.stop_requested.remote()))
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            tensor = torch.tensor([flag], device=self.device)
+            dist.broadcast(tensor, src=0)
+            flag = float(tensor[0])
+        return flag > 0
 
     def _connect(self) -> None:
         manager = self.rollout_manager
@@ -244,8 +270,8 @@ class BaseTrainer:
 
     def _publish_weights(self) -> None:
         weights = {k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()}
-        # Owned by the manager, so the weights outlive this rank (e.g. after the last iteration).
-        ref = ray.put(weights, _owner=self.rollout_manager)
+        # Owned by this rank (Ray >= 2.56 has no ``_owner``): workers fetch it while training runs.
+        ref = ray.put(weights)
         self.rollout_manager.update_weights.remote([ref], self.version)
 
     def _log(self, metrics: dict[str, float], batch: dict) -> None:

@@ -24,7 +24,7 @@ def test_options_defaults_and_validation():
     options = LMDBOptions()
     assert (options.map_size_mb, options.sync) == (64, True)
     assert LMDBOptions(map_size_mb=1, max_map_size_gb=2, sync=False).max_map_size_gb == 2
-    with pytest.raises(pydantic.ValidationError, match="map_size"):
+    with pytest.raises(pydantic.ValidationError, match="map_sise_mb"):
         LMDBOptions(map_sise_mb=1)  # a typo is an error, not silently ignored
     with pytest.raises(pydantic.ValidationError):
         LMDBOptions(map_size_mb=0)

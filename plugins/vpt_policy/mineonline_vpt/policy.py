@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mineonline_core.errors import ConfigError
 from mineonline_core.policy import CategoricalHead, Policy, ValueHead
+from mineonline_vpt.actions import N_BUTTONS, N_CAMERA
 from mineonline_vpt.heads import DictActionHead, minecraft_head
 from mineonline_vpt.loader import VPTModelFileError, load_weights_strict, read_model_file, read_weights
 from mineonline_vpt.network import State, VPTNet
@@ -88,6 +89,26 @@ def _action_head(action_space: Any, hidsize: int, temperature: float) -> torch.n
     raise ConfigError(f"vpt policy: unsupported action space {action_space}; use Discrete(n) or a Dict of them.")
 
 
+def _check_agent_action_space(action_space: Any) -> None:
+    """A released VPT model acts in its joint space: buttons (8641) and camera (121)."""
+    spaces = getattr(action_space, "spaces", None)
+    if action_space is None:
+        return
+    sizes = {}
+    if isinstance(spaces, Mapping):
+        for key, sub in spaces.items():
+            n = getattr(sub, "n", None)
+            nvec = getattr(sub, "nvec", None)
+            sizes[key] = int(n) if n is not None else (int(nvec[0]) if nvec is not None and len(nvec) == 1 else None)
+    if sizes != {"buttons": N_BUTTONS, "camera": N_CAMERA}:
+        raise ConfigError(
+            f"policy_config.model_path: a released VPT model acts in VPT's joint action space "
+            f"{{buttons: MultiDiscrete([{N_BUTTONS}]), camera: MultiDiscrete([{N_CAMERA}])}} (MinecraftSim's "
+            f"agent action space), but the env's action space is {action_space}. Use MinecraftSim's default "
+            f"action space, or convert MineRL env actions with mineonline_vpt.actions.env_to_agent/agent_to_env."
+        )
+
+
 class VPTPolicy(Policy):
     """OpenAI's VPT architecture (ImpalaCNN + recurrent transformer) with pi and value heads.
 
@@ -141,6 +162,7 @@ class VPTPolicy(Policy):
                     f"policy_config: {clash} cannot be combined with model_path={opts.model_path!r}; the "
                     f".model file fixes the architecture. Remove those keys, or remove model_path."
                 )
+            _check_agent_action_space(action_space)
             policy = load_vpt_policy(opts.model_path, opts.weights_path, action_space=action_space)
             want = policy.net.img_shape
             if image_shape is not None and image_shape != want:

@@ -30,3 +30,12 @@ def test_meta_instantiation_matches_manifest_key_for_key(model: str) -> None:
     assert trainable == entry["requires_grad_parameter_elements"]
     assert policy.net.maxlen == entry["maxlen"]
     assert policy.pi_head.temperature == float(entry["pi_head_opts"]["temperature"])
+
+
+@pytest.mark.parametrize("model", MODELS[:3])
+def test_builtin_foundation_kwargs_equal_manifest(model: str) -> None:
+    from mineonline_vpt.configs import FOUNDATION_KWARGS, FOUNDATION_TEMPERATURE
+
+    entry = json.loads(MANIFEST.read_text())["models"][model]
+    assert FOUNDATION_KWARGS[model] == entry["policy_kwargs"]
+    assert FOUNDATION_TEMPERATURE == entry["pi_head_opts"]["temperature"]

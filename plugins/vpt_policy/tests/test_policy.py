@@ -131,3 +131,22 @@ def test_plugin_registers_vpt_policy() -> None:
         assert pm.lookup("policy", "vpt") is VPTPolicy
     finally:
         pm.remove_plugin(mineonline_vpt)
+
+
+FIXTURES = __import__("pathlib").Path(__import__("os").environ.get("MINEONLINE_VPT_FIXTURES", "/work/shared/fixtures")) / "vpt_public"
+
+
+@pytest.mark.skipif(not (FIXTURES / "public.model").exists(), reason="VPT public fixture not present")
+def test_build_from_released_files_with_minecraft_spaces() -> None:
+    """``policy_config: {name: vpt, model_path, weights_path}`` with MinecraftSim-shaped spaces."""
+    obs = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (128, 128, 3), np.uint8)})
+    act = gym.spaces.Dict({"buttons": gym.spaces.MultiDiscrete([8641]), "camera": gym.spaces.MultiDiscrete([121])})
+    options = VPTPolicy.Config(model_path=str(FIXTURES / "public.model"), weights_path=str(FIXTURES / "public.weights"))
+    policy = VPTPolicy.build(options, observation_space=obs, action_space=act)
+    weights = torch.load(FIXTURES / "public.weights", weights_only=True)
+    assert torch.equal(policy.state_dict()["pi_head.buttons.linear_layer.weight"], weights["pi_head.buttons.linear_layer.weight"])
+    assert policy.pi_head.temperature == 1.5
+    with pytest.raises(ConfigError, match="resize frames"):
+        VPTPolicy.build(options, observation_space=CRAFTER_OBS, action_space=act)
+    with pytest.raises(ConfigError, match="joint action space"):
+        VPTPolicy.build(options, observation_space=obs, action_space=gym.spaces.Discrete(17))

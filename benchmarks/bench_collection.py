@@ -1,0 +1,160 @@
+"""Collection ceiling vs achieved: how much of the plain-process env throughput mineonline keeps.
+
+* ceiling: the same envs stepped in subprocesses (gymnasium ``AsyncVectorEnv``, shared memory) with
+  the same batched policy forward, in one plain process: no Ray, no fragments, no buffer.
+* collector: mineonline's ``FragmentCollector`` (env processes, batched inference, fragment
+  assembly) in this process, without Ray: isolates the per-step cost of fragments.
+* actor: a real ``RolloutManager`` on a private local Ray cluster, its workers writing fragments into
+  the store and announcing them to the replay buffer, while no learner consumes (the buffer evicts).
+  Measured from the manager's own ``status()["env_steps"]``.
+
+Prints one JSON line; ``ratio_actor`` (achieved / ceiling) has the target >= 0.85 on Crafter.
+
+    python benchmarks/bench_collection.py --workload crafter --num-envs 4 --seconds 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import _benchlib as bl  # noqa: E402
+
+
+def collector_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, seconds: float) -> dict:
+    """Env steps/s of the Ray-free ``FragmentCollector`` (fragments built, then dropped)."""
+    from mineonline_core.rollout.collector import FragmentCollector
+
+    fn = bl.env_generator(workload)
+    probe = fn()
+    policy = bl.build_policy(workload, probe)
+    probe.close()
+    collector = FragmentCollector(policy=policy, env_fns=[fn] * num_envs, fragment_length=fragment_length,
+                                  batch_size=batch_size, discount=0.99, seed=0)  # fmt: skip
+    try:
+        while collector.env_steps < 20 * num_envs:  # warm-up: env processes built, first resets done
+            collector.step()
+        collector.metrics()  # drop the warm-up timings
+        steps0, start = collector.env_steps, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            collector.step()
+            collector.pop_fragments()
+        elapsed = time.perf_counter() - start
+        perf = {k: v for k, v in collector.metrics().items() if k.startswith("perf/")}
+        steps = collector.env_steps - steps0
+    finally:
+        collector.close()
+    return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed, "perf": perf}
+
+
+def online_dict(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, run_dir: str) -> dict:
+    return {
+        "run_name": f"bench-collection-{os.getpid()}",
+        "output_dir": os.path.dirname(run_dir),
+        "env_config": bl.env_config(workload),
+        "policy_config": bl.policy_config(workload),
+        "logger_config": {"loggers": []},
+        "rollout_config": {
+            "num_rollout_workers": 1,
+            "num_cpus_per_worker": 1,
+            "fragment_length": fragment_length,
+            "worker_config": {"num_envs": num_envs, "batch_size": batch_size},
+            "replay_buffer_config": {"max_chunks": 64, "database_config": {"backend": "memory"}},
+        },
+        "train_config": {"num_workers": 1, "num_iterations": 1},
+    }
+
+
+def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, seconds: float) -> dict:
+    """Env steps/s of a real RolloutManager + RolloutWorker + ReplayBuffer + store, learner idle."""
+    import ray
+
+    from mineonline_core.config import load_config
+    from mineonline_core.envs import adapted
+    from mineonline_core.plugins import get_plugin_manager
+    from mineonline_core.resolve import resolve
+    from mineonline_core.rollout.manager import start_rolloutmanager
+
+    with tempfile.TemporaryDirectory(prefix="bench-collection-") as tmp:
+        run_dir = os.path.join(tmp, "run")
+        resolved = resolve(load_config(online_dict(workload, num_envs=num_envs, batch_size=batch_size,
+                                                   fragment_length=fragment_length, run_dir=run_dir)), get_plugin_manager())  # fmt: skip
+        cfg = resolved.config
+        bl.init_local_ray()
+        manager = None
+        try:
+            manager = start_rolloutmanager(resolved.policy_generator, adapted(resolved.env_generator), cfg,
+                                           run_dir=str(cfg.run_dir()), logger_hub=None,
+                                           store_cls=resolved.store_cls, store_options=resolved.store_options)  # fmt: skip
+            ray.get(manager.wait_ready.remote(300.0))
+            # Warm-up until the worker streams (first fragments written), then a measured window.
+            deadline = time.monotonic() + 120
+            while ray.get(manager.status.remote())["env_steps"] < 20 * num_envs and time.monotonic() < deadline:
+                time.sleep(0.2)
+            s0, t0 = ray.get(manager.status.remote())["env_steps"], time.perf_counter()
+            time.sleep(seconds)  # a measurement window, not a synchronisation
+            status = ray.get(manager.status.remote())
+            elapsed = time.perf_counter() - t0
+            buffer_stats = ray.get(ray.get(manager.get_buffer.remote()).stats.remote())
+        finally:
+            if manager is not None:
+                try:
+                    ray.get(manager.shutdown.remote(), timeout=60)
+                finally:
+                    ray.kill(manager)
+            ray.shutdown()
+    steps = status["env_steps"] - s0
+    return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed,
+            "buffer": {k: v for k, v in buffer_stats.items() if isinstance(v, (int, float))}}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=bl.WORKLOADS, default="crafter")
+    parser.add_argument("--num-envs", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=None, help="default: num_envs (the ceiling is synchronous)")
+    parser.add_argument("--fragment-length", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured window of each mode")
+    parser.add_argument("--modes", default="ceiling,collector,actor")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run (CartPole, 2 envs, 2 s windows)")
+    args = parser.parse_args()
+    if args.quick:
+        args.workload, args.num_envs, args.seconds, args.fragment_length = "cartpole", 2, 2.0, 16
+    batch_size = args.batch_size or args.num_envs
+    # A rollout worker actor reserves one CPU and Ray sets its torch to one thread: do the same here.
+    torch.set_num_threads(1)
+    modes = [m for m in args.modes.split(",") if m]
+    figures: dict = {}
+    errors: dict = {}
+    for mode in modes:
+        fn = {"ceiling": lambda: bl.ceiling_steps_per_s(args.workload, num_envs=args.num_envs, seconds=args.seconds),
+              "collector": lambda: collector_steps_per_s(args.workload, num_envs=args.num_envs, batch_size=batch_size,
+                                                         fragment_length=args.fragment_length, seconds=args.seconds),
+              "actor": lambda: actor_steps_per_s(args.workload, num_envs=args.num_envs, batch_size=batch_size,
+                                                 fragment_length=args.fragment_length, seconds=args.seconds)}[mode]  # fmt: skip
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 - the loop is being built; report, don't crash the set
+            errors[mode] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc(file=sys.stderr)
+            continue
+        figures[f"{mode}_steps_per_s"] = result.pop("steps_per_s")
+        figures[f"{mode}_detail"] = result
+    ceiling = figures.get("ceiling_steps_per_s")
+    for mode in ("collector", "actor"):
+        if ceiling and f"{mode}_steps_per_s" in figures:
+            figures[f"ratio_{mode}"] = figures[f"{mode}_steps_per_s"] / ceiling
+    bl.emit("collection", figures, workload=args.workload, num_envs=args.num_envs, batch_size=batch_size,
+            fragment_length=args.fragment_length, target_ratio=0.85, errors=errors, quick=args.quick)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""``ReplayBuffer``: chunk bookkeeping over fragments whose payloads live in the FragmentStore.
+
+The buffer holds only keys and small metadata; workers write payloads to the store and then
+announce them with ``add_fragment``; the trainer reads payloads from the store itself, so no payload
+is ever copied through this actor. Rules (DESIGN §4):
+
+* ``fragments_per_chunk`` consecutive fragments of one stream form a chunk; a gap in ``index`` (a
+  lost or stale fragment) drops the pending partial chunk, so a chunk is always contiguous in time.
+* at most ``max_chunks`` chunks; the oldest are evicted first.
+* a chunk is served at most ``max_reuse`` times, freshest first (least reused among equals).
+* a chunk older than ``max_staleness`` versions is never served: checked at add, at every
+  ``set_version`` over *all* chunks, and at sample.
+* payloads of dropped chunks are deleted from the store, but only once no trainer is still
+  reading them (``release``), so the store stays bounded and readers never see a hole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from mineonline_core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Chunk:
+    chunk_id: str
+    keys: list[str]
+    version: int
+    checksums: list[int]
+    nbytes: int
+    seq: int
+    reuse: int = 0
+    readers: int = 0  # handed out and not yet released
+    dropped: bool = False  # no longer servable; payloads go once readers == 0
+
+
+@dataclass
+class _Pending:
+    metas: list[dict] = field(default_factory=list)
+
+
+class ReplayBuffer:
+    """Async Ray actor (one event loop: no locks needed). See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        store_client: Any,
+        max_chunks: int,
+        max_reuse: int,
+        max_staleness: int,
+        fragments_per_chunk: int = 1,
+        fragments_per_report: int = 40,
+        logger_hub: Any = None,
+        version: int = 0,
+    ) -> None:
+        self._store = store_client
+        self.max_chunks, self.max_reuse, self.max_staleness = max_chunks, max_reuse, max_staleness
+        self.fragments_per_chunk, self.fragments_per_report = fragments_per_chunk, fragments_per_report
+        self._hub = logger_hub
+        self.version = version
+        self._chunks: dict[str, _Chunk] = {}  # servable, in insertion order (oldest first)
+        self._draining: dict[str, _Chunk] = {}  # dropped but still being read
+        self._pending: dict[str, _Pending] = {}
+        self._seq = itertools.count()
+        self._cond: asyncio.Condition | None = None
+        self._since_report = 0
+        self.counters = {"fragments_added": 0, "dropped_stale": 0, "dropped_gap": 0, "evicted": 0, "used_up": 0,
+                         "chunks_served": 0, "deleted_keys": 0}  # fmt: skip
+
+    def _condition(self) -> asyncio.Condition:
+        # Created lazily: it must belong to the actor's event loop, which __init__ does not run on.
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    # -- producers ----------------------------------------------------------------------------
+
+    async def add_fragment(self, meta: dict) -> None:
+        """Index a fragment whose payload is already in the store (see LOOP_API.md for ``meta``)."""
+        self.counters["fragments_added"] += 1
+        stream, index, version = meta["stream"], int(meta["index"]), int(meta["version"])
+        doomed: list[str] = []
+        pending = self._pending.setdefault(stream, _Pending())
+        if pending.metas and int(pending.metas[-1]["index"]) + 1 != index:
+            doomed += [m["key"] for m in pending.metas]  # a gap: the partial chunk can never complete
+            self.counters["dropped_gap"] += len(pending.metas)
+            pending.metas = []
+        if self.version - version > self.max_staleness:
+            doomed += [meta["key"]] + [m["key"] for m in pending.metas]
+            self.counters["dropped_stale"] += 1 + len(pending.metas)
+            pending.metas = []
+        else:
+            pending.metas.append(meta)
+            if len(pending.metas) == self.fragments_per_chunk:
+                self._new_chunk(pending.metas)
+                pending.metas = []
+                while len(self._chunks) > self.max_chunks:
+                    oldest = next(iter(self._chunks.values()))
+                    self.counters["evicted"] += 1
+                    doomed += self._drop(oldest)
+                async with self._condition():
+                    self._condition().notify_all()
+        await self._delete(doomed)
+        self._since_report += 1
+        if self._since_report >= self.fragments_per_report:
+            self._since_report = 0
+            self._report()
+
+    def _new_chunk(self, metas: list[dict]) -> None:
+        chunk = _Chunk(
+            chunk_id=f"{metas[0]['stream']}.{int(metas[0]['index']):09d}",
+            keys=[m["key"] for m in metas],
+            version=min(int(m["version"]) for m in metas),
+            checksums=[int(m.get("checksum", 0)) for m in metas],
+            nbytes=sum(int(m.get("nbytes", 0)) for m in metas),
+            seq=next(self._seq),
+        )
+        self._chunks[chunk.chunk_id] = chunk
+
+    async def set_version(self, version: int) -> None:
+        """The trainer published ``version``: drop every chunk (not just the oldest) now too stale."""
+        self.version = int(version)
+        doomed: list[str] = []
+        for chunk in [c for c in self._chunks.values() if self._stale(c.version)]:
+            self.counters["dropped_stale"] += len(chunk.keys)
+            doomed += self._drop(chunk)
+        for pending in self._pending.values():
+            if pending.metas and self._stale(min(int(m["version"]) for m in pending.metas)):
+                self.counters["dropped_stale"] += len(pending.metas)
+                doomed += [m["key"] for m in pending.metas]
+                pending.metas = []
+        await self._delete(doomed)
+
+    # -- the trainer --------------------------------------------------------------------------
+
+    async def sample(self, num_chunks: int) -> list[dict]:
+        """Wait until ``num_chunks`` chunks are eligible, then serve the freshest (least reused first)."""
+        if num_chunks > self.max_chunks:
+            raise ConfigError(
+                f"The trainer asks for {num_chunks} chunks per iteration but the replay buffer holds at most "
+                f"rollout_config.replay_buffer_config.max_chunks={self.max_chunks}; raise max_chunks or lower "
+                f"train_config.batches_per_iteration * batch_size_per_gpu."
+            )
+        cond = self._condition()
+        async with cond:
+            await cond.wait_for(lambda: self._num_eligible() >= num_chunks)
+            eligible = [c for c in self._chunks.values() if self._eligible(c)]
+            eligible.sort(key=lambda c: (-c.version, c.reuse, c.seq))
+            served = eligible[:num_chunks]
+        out = []
+        for chunk in served:
+            chunk.reuse += 1
+            chunk.readers += 1
+            out.append({"chunk_id": chunk.chunk_id, "keys": list(chunk.keys), "version": chunk.version,
+                        "reuse": chunk.reuse, "checksums": list(chunk.checksums)})  # fmt: skip
+            if chunk.reuse >= self.max_reuse:
+                self.counters["used_up"] += 1
+                self._drop(chunk)  # payloads stay until released
+        self.counters["chunks_served"] += len(out)
+        return out
+
+    async def release(self, chunk_ids: list[str]) -> None:
+        """The trainer holds the payloads of ``chunk_ids`` now: dropped ones may be deleted."""
+        doomed: list[str] = []
+        for chunk_id in chunk_ids:
+            chunk = self._chunks.get(chunk_id) or self._draining.get(chunk_id)
+            if chunk is None or chunk.readers == 0:
+                continue
+            chunk.readers -= 1
+            if chunk.dropped and chunk.readers == 0:
+                del self._draining[chunk_id]
+                doomed += chunk.keys
+        await self._delete(doomed)
+
+    def stats(self) -> dict[str, float]:
+        chunks = list(self._chunks.values())
+        n = len(chunks)
+        return {
+            "replay/size": float(n),
+            "replay/chunks_draining": float(len(self._draining)),
+            "replay/staleness_mean": sum(self.version - c.version for c in chunks) / n if n else 0.0,
+            "replay/reuse_mean": sum(c.reuse for c in chunks) / n if n else 0.0,
+            "replay/bytes": float(sum(c.nbytes for c in chunks) + sum(c.nbytes for c in self._draining.values())),
+            "replay/version": float(self.version),
+            **{f"replay/{k}": float(v) for k, v in self.counters.items()},
+        }
+
+    async def rebuild_from_store(self) -> int:
+        """Resume: rebuild the index from the store's keys; stale or incomplete data is deleted.
+
+        Versions and checksums are read from the payloads themselves (the keys carry only stream
+        and index). Returns the number of chunks rebuilt.
+        """
+        from mineonline_core.rollout.worker import fragment_checksum
+
+        keys = await asyncio.to_thread(self._store.keys)
+        by_stream: dict[str, list[tuple[int, str]]] = {}
+        for key in keys:
+            stream, _, index = key.rpartition(".")
+            if stream and index.isdigit():
+                by_stream.setdefault(stream, []).append((int(index), key))
+        rebuilt = 0
+        for stream, items in sorted(by_stream.items()):
+            for index, key in sorted(items):
+                (payload,) = await asyncio.to_thread(self._store.get_many, [key])
+                meta = {"key": key, "stream": stream, "index": index, "version": int(payload["version"].min()),
+                        "steps": len(payload["reward"]), "checksum": fragment_checksum(key, payload)}  # fmt: skip
+                before = len(self._chunks)
+                await self.add_fragment(meta)
+                rebuilt += len(self._chunks) - before
+        for pending in self._pending.values():  # trailing partial chunks cannot complete after a restart
+            await self._delete([m["key"] for m in pending.metas])
+            pending.metas = []
+        return rebuilt
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _stale(self, version: int) -> bool:
+        return self.version - version > self.max_staleness
+
+    def _eligible(self, chunk: _Chunk) -> bool:
+        return chunk.reuse < self.max_reuse and not self._stale(chunk.version)
+
+    def _num_eligible(self) -> int:
+        return sum(1 for c in self._chunks.values() if self._eligible(c))
+
+    def _drop(self, chunk: _Chunk) -> list[str]:
+        """Make ``chunk`` unservable; returns the keys to delete now (none while it is being read)."""
+        del self._chunks[chunk.chunk_id]
+        chunk.dropped = True
+        if chunk.readers:
+            self._draining[chunk.chunk_id] = chunk
+            return []
+        return chunk.keys
+
+    async def _delete(self, keys: list[str]) -> None:
+        if keys:
+            self.counters["deleted_keys"] += len(keys)
+            # Off the event loop: a store call blocks, and sample/add must keep being served.
+            await asyncio.to_thread(self._store.delete_many, keys)
+
+    def _report(self) -> None:
+        if self._hub is not None:
+            self._hub.log_metrics.remote(self.stats())  # fire and forget: never block on logging

@@ -1,0 +1,307 @@
+"""``RolloutManager``: the named actor that owns a run's rollout side.
+
+It starts the store host (``mineonline_core.storehost``), the ``ReplayBuffer`` and
+``EpisodeStatistics`` actors (``num_cpus=0``: bookkeeping must never take a CPU slot from rollout
+or training) and ``num_rollout_workers`` ``RolloutWorker`` actors. Ray restarts a killed worker
+(``max_restarts=-1``); the restarted worker registers again and receives the latest weights, which
+the manager keeps for that reason. A monitor thread aggregates the workers' counters into
+``rollout/*`` and ``perf/*`` metrics and checks that every actor is alive: a worker whose thread
+failed, or a dead buffer or statistics actor, fails the run through ``health()`` with the cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from mineonline_core.errors import RunFailedError
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "mineonline"
+WORKER_CONCURRENCY = 8
+
+
+class RolloutManager:
+    """Threaded Ray actor; start it with ``start_rolloutmanager``."""
+
+    def __init__(
+        self,
+        *,
+        policy_generator: Callable[[], Any],
+        env_generator: Callable[[], Any],
+        config: Any,
+        store_cls: type,
+        store_options: Any = None,
+        logger_hub: Any = None,
+        report_interval: float = 2.0,
+    ) -> None:
+        import ray
+
+        from mineonline_core.rollout.buffer import ReplayBuffer
+        from mineonline_core.rollout.stats import EpisodeStatistics
+        from mineonline_core.rollout.worker import RolloutWorker
+        from mineonline_core.storehost import StoreClient, start_store_host
+
+        self.config, self.run_name = config, str(config.run_name)
+        rc = config.rollout_config
+        wc, bc = rc.worker_config, rc.replay_buffer_config
+        db = bc.database_config
+        self._hub, self._report_interval = logger_hub, report_interval
+        self._latest: tuple[list, int] | None = None
+        self._incarnations: dict[int, int] = {}
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._stop_requested = False
+        self._lock = threading.Lock()
+        self._last_steps: dict[int, float] = {}
+        self._env_steps = 0.0
+
+        path, resume = str(config.resolve_path(db.path)), config.train_config.resume is not None
+        if store_options is None:
+            store_options = store_cls.Config(**(db.model_extra or {}))
+        self._store_host = start_store_host(store_cls=store_cls, path=path, num_shards=db.num_shards, resume=resume,
+                                            options=store_options, namespace=NAMESPACE,
+                                            name=f"{self.run_name}/store_host")  # fmt: skip
+        self._store = StoreClient.connect(self._store_host, store_cls=store_cls, path=path,
+                                          num_shards=db.num_shards, options=store_options)  # fmt: skip
+        small = {"num_cpus": 0, "namespace": NAMESPACE}
+        self._stats = ray.remote(EpisodeStatistics).options(name=f"{self.run_name}/episode_statistics", **small).remote(
+            logger_hub=logger_hub, window=rc.episode_statistics_config.window
+        )
+        self._buffer = ray.remote(ReplayBuffer).options(name=f"{self.run_name}/replay_buffer", **small).remote(
+            store_client=self._store, max_chunks=bc.max_chunks, max_reuse=bc.max_reuse,
+            max_staleness=bc.max_staleness, fragments_per_chunk=bc.fragments_per_chunk,
+            fragments_per_report=bc.fragments_per_report, logger_hub=logger_hub,
+        )  # fmt: skip
+        if resume and store_cls.persistent:
+            rebuilt = ray.get(self._buffer.rebuild_from_store.remote())
+            log.info("replay buffer rebuilt %d chunks from %s", rebuilt, path)
+        me = ray.get_runtime_context().current_actor
+        device = "cuda" if rc.num_gpus_per_worker > 0 else "cpu"
+        worker_cls = ray.remote(RolloutWorker)
+        self._workers = [
+            worker_cls.options(
+                name=f"{self.run_name}/rollout_worker_{i}", namespace=NAMESPACE, num_cpus=rc.num_cpus_per_worker,
+                num_gpus=rc.num_gpus_per_worker, max_concurrency=WORKER_CONCURRENCY, max_restarts=-1,
+                max_task_retries=-1,
+            ).remote(
+                worker_id=i, policy_generator=policy_generator, env_generator=env_generator, num_envs=wc.num_envs,
+                batch_size=wc.batch_size, fragment_length=rc.fragment_length,
+                to_send_queue_size=rc.to_send_queue_size, store_client=self._store, buffer=self._buffer,
+                stats=self._stats, logger_hub=logger_hub, manager=me, discount=config.train_config.discount,
+                step_timeout=wc.step_timeout, max_env_restarts=wc.max_env_restarts,
+                restart_interval=wc.restart_interval, device=device, video_fps=wc.video_fps,
+                video_upscale=wc.video_upscale, seed=None if config.seed is None else config.seed + 7 * i,
+            )
+            for i in range(rc.num_rollout_workers)
+        ]  # fmt: skip
+        self._monitor = threading.Thread(target=self._monitor_loop, name="rollout-monitor", daemon=True)
+        self._monitor.start()
+
+    # -- weights and workers ------------------------------------------------------------------
+
+    def update_weights(self, weights: list, version: int) -> None:
+        """``weights[0]`` refers to a CPU state dict of numpy arrays. Returns at once."""
+        with self._lock:
+            if self._latest is not None and version < self._latest[1]:
+                return  # an older broadcast overtaken by a newer one
+            self._latest = (weights, int(version))
+        self._buffer.set_version.remote(int(version))
+        for worker in self._workers:
+            worker.update_weights.remote(weights, int(version))
+
+    def register_worker(self, worker_id: int) -> tuple[int, tuple[list, int] | None]:
+        """Called by each worker life: its incarnation number and the latest weights (or None)."""
+        with self._lock:
+            incarnation = self._incarnations.get(worker_id, -1) + 1
+            self._incarnations[worker_id] = incarnation
+            if incarnation:
+                log.warning("rollout worker %d restarted (life %d); sending it the latest weights", worker_id, incarnation)
+            return incarnation, self._latest
+
+    def record_videos(self) -> None:
+        for worker in self._workers:
+            worker.record_video.remote()
+
+    def get_buffer(self) -> Any:
+        return self._buffer
+
+    def get_store_client(self) -> Any:
+        return self._store
+
+    def get_stats(self) -> Any:
+        return self._stats
+
+    def get_workers(self) -> list[Any]:
+        return list(self._workers)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Return once every worker has built and reset its envs; raise on failure or timeout."""
+        import ray
+
+        end = time.monotonic() + timeout
+        while True:
+            self.health()
+            if all(ray.get([w.is_ready.remote() for w in self._workers], timeout=max(1.0, end - time.monotonic()))):
+                return
+            if time.monotonic() > end:
+                raise RunFailedError(f"rollout workers of run {self.run_name!r} were not ready after {timeout:.0f}s")
+            time.sleep(0.1)
+
+    # -- health, status, lifecycle ------------------------------------------------------------
+
+    def health(self) -> None:
+        """Raise the first failure the monitor saw (a worker's thread, a dead buffer or stats actor)."""
+        if self._error is not None:
+            raise self._error
+
+    def status(self) -> dict[str, Any]:
+        import ray
+
+        workers = []
+        for i, worker in enumerate(self._workers):
+            try:
+                workers.append(ray.get(worker.status.remote(), timeout=5))
+            except Exception as exc:  # noqa: BLE001 - a restarting worker is reported, not fatal
+                workers.append({"worker_id": i, "error": f"{type(exc).__name__}"})
+        try:
+            buffer = ray.get(self._buffer.stats.remote(), timeout=5)
+        except Exception as exc:  # noqa: BLE001
+            buffer = {"error": f"{type(exc).__name__}"}
+        return {
+            "run_name": self.run_name,
+            "version": None if self._latest is None else self._latest[1],
+            "env_steps": int(self._env_steps),
+            "buffer_size": buffer.get("replay/size"),
+            "buffer": buffer,
+            "workers": workers,
+            "incarnations": dict(self._incarnations),
+            "error": None if self._error is None else repr(self._error),
+            "stop_requested": self._stop_requested,
+        }
+
+    def request_stop(self) -> None:
+        """Ask the run to stop (the trainer polls ``stop_requested`` between iterations)."""
+        self._stop_requested = True
+
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def shutdown(self) -> None:
+        """Stop the workers (closing their env processes), then end the actors this manager started."""
+        import ray
+
+        self._stop.set()
+        refs = [w.shutdown.remote() for w in self._workers]
+        try:
+            ray.get(refs, timeout=30)
+        except Exception:  # noqa: BLE001 - dead or stuck workers are killed below
+            log.warning("some rollout workers did not shut down cleanly", exc_info=True)
+        try:
+            ray.get(self._store_host.close.remote(), timeout=30)
+        except Exception:  # noqa: BLE001
+            log.warning("the store host did not close cleanly", exc_info=True)
+        for actor in [*self._workers, self._buffer, self._stats, self._store_host]:
+            ray.kill(actor, no_restart=True)
+        self._monitor.join(timeout=10)
+
+    # -- monitor ------------------------------------------------------------------------------
+
+    def _monitor_loop(self) -> None:
+        import ray
+
+        last_time, last_total = time.monotonic(), 0.0
+        while not self._stop.wait(self._report_interval):
+            reports = []
+            for i, worker in enumerate(self._workers):
+                try:
+                    reports.append((i, ray.get(worker.report.remote(), timeout=30)))
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                    continue  # being restarted by Ray; it re-registers and gets the latest weights
+                except Exception as exc:  # noqa: BLE001 - a worker's background thread failed
+                    self._fail(exc, f"rollout worker {i} failed")
+            for name, actor in (("replay buffer", self._buffer), ("episode statistics", self._stats)):
+                try:
+                    ray.get(actor.__ray_ready__.remote(), timeout=30)
+                except ray.exceptions.RayActorError as exc:
+                    self._fail(exc, f"the {name} actor died")
+                except ray.exceptions.GetTimeoutError:
+                    log.warning("the %s actor did not answer within 30s", name)
+            now = time.monotonic()
+            metrics = self._aggregate(reports)
+            total = self._env_steps
+            metrics["rollout/env_steps_per_s"] = max(total - last_total, 0.0) / max(now - last_time, 1e-9)
+            last_time, last_total = now, total
+            if self._hub is not None and reports:
+                self._hub.log_metrics.remote(metrics)
+
+    def _aggregate(self, reports: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        means: dict[str, list[float]] = {}
+        for worker_id, report in reports:
+            steps = report.get("rollout/env_steps", 0.0)
+            last = self._last_steps.get(worker_id, 0.0)
+            self._env_steps += steps - last if steps >= last else steps  # a restarted worker counts from 0
+            self._last_steps[worker_id] = steps
+            for key, value in report.items():
+                if key.startswith("perf/") or key == "rollout/model_version":
+                    means.setdefault(key, []).append(value)
+                else:
+                    sums[key] = sums.get(key, 0.0) + value
+        out = {**sums, **{k: sum(v) / len(v) for k, v in means.items()}}
+        out["rollout/worker_restarts"] = float(sum(self._incarnations.values()))
+        return out
+
+    def _fail(self, exc: BaseException, what: str) -> None:
+        if self._error is None:
+            log.error("%s: %s", what, exc)
+            self._error = exc if isinstance(exc, RunFailedError) else RunFailedError(f"{what}: {exc}")
+
+
+def start_rolloutmanager(
+    policy_generator: Callable[[], Any],
+    env_generator: Callable[[], Any],
+    online_cfg: Any,
+    *,
+    run_dir: str | None = None,
+    logger_hub: Any = None,
+    store_cls: type | None = None,
+    store_options: Any = None,
+) -> Any:
+    """Start the run's named ``RolloutManager`` actor (detached when ``detach_rollout_manager``).
+
+    ``store_cls`` is the class registered as ``database_config.backend``; the driver looks it up
+    (so that an unknown name fails before Ray starts) and passes it in; when omitted it is looked up
+    here. Returns the actor handle once the manager is constructed (its errors are raised here).
+    """
+    import ray
+
+    from mineonline_core.config import OnlineConfig
+
+    cfg = online_cfg if isinstance(online_cfg, OnlineConfig) else OnlineConfig.model_validate(dict(online_cfg))
+    if store_cls is None:
+        from mineonline_core.plugins import get_plugin_manager
+
+        backend = cfg.rollout_config.replay_buffer_config.database_config.backend
+        store_cls = get_plugin_manager().lookup("replay_store", backend)
+    del run_dir  # paths come from cfg.resolve_path, which is rooted at the run directory already
+    options: dict[str, Any] = {"name": f"{cfg.run_name}/rollout_manager", "namespace": NAMESPACE, "num_cpus": 0,
+                               "max_concurrency": 16}  # fmt: skip
+    if cfg.detach_rollout_manager:
+        options["lifetime"] = "detached"
+    manager = ray.remote(RolloutManager).options(**options).remote(
+        policy_generator=policy_generator, env_generator=env_generator, config=cfg, store_cls=store_cls,
+        store_options=store_options, logger_hub=logger_hub,
+    )  # fmt: skip
+    ray.get(manager.health.remote())
+    return manager
+
+
+def get_rollout_manager(run_name: str) -> Any:
+    """The handle of a running run's manager (``ValueError`` when none runs under that name)."""
+    import ray
+
+    return ray.get_actor(f"{run_name}/rollout_manager", namespace=NAMESPACE)

@@ -1,0 +1,269 @@
+"""``RolloutWorker``: a Ray actor around a ``FragmentCollector``, with four background threads.
+
+* **collect**: registers with the manager (which numbers this life of the worker and hands it the
+  latest weights), builds the envs, waits for the first weights, then steps forever. Finished
+  fragments go into a queue of ``to_send_queue_size``; a full queue blocks collection, which is
+  the back-pressure when the store or buffer falls behind.
+* **send**: writes each fragment to the store, then announces it with ``buffer.add_fragment``
+  (payload first, so the buffer never indexes a key that is not there yet).
+* **fetch**: ``update_weights`` returns at once; this thread resolves the newest weights ref and
+  hands the dict to the collector, which swaps it in between two steps.
+* **report**: every ``report_interval`` seconds sends env steps to the logging actor, finished
+  episodes to the statistics actor, and encodes recorded videos.
+
+A thread that fails stores its exception; every later actor call re-raises it (``health``), so the
+manager, and through it the driver, sees the cause instead of a silent stall.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import zlib
+from typing import Any, Callable
+
+import numpy as np
+
+from mineonline_core import fragment as F
+from mineonline_core.store import payload_nbytes
+
+log = logging.getLogger(__name__)
+
+
+def fragment_checksum(key: str, fragment: dict) -> int:
+    """crc32 of the key, rewards and behaviour log-probs: enough to detect a swapped or torn payload."""
+    crc = zlib.crc32(key.encode())
+    crc = zlib.crc32(np.ascontiguousarray(fragment[F.REWARD], np.float32).tobytes(), crc)
+    return zlib.crc32(np.ascontiguousarray(fragment[F.LOGPROB], np.float32).tobytes(), crc)
+
+
+def fragment_meta(fragment: dict) -> dict:
+    key = F.fragment_key(fragment[F.STREAM], fragment[F.INDEX])
+    return {
+        "key": key,
+        "stream": fragment[F.STREAM],
+        "index": int(fragment[F.INDEX]),
+        "version": int(np.min(fragment[F.VERSION])),
+        "steps": int(len(fragment[F.REWARD])),
+        "checksum": fragment_checksum(key, fragment),
+        "nbytes": payload_nbytes(fragment),
+    }
+
+
+class RolloutWorker:
+    """Threaded Ray actor (the manager applies ``ray.remote`` with ``max_concurrency`` >= 4)."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: int,
+        policy_generator: Callable[[], Any],
+        env_generator: Callable[[], Any],
+        num_envs: int,
+        batch_size: int,
+        fragment_length: int,
+        to_send_queue_size: int,
+        store_client: Any,
+        buffer: Any,
+        stats: Any = None,
+        logger_hub: Any = None,
+        manager: Any = None,
+        discount: float = 0.99,
+        step_timeout: float = 60.0,
+        max_env_restarts: int = 100,
+        restart_interval: float = 0.0,
+        device: str = "cpu",
+        video_fps: int = 20,
+        video_upscale: int = 1,
+        report_interval: float = 2.0,
+        seed: int | None = None,
+        incarnation: int = 0,
+    ) -> None:
+        self.worker_id = worker_id
+        self._policy_generator, self._env_generator = policy_generator, env_generator
+        self._collector_kwargs = dict(
+            fragment_length=fragment_length, batch_size=batch_size, discount=discount, step_timeout=step_timeout,
+            max_env_restarts=max_env_restarts, restart_interval=restart_interval, device=device, seed=seed,
+        )  # fmt: skip
+        self._num_envs = num_envs
+        self._store, self._buffer, self._stats, self._hub, self._manager = store_client, buffer, stats, logger_hub, manager
+        self._video = (video_fps, video_upscale)
+        self._report_interval = report_interval
+        self.incarnation = incarnation
+        self.collector = None
+        self._queue: queue.Queue[dict] = queue.Queue(maxsize=to_send_queue_size)
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._has_weights = threading.Event()
+        self._weights_cv = threading.Condition()
+        self._latest_weights: tuple[list, int] | None = None
+        self._error: BaseException | None = None
+        self._sent = 0
+        self._reported_steps = 0
+        self._threads = [
+            threading.Thread(target=self._guard, args=(fn,), name=f"rollout-{self.worker_id}-{fn.__name__}", daemon=True)
+            for fn in (self._collect_loop, self._send_loop, self._fetch_loop, self._report_loop)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- actor methods ------------------------------------------------------------------------
+
+    def update_weights(self, weights: list, version: int) -> None:
+        """``weights[0]`` refers to a CPU state dict of numpy arrays. Returns at once."""
+        self.health()
+        with self._weights_cv:
+            if self._latest_weights is None or version >= self._latest_weights[1]:
+                self._latest_weights = (weights, int(version))
+            self._weights_cv.notify_all()
+
+    def record_video(self) -> None:
+        """Record env 0's next whole episode and send it to the logging actor."""
+        self.health()
+        if self.collector is not None:
+            self.collector.record_video(0)
+
+    def health(self) -> None:
+        """Raise the exception a background thread died of, if any."""
+        if self._error is not None:
+            raise self._error
+
+    def is_ready(self) -> bool:
+        """True once every env is built and reset; raises when the worker failed."""
+        self.health()
+        return self._ready.is_set()
+
+    def report(self) -> dict[str, float]:
+        """Counters and ``perf/*`` means since the previous call (the manager aggregates them)."""
+        self.health()
+        if self.collector is None:
+            return {}
+        return {**self.collector.metrics(), "rollout/fragments_sent": float(self._sent),
+                "rollout/send_queue": float(self._queue.qsize())}  # fmt: skip
+
+    def status(self) -> dict[str, Any]:
+        c = self.collector
+        return {"worker_id": self.worker_id, "incarnation": self.incarnation, "ready": self._ready.is_set(),
+                "version": None if c is None else c.version, "env_steps": 0 if c is None else c.env_steps,
+                "fragments_sent": self._sent, "error": None if self._error is None else repr(self._error)}  # fmt: skip
+
+    def shutdown(self) -> None:
+        """Stop the threads and close the envs (their processes are ended by pid)."""
+        self._stop.set()
+        with self._weights_cv:
+            self._weights_cv.notify_all()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=10.0)
+        if self.collector is not None:
+            self.collector.close()
+
+    # -- threads ------------------------------------------------------------------------------
+
+    def _guard(self, loop: Callable[[], None]) -> None:
+        try:
+            loop()
+        except BaseException as exc:  # noqa: BLE001 - stored, logged and re-raised by every call
+            if not self._stop.is_set():
+                log.exception("rollout worker %d: thread %s failed", self.worker_id, loop.__name__)
+                if self._error is None:
+                    self._error = exc
+                self._stop.set()
+
+    def _collect_loop(self) -> None:
+        import ray
+
+        from mineonline_core.rollout.collector import FragmentCollector
+
+        if self._manager is not None:
+            # The manager numbers each life of this worker (stream names stay unique across
+            # restarts) and returns the latest weights, so a restarted worker rejoins at once.
+            self.incarnation, latest = ray.get(self._manager.register_worker.remote(self.worker_id))
+            if latest is not None:
+                self.update_weights(*latest)
+        self.collector = FragmentCollector(
+            policy=self._policy_generator(), env_fns=[self._env_generator] * self._num_envs,
+            worker_id=self.worker_id, incarnation=self.incarnation, **self._collector_kwargs,
+        )  # fmt: skip
+        self.collector.warmup(timeout=self.collector.startup_timeout * 2)
+        self._ready.set()
+        while not self._has_weights.wait(timeout=0.5):
+            if self._stop.is_set():
+                return
+        while not self._stop.is_set():
+            self.collector.step()
+            for frag in self.collector.pop_fragments():
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(frag, timeout=0.5)  # blocks while the sender is behind
+                        break
+                    except queue.Full:
+                        continue
+
+    def _send_loop(self) -> None:
+        import ray
+
+        in_flight: list = []
+        while not self._stop.is_set():
+            try:
+                frag = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            meta = fragment_meta(frag)
+            self._store.put(meta["key"], frag)
+            in_flight.append(self._buffer.add_fragment.remote(meta))
+            self._sent += 1
+            if len(in_flight) > 8:  # bound the calls in flight and surface a dead buffer
+                done, in_flight = ray.wait(in_flight, num_returns=len(in_flight) - 8)
+                ray.get(done)
+
+    def _fetch_loop(self) -> None:
+        import ray
+
+        version_loaded = None
+        while not self._stop.is_set():
+            with self._weights_cv:
+                while not self._stop.is_set() and (self._latest_weights is None or self._latest_weights[1] == version_loaded):
+                    self._weights_cv.wait(timeout=0.5)
+                if self._stop.is_set():
+                    return
+                refs, version = self._latest_weights
+            state_dict = ray.get(refs[0])
+            while self.collector is None and not self._stop.is_set():
+                time.sleep(0.05)  # the collect thread is still building the policy
+            if self.collector is not None:
+                self.collector.set_weights(state_dict, version)
+                version_loaded = version
+                self._has_weights.set()
+
+    def _report_loop(self) -> None:
+        while not self._stop.wait(self._report_interval):
+            self._report_once()
+
+    def _report_once(self) -> None:
+        c = self.collector
+        if c is None:
+            return
+        steps = c.env_steps
+        if self._hub is not None and steps > self._reported_steps:
+            self._hub.add_env_steps.remote(steps - self._reported_steps)
+            self._reported_steps = steps
+        records = c.episode_records()
+        if records and self._stats is not None:
+            self._stats.add_episodes.remote(records)
+        for video in c.videos():
+            try:
+                self._send_video(video)
+            except Exception:  # noqa: BLE001 - a video is not worth failing the rollout for
+                log.warning("rollout worker %d: could not encode a video", self.worker_id, exc_info=True)
+
+    def _send_video(self, video: dict) -> None:
+        if self._hub is None:
+            return
+        from mineonline_core.video import encode_episode_video
+
+        fps, upscale = self._video
+        mp4 = encode_episode_video(video["frames"], fps=fps, returns=video["returns"], values=video["values"], upscale=upscale)
+        self._hub.log_video.remote("rollout/video", mp4)

@@ -1,0 +1,191 @@
+"""PPO loss pieces and train-step semantics, on real fragments from a step-by-step rollout."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from mineonline_core import fragment as F
+from mineonline_core.config import OnlineConfig
+from mineonline_core.errors import ConfigError
+from mineonline_core.policy import CategoricalHead
+from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
+from mineonline_ppo import PPOTrainer, ppo_loss
+from mineonline_core.trainer._testkit import TinyImageEnv, cartpole, chunks_of, cnn_policy, mlp_policy, rollout_fragments
+
+HEAD = CategoricalHead(4, 3)
+
+
+def _loss(**overrides):
+    torch.manual_seed(0)
+    logits = torch.log_softmax(torch.randn(2, 5, 3), -1)
+    action = torch.randint(0, 3, (2, 5))
+    kw = dict(pi_head=HEAD, pi_logits=logits, vpred=torch.zeros(2, 5), action=action,
+              behaviour_logprob=HEAD.logprob(action, logits), behaviour_vpred=torch.zeros(2, 5),
+              advantage=torch.ones(2, 5), value_target=torch.ones(2, 5), ref_logits=None, rho=0.0, clip=0.2,
+              log_ratio_range=50.0, clip_vloss=False, policy_coef=1.0, vf_coef=0.5, entropy_coef=0.0)  # fmt: skip
+    kw.update(overrides)
+    return ppo_loss(**kw)
+
+
+def test_ratio_is_taken_against_the_behaviour_logprob():
+    loss, stats = _loss()
+    assert stats["policy_loss"].item() == pytest.approx(-1.0)  # ratio 1, advantage 1
+    assert stats["approx_kl"].item() == pytest.approx(0.0, abs=1e-7) and stats["clipfrac"].item() == 0.0
+    logits = torch.log_softmax(torch.randn(2, 5, 3), -1)
+    action = torch.zeros(2, 5, dtype=torch.long)
+    behaviour = HEAD.logprob(action, logits) + 0.1  # the behaviour policy liked these actions more
+    _, stats = _loss(pi_logits=logits, action=action, behaviour_logprob=behaviour)
+    assert stats["policy_loss"].item() == pytest.approx(-torch.exp(torch.tensor(-0.1)).item(), rel=1e-5)
+
+
+def test_clipping_bounds_the_ratio_and_stops_the_gradient():
+    logits = torch.log_softmax(torch.randn(2, 5, 3), -1).requires_grad_(True)
+    action = torch.zeros(2, 5, dtype=torch.long)
+    behaviour = HEAD.logprob(action, logits).detach() - 0.5  # ratio e^0.5 ~ 1.65 > 1.2
+    loss, stats = _loss(pi_logits=logits, action=action, behaviour_logprob=behaviour, vf_coef=0.0)
+    assert stats["policy_loss"].item() == pytest.approx(-1.2, rel=1e-6)
+    assert stats["clipfrac"].item() == 1.0
+    loss.backward()
+    assert logits.grad.abs().max().item() == 0.0
+    # log_ratio_range clamps both sides before exp.
+    _, stats = _loss(pi_logits=logits.detach(), action=action, behaviour_logprob=behaviour, log_ratio_range=0.1,
+                     advantage=-torch.ones(2, 5))  # fmt: skip
+    assert stats["policy_loss"].item() == pytest.approx(torch.exp(torch.tensor(0.1)).item(), rel=1e-5)
+
+
+def test_clip_vloss_around_the_behaviour_value():
+    vpred, target = torch.full((2, 5), 2.0), torch.full((2, 5), 3.0)
+    _, plain = _loss(vpred=vpred, value_target=target)
+    assert plain["value_loss"].item() == pytest.approx(0.5)
+    # Behaviour value 0: the clipped value is 0.2, farther from the target, so the max picks it.
+    _, clipped = _loss(vpred=vpred, value_target=target, clip_vloss=True)
+    assert clipped["value_loss"].item() == pytest.approx(0.5 * 2.8**2, rel=1e-6)
+
+
+def test_kl_term_is_weighted_by_rho():
+    logits = torch.log_softmax(torch.randn(2, 5, 3), -1)
+    ref = torch.log_softmax(torch.randn(2, 5, 3), -1)
+    base, _ = _loss(pi_logits=logits)
+    with_kl, stats = _loss(pi_logits=logits, ref_logits=ref, rho=0.3)
+    expected_kl = (logits.exp() * (logits - ref)).sum(-1).mean()
+    assert stats["kl_ref"].item() == pytest.approx(expected_kl.item(), rel=1e-6)
+    assert (with_kl - base).item() == pytest.approx(0.3 * expected_kl.item(), rel=1e-5)
+
+
+# -- whole train() steps on real fragments --------------------------------------------------------
+
+
+def make_trainer(tmp_path, policy_fn=mlp_policy, **train):
+    train = {"num_iterations": 5, "batches_per_iteration": 2, "batch_size_per_gpu": 2, "gradient_accumulation": 2,
+             "context_length": 6, "learning_rate": 1e-2, "discount": 0.9, **train}  # fmt: skip
+    config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
+    trainer = PPOTrainer(rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config, run_dir=str(tmp_path))
+    trainer.setup_rank(local=True)
+    return trainer
+
+
+def make_batch(trainer, env_fn=lambda i: cartpole(12), num_envs=2):
+    streams = rollout_fragments(trainer.policy, env_fn, num_envs=num_envs, fragment_length=8, fragments_per_env=4)
+    batch = assemble_chunks(chunks_of(streams, 2))
+    return estimate_advantages(trainer.model, batch, version=0, context_length=6, discount=0.9, gae_lambda=0.95)
+
+
+def params(module):
+    return {k: v.detach().clone() for k, v in module.named_parameters()}
+
+
+def changed(before, module):
+    return {k for k, v in module.named_parameters() if not torch.equal(before[k], v.detach())}
+
+
+def test_first_pass_over_version0_data_is_on_policy(tmp_path):
+    trainer = make_trainer(tmp_path)
+    trainer.iteration = 1
+    before = params(trainer.policy)
+    metrics = trainer.train(make_batch(trainer))
+    # One optimiser step at the end (accumulation over both batches): every ratio is exactly 1.
+    assert metrics["trainer/approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["trainer/clipfrac"] == 0.0
+    assert metrics["trainer/grad_norm"] > 0 and changed(before, trainer.policy)
+    assert set(metrics) >= {f"trainer/{k}" for k in ("policy_loss", "value_loss", "entropy", "kl_ref", "explained_variance")}
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+    a = make_trainer(tmp_path, batch_size_per_gpu=1, batches_per_iteration=4, gradient_accumulation=4, max_grad_norm=1e9, adam_eps=1.0)
+    b = make_trainer(tmp_path, batch_size_per_gpu=4, batches_per_iteration=1, gradient_accumulation=1, max_grad_norm=1e9, adam_eps=1.0)
+    batch = make_batch(a)
+    a.iteration = b.iteration = 1
+    before = params(a.policy)
+    a.train(copy.deepcopy(batch)), b.train(copy.deepcopy(batch))
+    # adam_eps=1 makes the step proportional to the gradient, so equal steps mean equal gradients.
+    assert changed(before, a.policy)
+    for (name, pa), (_, pb) in zip(a.policy.named_parameters(), b.policy.named_parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6), (name, (pa - pb).abs().max())
+
+
+def test_vf_warmup_updates_only_the_value_head(tmp_path):
+    trainer = make_trainer(tmp_path, vf_warmup=1, weight_decay=0.1)
+    trainer.iteration = 1
+    before = params(trainer.policy)
+    trainer.train(make_batch(trainer))
+    moved = changed(before, trainer.policy)
+    assert moved and all(k.startswith("value_head.") for k in moved), moved
+
+
+def test_fix_decoder_freezes_pi_head(tmp_path):
+    trainer = make_trainer(tmp_path, fix_decoder=True)
+    trainer.iteration = 1
+    before = params(trainer.policy)
+    trainer.train(make_batch(trainer))
+    moved = changed(before, trainer.policy)
+    assert moved and not any(k.startswith("pi_head.") for k in moved)
+
+    class NoDecoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.value_head = mlp_policy().value_head
+
+    with pytest.raises(ConfigError, match="fix_decoder"):
+        make_trainer(tmp_path, policy_fn=NoDecoder, fix_decoder=True, zero_initial_vf=False)
+
+
+def test_kl_reference_and_enable_ref_update(tmp_path):
+    trainer = make_trainer(tmp_path, kl_divergence_coef_rho=0.5, enable_ref_update=True)
+    ref = trainer.reference
+    assert ref is not None and not any(p.requires_grad for p in ref.parameters())
+    # The reference starts as policy_generator()'s weights, i.e. the initial policy (value head aside).
+    assert torch.equal(ref.actor[0].weight, trainer.policy.actor[0].weight)
+    trainer.iteration, trainer.rho = 1, trainer.rho_at(1)
+    batch = make_batch(trainer)
+    metrics = trainer.train(copy.deepcopy(batch))
+    assert metrics["trainer/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # first step: policy == reference
+    trainer.iteration, trainer.rho = 2, trainer.rho_at(2)
+    metrics = trainer.train(copy.deepcopy(batch))
+    assert metrics["trainer/kl_ref"] > 0
+    assert not torch.equal(ref.actor[0].weight, trainer.policy.actor[0].weight)
+    trainer.save_checkpoint()  # a checkpoint refreshes the reference
+    assert torch.equal(ref.actor[0].weight, trainer.policy.actor[0].weight)
+    assert trainer.rho_at(3) == pytest.approx(0.5 * 0.9995**2)
+
+
+def test_normalized_vf_updates_the_normaliser(tmp_path):
+    trainer = make_trainer(tmp_path)
+    trainer.iteration = 1
+    batch = make_batch(trainer)
+    trainer.train(batch)
+    mean, _ = trainer.policy.value_head.normalizer.mean_var()
+    assert mean.item() == pytest.approx(batch[F.RETURN].mean().item(), rel=1e-3)
+
+
+def test_recurrent_policy_with_batches_and_amp_bf16(tmp_path):
+    trainer = make_trainer(tmp_path, policy_fn=cnn_policy, batch_size_per_gpu=2, use_amp=True, context_length=5)
+    trainer.iteration = 1
+    batch = make_batch(trainer, env_fn=lambda i: TinyImageEnv(seed=i), num_envs=2)
+    assert batch[F.STATE_IN][0].shape == (4, 32)
+    before = params(trainer.policy)
+    metrics = trainer.train(batch)
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    assert "gru.weight_hh" in changed(before, trainer.policy)

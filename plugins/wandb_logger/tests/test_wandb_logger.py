@@ -1,0 +1,145 @@
+"""mineonline-wandb-logger: an offline run directory holds the metrics, the config and a video."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+try:
+    import mineonline_wandb
+except ImportError:  # the plugin is not pip-installed: import it from its source folder
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import mineonline_wandb
+
+from mineonline_core.console import ConsoleLogger, ConsoleOptions
+from mineonline_core.loggerhub import LoggerHub
+from mineonline_core.video import encode_episode_video
+from mineonline_wandb import WandbLogger, WandbOptions, has_api_key, resolve_mode, scrub_secrets
+
+wandb = pytest.importorskip("wandb")
+
+
+@pytest.fixture
+def offline_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var.lower()))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    return tmp_path
+
+
+def offline_run_dir(run_dir: Path) -> Path:
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def run_file_bytes(offline_run: Path) -> bytes:
+    (records,) = list(offline_run.glob("run-*.wandb"))
+    return records.read_bytes()
+
+
+def test_offline_run_holds_metrics_histograms_video_and_scrubbed_config(offline_env):
+    run_dir = offline_env / "run"
+    config = {
+        "seed": 7,
+        "train_config": {"learning_rate": 3e-4},
+        "logger_config": {"project": "p", "loggers": ["wandb"], "wandb_api_key": "hunter2-secret-value"},
+        "my_token": "tok-should-not-leak",
+    }
+    hub = LoggerHub(
+        run_dir=str(run_dir),
+        loggers=[(ConsoleLogger, ConsoleOptions()), (WandbLogger, WandbOptions(project="mineonline-test", tags=["ci"]))],
+        config=config,
+        num_iterations=5,
+        video_dir="videos",
+    )
+    names = ["trainer/policy_loss", "trainer/value_loss", "episode/return_mean", "rollout/env_steps_per_s"]
+    for it in range(1, 6):
+        hub.add_env_steps(256)
+        hub.log_metrics({name: float(it * (i + 1)) for i, name in enumerate(names)})
+        hub.log_histogram("trainer/advantages", np.random.default_rng(it).standard_normal(500))
+    frames = [np.full((32, 32, 3), 10 * t, np.uint8) for t in range(8)]
+    hub.log_video("video/worker_0", encode_episode_video(frames, fps=4, returns=list(range(8))))
+    summary = hub.finish()
+    assert summary["logger/errors"] == 0.0, hub.errors()
+
+    offline_run = offline_run_dir(run_dir)
+    data = run_file_bytes(offline_run)
+    for name in [*names, "trainer/advantages", "env_steps", "video/worker_0"]:
+        assert name.encode() in data, name
+    assert b"learning_rate" in data and b"logger_config" in data  # the resolved config is stored
+    assert b"hunter2-secret-value" not in data and b"tok-should-not-leak" not in data
+    videos = list((offline_run / "files" / "media" / "videos").rglob("*.mp4"))
+    assert len(videos) == 1 and videos[0].stat().st_size > 500
+    assert (run_dir / "videos" / "video_worker_0_step000001280.mp4").exists()
+    # The console JSONL carries the same metric names on the same env-step axis.
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    jsonl_names = set().union(*records) - {"step", "time", "video", "path"}
+    assert set(names) <= jsonl_names
+    assert [r["step"] for r in records if "trainer/policy_loss" in r] == [256, 512, 768, 1024, 1280]
+
+
+def test_failure_in_sender_surfaces_and_disables_only_wandb(offline_env):
+    run_dir = offline_env / "run2"
+    hub = LoggerHub(
+        run_dir=str(run_dir),
+        loggers=[(ConsoleLogger, ConsoleOptions()), (WandbLogger, WandbOptions())],
+        config={},
+        num_iterations=1,
+        video_dir="videos",
+    )
+    wandb_logger = next(lg for lg in hub._loggers if isinstance(lg, WandbLogger))
+    # Fails in the sender thread; the next call (or finish) raises the stored error to the hub.
+    wandb_logger.log_video("video/x", str(run_dir / "does-not-exist.mp4"), 1)
+    for i in range(200):
+        hub.log_metrics({"a": float(i)})
+    summary = hub.finish()
+    assert summary["logger/errors"] == 1.0
+    assert any(e.startswith("wandb.") for e in hub.errors())
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 200  # console unaffected
+
+
+def test_mode_resolution(tmp_path):
+    no_key = {"NETRC": str(tmp_path / "missing-netrc")}
+    assert resolve_mode(None, no_key) == "offline"
+    assert resolve_mode("disabled", no_key) == "disabled"
+    assert resolve_mode(None, {**no_key, "WANDB_MODE": "disabled"}) == "disabled"
+    assert resolve_mode(None, {**no_key, "WANDB_MODE": "dryrun"}) == "offline"
+    assert resolve_mode("online", no_key) == "offline"  # online without a key: offline, with a warning
+    with_key = {**no_key, "WANDB_API_KEY": "x" * 40}
+    assert has_api_key(with_key) and not has_api_key(no_key)
+    assert resolve_mode("online", with_key) == "online"
+    assert resolve_mode(None, {**with_key, "WANDB_MODE": "online"}) == "online"
+    assert resolve_mode(None, with_key) == "offline"  # a key alone does not switch a run online
+
+
+def test_scrub_secrets():
+    tree = {"a": 1, "API_KEY": "x", "nested": [{"token": 1, "b": 2}], "db_password": "p", "keep": {"secret_sauce": 1, "c": (1, 2)}}
+    assert scrub_secrets(tree) == {"a": 1, "nested": [{"b": 2}], "keep": {"c": (1, 2)}}
+
+
+def test_every_option_is_a_wandb_init_argument():
+    params = inspect.signature(wandb.init).parameters
+    for field in WandbOptions.model_fields:
+        assert field in params, field
+        assert WandbOptions.model_fields[field].description, field
+
+
+def test_registers_as_wandb():
+    registered = []
+    mineonline_wandb.mineonline_register_loggers(registered.append)
+    assert registered == [WandbLogger] and WandbLogger.name == "wandb"
+    import subprocess
+
+    # Importing the plugin (as plugin discovery does) must not import wandb.
+    code = "import sys, mineonline_wandb; print('wandb' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": ":".join(sys.path)}).stdout.strip()
+    assert out == "False"

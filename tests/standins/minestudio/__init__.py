@@ -1,0 +1,1 @@
+"""Stand-in for MineStudio (tests only; see tests/standins/README.md)."""
