@@ -69,8 +69,16 @@ def online_dict(workload: str, *, num_envs: int, batch_size: int, fragment_lengt
             "worker_config": {"num_envs": num_envs, "batch_size": batch_size},
             "replay_buffer_config": {"max_chunks": 64, "database_config": {"backend": "memory"}},
         },
-        "train_config": {"num_workers": 1, "num_iterations": 1},
+        "train_config": {"num_workers": 1, "num_iterations": 1, "context_length": fragment_length},
     }
+
+
+def worker_steps(manager: object) -> int:
+    """Env steps of every worker, read from the workers themselves (the manager's own total is
+    refreshed only every report interval)."""
+    import ray
+
+    return sum(w.get("env_steps", 0) for w in ray.get(manager.status.remote())["workers"])
 
 
 def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, seconds: float) -> dict:
@@ -80,6 +88,7 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
     from mineonline_core.config import load_config
     from mineonline_core.envs import adapted
     from mineonline_core.plugins import get_plugin_manager
+    from mineonline_core.policy import prepare_policy
     from mineonline_core.resolve import resolve
     from mineonline_core.rollout.manager import start_rolloutmanager
 
@@ -95,13 +104,17 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
                                            run_dir=str(cfg.run_dir()), logger_hub=None,
                                            store_cls=resolved.store_cls, store_options=resolved.store_options)  # fmt: skip
             ray.get(manager.wait_ready.remote(300.0))
+            # Workers step only once they hold weights: publish version 0 as the trainer would.
+            policy = prepare_policy(resolved.policy_generator(), use_normalized_vf=cfg.train_config.use_normalized_vf)
+            state = {k: v.detach().cpu().numpy() for k, v in policy.state_dict().items()}
+            ray.get(manager.update_weights.remote([ray.put(state)], 0))
             # Warm-up until the worker streams (first fragments written), then a measured window.
             deadline = time.monotonic() + 120
-            while ray.get(manager.status.remote())["env_steps"] < 20 * num_envs and time.monotonic() < deadline:
+            while worker_steps(manager) < 20 * num_envs and time.monotonic() < deadline:
                 time.sleep(0.2)
-            s0, t0 = ray.get(manager.status.remote())["env_steps"], time.perf_counter()
+            s0, t0 = worker_steps(manager), time.perf_counter()
             time.sleep(seconds)  # a measurement window, not a synchronisation
-            status = ray.get(manager.status.remote())
+            s1 = worker_steps(manager)
             elapsed = time.perf_counter() - t0
             buffer_stats = ray.get(ray.get(manager.get_buffer.remote()).stats.remote())
         finally:
@@ -111,7 +124,7 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
                 finally:
                     ray.kill(manager)
             ray.shutdown()
-    steps = status["env_steps"] - s0
+    steps = s1 - s0
     return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed,
             "buffer": {k: v for k, v in buffer_stats.items() if isinstance(v, (int, float))}}  # fmt: skip
 
@@ -127,7 +140,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (CartPole, 2 envs, 2 s windows)")
     args = parser.parse_args()
     if args.quick:
-        args.workload, args.num_envs, args.seconds, args.fragment_length = "cartpole", 2, 2.0, 16
+        args.workload, args.num_envs, args.seconds, args.fragment_length = "cartpole", 2, 1.0, 16
     batch_size = args.batch_size or args.num_envs
     # A rollout worker actor reserves one CPU and Ray sets its torch to one thread: do the same here.
     torch.set_num_threads(1)

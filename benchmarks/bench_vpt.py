@@ -5,6 +5,8 @@ forward with grad + backward), random initialisation. Prints ONE JSON line.
     PYTHONPATH=.:plugins/vpt_policy python benchmarks/bench_vpt.py --quick    # seconds, a smoke run
 
 ``frames_per_s`` counts env frames (B*T) per second of wall time, after one untimed warm-up call.
+``cpu_frames_per_s`` divides by the process's CPU time instead (user + system, all threads): on a
+shared machine it shows what the code costs, not how busy the neighbours are.
 ``peak_rss_mib`` is the process's peak resident memory; on CUDA ``peak_gpu_mib`` is also reported.
 """
 
@@ -20,6 +22,11 @@ import torch
 
 from mineonline_vpt import VPTPolicy
 from mineonline_vpt.configs import FOUNDATION_KWARGS, FOUNDATION_TEMPERATURE
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _sync(device: torch.device) -> None:
@@ -41,14 +48,14 @@ def bench_rollout(policy: VPTPolicy, *, batch: int, steps: int, hw: int, device:
     with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
         _, state = policy(obs, state, ctx)  # warm-up (allocations, kernel selection)
         _sync(device)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu_s()
         for _ in range(steps):
             latents, state = policy(obs, state, ctx)
             policy.pi_head.sample(latents["pi_logits"])
         _sync(device)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, _cpu_s() - cpu
     return {"batch": batch, "T": 1, "calls": steps, "s_per_call": elapsed / steps,
-            "frames_per_s": batch * steps / elapsed}  # fmt: skip
+            "frames_per_s": batch * steps / elapsed, "cpu_frames_per_s": batch * steps / cpu}  # fmt: skip
 
 
 def bench_train(policy: VPTPolicy, *, batch: int, t: int, repeats: int, hw: int, device: torch.device, amp: bool) -> dict:
@@ -70,13 +77,13 @@ def bench_train(policy: VPTPolicy, *, batch: int, t: int, repeats: int, hw: int,
     # minutes and the first call's extra cost is only allocation.
     step(t if device.type == "cuda" else min(t, 4))
     _sync(device)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_s()
     for _ in range(repeats):
         step()
     _sync(device)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, _cpu_s() - cpu
     return {"batch": batch, "T": t, "iterations": repeats, "s_per_iter": elapsed / repeats,
-            "frames_per_s": batch * t * repeats / elapsed}  # fmt: skip
+            "frames_per_s": batch * t * repeats / elapsed, "cpu_frames_per_s": batch * t * repeats / cpu}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -89,6 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rollout-steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None, help="timed training iterations per batch size")
     parser.add_argument("--amp", action="store_true", help="bfloat16 autocast")
+    parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing of the ImpalaCNN")
     args = parser.parse_args(argv)
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -101,6 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.manual_seed(0)
     policy = VPTPolicy.from_vpt_kwargs(FOUNDATION_KWARGS[args.model], temperature=FOUNDATION_TEMPERATURE).to(device)
+    policy.net.img_process.cnn.gradient_checkpointing = args.checkpointing
     hw = policy.net.img_shape[0]
     policy.eval()  # no dropout/batch-norm in VPT: eval only marks intent for rollout
     rollout = bench_rollout(policy, batch=8, steps=rollout_steps, hw=hw, device=device, amp=args.amp)
@@ -114,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": torch.cuda.get_device_name(device) if on_gpu else f"cpu ({platform.processor() or platform.machine()})",
         "torch_threads": torch.get_num_threads(),
         "amp_bf16": args.amp,
+        "gradient_checkpointing": args.checkpointing,
         "quick": args.quick,
         "rollout": rollout,
         "train": train,

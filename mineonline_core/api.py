@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -100,7 +101,7 @@ def _trainer(resolved: ResolvedRun, manager: Any, hub: Any) -> Any:
     cfg = resolved.config
     return resolved.trainer_cls(
         rollout_manager=manager, policy_generator=resolved.policy_generator, env_generator=resolved.env_generator,
-        config=cfg, run_dir=str(cfg.run_dir()), logger_hub=hub, whole_config=resolved.source_text,
+        config=cfg, run_dir=str(cfg.run_dir()), logger_hub=hub, whole_config=_public_source(resolved, cfg),
     )  # fmt: skip
 
 
@@ -114,6 +115,28 @@ def _public_config(cfg: OnlineConfig) -> dict:
         return node
 
     return scrub(data)
+
+
+# A secret-looking key followed by ':' or '=' and its value (quoted, or up to a separator), in YAML or
+# Python source text: the raw config file is saved with the run and checkpoints, so it is scrubbed too.
+_SECRET_ASSIGNMENT = re.compile(
+    r"""(["']?\b\w*(?:api_key|apikey|token|secret|secret_key|password|passwd)["']?\s*[:=]\s*)("[^"\n]*"|'[^'\n]*'|[^\s,}\]#]+)""",
+    re.IGNORECASE,
+)
+
+
+def _public_text(text: str) -> str:
+    """``text`` with the value of every secret-looking key replaced by ``"<redacted>"``."""
+    return _SECRET_ASSIGNMENT.sub(lambda m: m.group(1) + '"<redacted>"', text)
+
+
+def _public_source(resolved: ResolvedRun, cfg: OnlineConfig) -> str:
+    """What checkpoints store as the whole config: the scrubbed source text, else the public config."""
+    import yaml
+
+    if resolved.source_text:
+        return _public_text(resolved.source_text)
+    return yaml.safe_dump(_public_config(cfg), sort_keys=False)
 
 
 def _prepare_run_dir(resolved: ResolvedRun, *, overrides: Sequence[str] = ()) -> Path:
@@ -132,7 +155,7 @@ def _prepare_run_dir(resolved: ResolvedRun, *, overrides: Sequence[str] = ()) ->
             raise ConfigError(f"{key}: cannot write to {str(directory)!r} ({exc.strerror}). Fix: choose a writable directory.") from None
     (run_dir / "config.yaml").write_text(yaml.safe_dump(_public_config(cfg), sort_keys=False))
     if resolved.source_text:
-        (run_dir / "source_config.txt").write_text(resolved.source_text)
+        (run_dir / "source_config.txt").write_text(_public_text(resolved.source_text))
     record = {"run_name": cfg.run_name, "source_path": resolved.source_path, "overrides": list(overrides)}
     (run_dir / RUN_FILE).write_text(json.dumps(record, indent=2))
     return run_dir

@@ -19,6 +19,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if args.config is None and args.resume is None:
         raise MineOnlineError("mineonline run: give a CONFIG file, or --resume RUN_DIR to continue a run.")
+    if args.resume is not None and args.config is not None and "=" in args.config and not Path(args.config).exists():
+        # `run --resume DIR key=value`: argparse hands the first override to the CONFIG slot; it is an override.
+        args.overrides, args.config = [args.config, *args.overrides], None
     result = run(args.config, args.overrides, address=args.address, resume=args.resume, progress=not args.no_progress)
     return 0 if result.get("status") in ("completed", "interrupted") else 1
 

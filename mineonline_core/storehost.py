@@ -15,6 +15,7 @@ the store itself is thread-safe.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -121,6 +122,15 @@ _LOCAL_STORES: dict[tuple[str, str, int], FragmentStore] = {}
 _LOCAL_LOCK = threading.Lock()
 
 
+def _forget_local_stores_after_fork() -> None:
+    # A forked child (an env subprocess, say) must not use its parent's open database handles.
+    global _LOCAL_STORES, _LOCAL_LOCK
+    _LOCAL_STORES, _LOCAL_LOCK = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_local_stores_after_fork)
+
+
 class StoreClient:
     """Picklable access to the store from any process of the Ray cluster."""
 
@@ -141,7 +151,7 @@ class StoreClient:
         self.options = _options(store_cls, options)
         self.host_node_id = host_node_id
         self._local: FragmentStore | None = None
-        self._decided = False
+        self._decided_in: int | None = None  # the pid that decided local vs remote
 
     @classmethod
     def connect(cls, host: Any, *, store_cls: type[FragmentStore], path: str, num_shards: int,
@@ -154,7 +164,7 @@ class StoreClient:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_local"], state["_decided"] = None, False  # each process decides (and opens) for itself
+        state["_local"], state["_decided_in"] = None, None  # each process decides (and opens) for itself
         return state
 
     @property
@@ -163,8 +173,10 @@ class StoreClient:
         return self._local_store() is not None
 
     def _local_store(self) -> FragmentStore | None:
-        if not self._decided:
+        if self._decided_in != os.getpid():
             import ray
+
+            self._local = None
 
             if self.store_cls.multi_process and ray.is_initialized() and _current_node_id() == self.host_node_id:
                 key = (f"{self.store_cls.__module__}.{self.store_cls.__qualname__}", self.path, self.num_shards)
@@ -174,7 +186,7 @@ class StoreClient:
                             path=self.path, num_shards=self.num_shards, resume=True, options=self.options
                         )
                     self._local = _LOCAL_STORES[key]
-            self._decided = True
+            self._decided_in = os.getpid()
         return self._local
 
     def _call(self, method: str, *args: Any) -> Any:

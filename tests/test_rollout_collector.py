@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -19,16 +18,7 @@ COLUMNS = {F.OBS, F.NEXT_OBS, F.ACTION, F.REWARD, F.TERMINATED, F.TRUNCATED, F.F
            F.BOOTSTRAP, F.STATE_IN, F.EPISODE_ID, F.VERSION, F.STREAM, F.INDEX, F.WORKER_ID, F.ENV_ID}  # fmt: skip
 
 
-def counting(tag: int, episode_len: int = 6, image: bool = False) -> gym.Env:
-    return tk.CountingEnv(tag=tag, episode_len=episode_len, image=image)
-
-
-def time_limited(tag: int, limit: int = 5) -> gym.Env:
-    return gym.wrappers.TimeLimit(tk.CountingEnv(tag=tag, terminate=False), max_episode_steps=limit)
-
-
-def faulty(tag: int, **faults) -> gym.Env:
-    return tk.FaultyEnv(tk.CountingEnv(tag=tag, episode_len=50), **faults)
+counting, time_limited, faulty = tk.counting, tk.time_limited_counting, tk.faulty_counting
 
 
 def make(env_fns, *, policy=None, T=4, batch_size=2, **kwargs) -> FragmentCollector:
@@ -87,8 +77,7 @@ def test_fragment_columns_shapes_and_episode_boundaries() -> None:
     assert set(streams) == {"0.0.0", "0.0.1", "0.0.2"}
     for stream, fs in streams.items():
         assert [x[F.INDEX] for x in fs] == list(range(len(fs)))
-        t = chain(fs, F.OBS if False else F.REWARD)  # rewards are all 1 for CountingEnv
-        assert np.all(t == 1.0)
+        assert np.all(chain(fs, F.REWARD) == 1.0)
         counter = np.concatenate([x[F.OBS]["obs"][:, 1] for x in fs])
         episode = np.concatenate([x[F.OBS]["obs"][:, 2] for x in fs])
         first, term = chain(fs, F.FIRST), chain(fs, F.TERMINATED)

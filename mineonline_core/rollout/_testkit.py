@@ -156,3 +156,18 @@ class TinyGRUPolicy(Policy):
             outs.append(h)
         y = torch.stack(outs, 1)
         return {"pi_logits": self.pi_head(y), "vpred": self.value_head(y)}, [h]
+
+
+# Env factories (module-level, so that env subprocesses can import them by reference).
+
+
+def counting(tag: int, episode_len: int = 6, image: bool = False) -> gym.Env:
+    return CountingEnv(tag=tag, episode_len=episode_len, image=image)
+
+
+def time_limited_counting(tag: int, limit: int = 5) -> gym.Env:
+    return gym.wrappers.TimeLimit(CountingEnv(tag=tag, terminate=False), max_episode_steps=limit)
+
+
+def faulty_counting(tag: int, episode_len: int = 50, **faults: Any) -> gym.Env:
+    return FaultyEnv(CountingEnv(tag=tag, episode_len=episode_len), **faults)

@@ -138,3 +138,31 @@ def chunks_of(streams: dict[str, list[dict]], fragments_per_chunk: int) -> list[
         for start in range(0, len(frags) - fragments_per_chunk + 1, fragments_per_chunk):
             out.append(frags[start : start + fragments_per_chunk])
     return out
+
+
+def ddp_train_step(config: dict) -> None:
+    """A Ray Train loop for the DDP test: one ``train`` call on this rank's share of a saved batch.
+
+    ``config``: ``trainer_cls`` (import path), ``online`` (an OnlineConfig dict), ``batch_path``,
+    ``out_path``, ``run_dir``. Micro-batch k of rank r holds the r-th share of the single-rank run's
+    micro-batch k, so both runs see the same global micro-batches; rank 0 saves the parameters.
+    """
+    import ray.train
+
+    from mineonline_core.config import OnlineConfig
+    from mineonline_core.plugins import import_string
+
+    cls = import_string(config["trainer_cls"])
+    trainer = cls(rollout_manager=None, policy_generator=mlp_policy, env_generator=None,
+                  config=OnlineConfig(**config["online"]), run_dir=config["run_dir"])  # fmt: skip
+    trainer.setup_rank(local=config.get("local", False))
+    batch = torch.load(config["batch_path"], weights_only=True)
+    n, world, rank = batch[F.REWARD].shape[0], trainer.world_size, trainer.rank
+    per = trainer.train_config.batch_size_per_gpu
+    rows = torch.tensor([k * per * world + rank * per + j for k in range(n // (per * world)) for j in range(per)])
+    trainer.iteration = 1
+    metrics = trainer.train(tree_map(lambda x: x[rows], batch))
+    if rank == 0:
+        torch.save({k: v.detach().cpu() for k, v in trainer.policy.state_dict().items()}, config["out_path"])
+    if not config.get("local", False):
+        ray.train.report(metrics)

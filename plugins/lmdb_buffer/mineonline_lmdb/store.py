@@ -13,8 +13,7 @@ A put (or a ``put_many`` on one shard) is one write transaction: whole or absent
 Several processes on one node may open the same path (``multi_process``); LMDB's lock file
 serialises their writers, and readers never block writers (MVCC). The map starts small and doubles
 on ``MapFullError``; a process that sees ``MapResizedError`` adopts the new size and retries.
-Resizing needs no transaction of this process to be active on the environment, hence a per-shard
-shared/exclusive guard around every transaction.
+The environments and their locking live in ``shard``; the record format in ``codec``.
 """
 
 from __future__ import annotations
@@ -25,21 +24,20 @@ import json
 import logging
 import os
 import shutil
-import threading
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from mineonline_core.errors import ConfigError, MineOnlineError
 from mineonline_core.store import FragmentStore
 from mineonline_lmdb import codec
+from mineonline_lmdb.shard import Shard, StoreFullError
 
 log = logging.getLogger("mineonline")
-T = TypeVar("T")
 
 LAYOUT_FILE = "mineonline-store.json"
 FORMAT = "mineonline-lmdb/1"
@@ -61,155 +59,6 @@ class LMDBOptions(BaseModel):
     )
     sync: bool = Field(True, description="fsync every commit, so committed fragments survive a power loss or kill -9.")
     max_readers: int = Field(1024, ge=8, description="Concurrent read transactions allowed per shard (all processes).")
-
-
-class StoreFullError(MineOnlineError):
-    """The disk under the store, or the store's map-size cap, has no room for more fragments."""
-
-
-class _Guard:
-    """Shared (transactions) / exclusive (map resize) lock; writers of the resize get priority."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._shared = 0
-        self._exclusive_waiting = 0
-        self._exclusive = False
-
-    @contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            while self._exclusive or self._exclusive_waiting:
-                self._cond.wait()
-            self._shared += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._shared -= 1
-                if not self._shared:
-                    self._cond.notify_all()
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            self._exclusive_waiting += 1
-            while self._exclusive or self._shared:
-                self._cond.wait()
-            self._exclusive_waiting -= 1
-            self._exclusive = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
-
-
-class _Shard:
-    """One LMDB environment, shared by every store object of this process that opens its directory.
-
-    LMDB forbids opening one environment twice in a process (its POSIX locks would be released by
-    the first close), so environments are reference-counted per directory.
-    """
-
-    _open: ClassVar[dict[str, _Shard]] = {}
-    _open_lock: ClassVar[threading.Lock] = threading.Lock()
-
-    def __init__(self, directory: str, options: LMDBOptions) -> None:
-        self.lmdb = importlib.import_module("lmdb")
-        self.directory = directory
-        self.max_map = int(options.max_map_size_gb * 2**30)
-        self.env = self.lmdb.open(
-            directory,
-            map_size=min(options.map_size_mb * 2**20, self.max_map),
-            max_dbs=2,
-            max_readers=options.max_readers,
-            sync=options.sync,
-            metasync=options.sync,
-            readahead=False,
-            lock=True,
-        )
-        self.meta = self.env.open_db(b"meta")
-        self.parts = self.env.open_db(b"parts")
-        self.guard = _Guard()
-        self.write_lock = threading.Lock()
-        self.refs = 0
-
-    @classmethod
-    def acquire(cls, directory: str, options: LMDBOptions) -> _Shard:
-        directory = os.path.realpath(directory)
-        with cls._open_lock:
-            shard = cls._open.get(directory)
-            if shard is None:
-                shard = cls._open[directory] = _Shard(directory, options)
-            shard.refs += 1
-            return shard
-
-    def release(self) -> None:
-        with self._open_lock:
-            self.refs -= 1
-            if self.refs == 0:
-                del self._open[self.directory]
-                with self.guard.exclusive():
-                    self.env.close()
-
-    @classmethod
-    def is_open(cls, directory: str) -> bool:
-        return os.path.realpath(directory) in cls._open
-
-    def read(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(txn)`` in a read transaction whose values are views into the map."""
-        while True:
-            with self.guard.shared():
-                try:
-                    with self.env.begin(buffers=True) as txn:
-                        return fn(txn)
-                except self.lmdb.MapResizedError:
-                    pass
-            self._adopt_new_size()
-
-    def write(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(txn)`` in one write transaction; grow the map and retry when it is full."""
-        while True:
-            grow = False
-            with self.guard.shared(), self.write_lock:
-                try:
-                    with self.env.begin(write=True) as txn:
-                        return fn(txn)
-                except self.lmdb.MapFullError:
-                    grow = True
-                except self.lmdb.MapResizedError:
-                    pass
-            self._grow() if grow else self._adopt_new_size()
-
-    def _adopt_new_size(self) -> None:
-        with self.guard.exclusive():
-            self.env.set_mapsize(0)  # 0: take the size another process has set
-
-    def _grow(self) -> None:
-        with self.guard.exclusive():
-            self.env.set_mapsize(0)
-            current = self.env.info()["map_size"]
-            if current >= self.max_map:
-                raise StoreFullError(
-                    f"The LMDB shard {self.directory} has reached database_config.max_map_size_gb "
-                    f"({self.max_map / 2**30:g} GiB) and cannot take more fragments. Raise "
-                    "database_config.max_map_size_gb or num_shards, or lower replay_buffer_config.max_chunks."
-                )
-            new = min(current * 2, self.max_map)
-            log.debug("growing LMDB map of %s from %d to %d MiB", self.directory, current >> 20, new >> 20)
-            self.env.set_mapsize(new)
-
-    def page_bytes(self) -> int:
-        def count(txn: Any) -> int:
-            total = 0
-            for db in (self.meta, self.parts):
-                st = txn.stat(db)
-                total += (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
-            return total
-
-        return self.read(count)
 
 
 def _part_key(key: bytes, index: int) -> bytes:
@@ -237,7 +86,7 @@ class LMDBStore(FragmentStore):
         with self._disk_errors():
             self._prepare_path()
             self._shards = [
-                _Shard.acquire(os.path.join(self.path, f"shard-{i:03d}"), self.options) for i in range(self.num_shards)
+                Shard.acquire(os.path.join(self.path, f"shard-{i:03d}"), self.options) for i in range(self.num_shards)
             ]
         if not self.resume:
             self.clear()  # a no-op after _prepare_path, except when this process already had it open
@@ -269,7 +118,7 @@ class LMDBStore(FragmentStore):
                 for entry in os.listdir(self.path):
                     full = os.path.join(self.path, entry)
                     # Only what this store created is removed; other files under the path stay.
-                    if entry.startswith("shard-") and os.path.isdir(full) and not _Shard.is_open(full):
+                    if entry.startswith("shard-") and os.path.isdir(full) and not Shard.is_open(full):
                         shutil.rmtree(full)
         os.makedirs(self.path, exist_ok=True)
         tmp = f"{layout_path}.{os.getpid()}.tmp"
@@ -277,7 +126,7 @@ class LMDBStore(FragmentStore):
             json.dump(layout, f)
         os.replace(tmp, layout_path)
 
-    def _shard(self, key: bytes) -> _Shard:
+    def _shard(self, key: bytes) -> Shard:
         return self._shards[zlib.crc32(key) % self.num_shards]
 
     def _group(self, keys: Iterable[bytes]) -> dict[int, list[tuple[int, bytes]]]:
@@ -324,7 +173,7 @@ class LMDBStore(FragmentStore):
             batch = [encoded[position] for position, _ in members]
             shard = self._shards[shard_index]
 
-            def write(txn: Any, batch: list = batch, shard: _Shard = shard) -> None:
+            def write(txn: Any, batch: list = batch, shard: Shard = shard) -> None:
                 for key, header, parts in batch:
                     old = txn.get(key, db=shard.meta)
                     for i in range(len(parts), codec.part_count(old) if old is not None else 0):
@@ -345,14 +194,14 @@ class LMDBStore(FragmentStore):
         for shard_index, members in self._group(raw_keys).items():
             shard = self._shards[shard_index]
 
-            def read(txn: Any, members: list = members, shard: _Shard = shard) -> None:
+            def read(txn: Any, members: list = members, shard: Shard = shard) -> None:
                 for position, key in members:
                     out[position] = self._read_one(txn, shard, key)
 
             shard.read(read)
         return out
 
-    def _read_one(self, txn: Any, shard: _Shard, key: bytes) -> Any:
+    def _read_one(self, txn: Any, shard: Shard, key: bytes) -> Any:
         header = txn.get(key, db=shard.meta)
         if header is None:
             raise KeyError(key.decode("utf-8"))
@@ -361,12 +210,13 @@ class LMDBStore(FragmentStore):
             specs = codec.array_spec(tree)
             if count != len(specs):
                 raise codec.CorruptRecordError(f"header announces {count} parts, its tree uses {len(specs)}")
-            parts = []
-            for i, spec in enumerate(specs):
+            buffers = []
+            for i in range(count):
                 buf = txn.get(_part_key(key, i), db=shard.parts)
                 if buf is None:
                     raise codec.CorruptRecordError(f"part {i} is missing")
-                parts.append(codec.copy_part(spec, buf))  # copied while the read transaction is live
+                buffers.append(buf)
+            parts = codec.copy_parts(specs, buffers)  # copied while the read transaction is live
             return codec.build(tree, parts)
         except codec.CorruptRecordError as exc:
             raise codec.CorruptRecordError(
@@ -382,7 +232,7 @@ class LMDBStore(FragmentStore):
         for shard_index, members in self._group(self._key(k) for k in keys).items():
             shard = self._shards[shard_index]
 
-            def delete(txn: Any, members: list = members, shard: _Shard = shard) -> None:
+            def delete(txn: Any, members: list = members, shard: Shard = shard) -> None:
                 for _, key in members:
                     header = txn.pop(key, db=shard.meta)
                     if header is not None:
@@ -395,7 +245,7 @@ class LMDBStore(FragmentStore):
     def clear(self) -> None:
         for shard in self._shards:
 
-            def drop(txn: Any, shard: _Shard = shard) -> None:
+            def drop(txn: Any, shard: Shard = shard) -> None:
                 txn.drop(shard.meta, delete=False)
                 txn.drop(shard.parts, delete=False)
 
@@ -406,7 +256,7 @@ class LMDBStore(FragmentStore):
         out: list[str] = []
         for shard in self._shards:
 
-            def scan(txn: Any, shard: _Shard = shard) -> None:
+            def scan(txn: Any, shard: Shard = shard) -> None:
                 with txn.cursor(db=shard.meta) as cursor:
                     out.extend(bytes(k).decode("utf-8") for k in cursor.iternext(keys=True, values=False))
 

@@ -47,6 +47,7 @@ class VPTPolicyConfig(BaseModel):
     temperature: float = Field(1.0, gt=0, description="Logits are divided by this before the softmax.")
     normalize_value: bool = Field(True, description="Predict values normalised by a running mean/std.")
     image_key: str = Field("image", description="The observation key holding uint8 (H, W, 3) frames.")
+    gradient_checkpointing: bool = Field(False, description="Recompute the ImpalaCNN's activations in backward: much less training memory for ~30% more compute.")
 
 
 def _image_shape(observation_space: Any, key: str) -> tuple[int, int, int] | None:
@@ -171,13 +172,18 @@ class VPTPolicy(Policy):
                     f"{opts.image_key!r} observations are {image_shape}; resize frames to {want[:2]} "
                     f"(VPT was trained on cv2.INTER_LINEAR resizes) in the env wrapper."
                 )
+            policy.net.img_process.cnn.gradient_checkpointing = opts.gradient_checkpointing
+            policy.image_key = opts.image_key
+            policy.value_head.use_normalizer = opts.normalize_value
             return policy
         if opts.weights_path is not None:
             raise ConfigError("policy_config.weights_path needs policy_config.model_path (the architecture).")
         net_kwargs = {k: getattr(opts, k) for k in _ARCH_KEYS}
         net_kwargs["img_shape"] = list(image_shape or (128, 128, 3))
         head = _action_head(action_space, opts.hidsize, opts.temperature)
-        return cls(net_kwargs=net_kwargs, pi_head=head, normalize_value=opts.normalize_value, image_key=opts.image_key)
+        policy = cls(net_kwargs=net_kwargs, pi_head=head, normalize_value=opts.normalize_value, image_key=opts.image_key)
+        policy.net.img_process.cnn.gradient_checkpointing = opts.gradient_checkpointing
+        return policy
 
     # ----------------------------------------------------------------------------------- running
     def initial_state(self, batch_size: int) -> State:

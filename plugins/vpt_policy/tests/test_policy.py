@@ -17,9 +17,10 @@ SMALL = {"hidsize": 32, "impala_chans": [8, 16, 16], "n_recurrence_layers": 2, "
          "attention_memory_size": 10, "timesteps": 4}  # fmt: skip  (maxlen 6 < T: the band clips inside a call)
 
 
-def crafter_policy(seed: int = 0) -> VPTPolicy:
+def crafter_policy(seed: int = 0, hw: int = 64) -> VPTPolicy:
     torch.manual_seed(seed)
-    return VPTPolicy.build(SMALL, observation_space=CRAFTER_OBS, action_space=gym.spaces.Discrete(17))
+    obs = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (hw, hw, 3), np.uint8)})
+    return VPTPolicy.build(SMALL, observation_space=obs, action_space=gym.spaces.Discrete(17))
 
 
 def test_crafter_policy_forward_sample_logprob_backward() -> None:
@@ -55,10 +56,10 @@ def test_stepwise_rollout_equals_chunked_training_forward(seed: int, dtype: torc
     the convolutions alone differ by ~1e-5 between batch shapes (oneDNN picks other algorithms), so
     the float32 case only bounds that noise.
     """
-    policy = crafter_policy(seed).eval().to(dtype)
+    policy = crafter_policy(seed, hw=16).eval().to(dtype)  # small frames: the recurrence is under test
     gen = torch.Generator().manual_seed(seed)
     b, t = 3, 17
-    img = torch.randint(0, 256, (b, t, 64, 64, 3), dtype=torch.uint8, generator=gen)
+    img = torch.randint(0, 256, (b, t, 16, 16, 3), dtype=torch.uint8, generator=gen)
     first = torch.rand(b, t, generator=gen) < 0.2
     first[0, 0], first[1, 9], first[2, 1], first[2, 2] = True, True, True, True  # incl. consecutive resets
     start = policy.initial_state(b)
@@ -150,3 +151,20 @@ def test_build_from_released_files_with_minecraft_spaces() -> None:
         VPTPolicy.build(options, observation_space=CRAFTER_OBS, action_space=act)
     with pytest.raises(ConfigError, match="joint action space"):
         VPTPolicy.build(options, observation_space=obs, action_space=gym.spaces.Discrete(17))
+
+
+def test_gradient_checkpointing_gives_the_same_gradients() -> None:
+    grads = []
+    for flag in (False, True):
+        policy = crafter_policy(3, hw=32)
+        policy.net.img_process.cnn.gradient_checkpointing = flag
+        img = torch.randint(0, 256, (2, 4, 32, 32, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+        latents, _ = policy({"image": img}, None, {"first": torch.ones(2, 4, dtype=torch.bool)})
+        (latents["pi_logits"][..., 3].sum() + latents["vpred"].sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 50
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6), name
+    options = VPTPolicy.Config(gradient_checkpointing=True, hidsize=32, attention_heads=4)
+    built = VPTPolicy.build(options, observation_space=CRAFTER_OBS, action_space=gym.spaces.Discrete(5))
+    assert built.net.img_process.cnn.gradient_checkpointing is True

@@ -143,3 +143,21 @@ def test_registers_as_wandb():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": ":".join(sys.path)}).stdout.strip()
     assert out == "False"
+
+
+def test_items_of_one_step_merge_into_one_row():
+    logger = WandbLogger.__new__(WandbLogger)  # _rows needs only the wandb module
+    logger._wandb = wandb
+    items = [
+        ("log", {"a": 1.0, "b": 2.0}, 10),
+        ("histogram", "h", np.arange(100.0), 10),
+        ("log", {"c": 3.0}, 10),
+        ("log", {"a": 4.0}, 10),  # same key, same step (a second producer): a new row keeps both
+        ("histogram", "empty", np.array([np.nan]), 20),
+        ("log", {"a": 5.0}, 20),
+    ]
+    rows = logger._rows(items)
+    assert [sorted(r) for r in rows] == [["a", "b", "c", "env_steps", "h"], ["a", "env_steps"], ["a", "env_steps"]]
+    assert [r["env_steps"] for r in rows] == [10, 10, 20]
+    assert [r["a"] for r in rows] == [1.0, 4.0, 5.0]
+    assert isinstance(rows[0]["h"], wandb.Histogram)

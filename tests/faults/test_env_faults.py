@@ -1,0 +1,113 @@
+"""Env faults through the real ``FragmentCollector`` (env subprocesses, no Ray).
+
+One env of three is faulty (``FaultyEnvFactory``); the other two are clean ``CountingEnv``s whose
+observation ``[tag, t, episode]`` tells exactly which env produced a step and where it was. For each
+fault we assert: the failures the collector counted equal the faults injected, every failure led to
+a rebuild, the interrupted episode was closed as truncated and reported, the faulty env went on
+producing steps, and the clean envs' streams are complete (no gap), consistent and untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from mineonline_core import fragment as F
+from mineonline_core.rollout import _testkit as tk
+from mineonline_core.rollout.collector import FragmentCollector
+from mineonline_core.testing.faults import FaultyEnvFactory, injected_faults, stream_report
+
+T = 8
+
+
+def counting(tag: float) -> tk.CountingEnv:
+    return tk.CountingEnv(tag=tag, episode_len=1000)  # long episodes: every episode end is a fault
+
+
+def run(faulty: FaultyEnvFactory, *, fragments: int, **kwargs) -> tuple[FragmentCollector, list[dict], list[dict], float]:
+    torch.manual_seed(0)
+    fns = [faulty, functools.partial(counting, 1.0), functools.partial(counting, 2.0)]
+    collector = FragmentCollector(policy=tk.TinyMLPPolicy(), env_fns=fns, fragment_length=T, batch_size=2,
+                                  backoff_base=0.05, backoff_max=0.5, **kwargs)  # fmt: skip
+    start = time.monotonic()
+    try:
+        frags = collector.collect(fragments)
+        elapsed = time.monotonic() - start
+        records = collector.episode_records()
+    finally:
+        collector.close()
+    return collector, frags, records, elapsed
+
+
+def assert_clean_streams_untouched(frags: list[dict], report: dict) -> None:
+    for stream, tag in (("0.0.1", 1.0), ("0.0.2", 2.0)):
+        mine = sorted((f for f in frags if f[F.STREAM] == stream), key=lambda f: f[F.INDEX])
+        assert mine, f"no data from clean env {stream}"
+        obs = np.concatenate([f[F.OBS]["obs"] for f in mine])
+        assert np.all(obs[:, 0] == tag)  # no step of another env leaked in
+        assert np.array_equal(obs[:, 1], np.arange(len(obs)))  # t counts 0,1,2,... : no step lost
+        assert not np.any(np.concatenate([f[F.TRUNCATED] for f in mine]))
+        assert report[stream]["missing"] == [] and report[stream]["indices"][0] == 0
+        assert report[stream]["broken_boundaries"] == 0
+
+
+def assert_faulty_stream_consistent(frags: list[dict], report: dict) -> np.ndarray:
+    mine = sorted((f for f in frags if f[F.STREAM] == "0.0.0"), key=lambda f: f[F.INDEX])
+    assert report["0.0.0"]["missing"] == [] and report["0.0.0"]["broken_boundaries"] == 0
+    obs = np.concatenate([f[F.OBS]["obs"] for f in mine])
+    first = np.concatenate([f[F.FIRST] for f in mine])
+    trunc = np.concatenate([f[F.TRUNCATED] for f in mine])
+    assert np.all(obs[:, 0] == 0.0)
+    assert np.array_equal(first, obs[:, 1] == 0)  # a new episode starts at t=0, in a fresh env
+    # Within an episode t counts up by one: the env was never stepped without the step being kept.
+    steps_in_episode = np.diff(obs[:, 1])[~first[1:]]
+    assert np.all(steps_in_episode == 1)
+    reward = np.concatenate([f[F.REWARD] for f in mine])
+    assert np.all(reward[trunc] == 0.0) and np.all(reward[~trunc] == 1.0)  # the failed step earned nothing
+    return trunc
+
+
+def test_exceptions_at_a_rate(tmp_path) -> None:
+    faulty = FaultyEnvFactory(functools.partial(counting, 0.0), step_error_rate=0.05, seed=11, state_dir=str(tmp_path))
+    collector, frags, records, _ = run(faulty, fragments=36, step_timeout=30.0)
+    injected = injected_faults(tmp_path)["step_error"]
+    report = stream_report(frags)
+    assert_clean_streams_untouched(frags, report)
+    trunc = assert_faulty_stream_consistent(frags, report)
+    assert injected >= 3
+    # The collector may stop with one fault sent but not yet received.
+    assert collector.env_failures in (injected, injected - 1)
+    assert collector.env_restarts in (collector.env_failures, collector.env_failures - 1)
+    assert int(trunc.sum()) <= collector.env_failures
+    truncated_records = [r for r in records if r["truncated"]]
+    assert 1 <= len(truncated_records) <= collector.env_failures
+    assert all(r["stream"] == "0.0.0" for r in truncated_records)
+    metrics = collector.metrics()
+    assert metrics["rollout/env_failures"] == collector.env_failures
+    assert metrics["rollout/env_restarts"] == collector.env_restarts
+
+
+@pytest.mark.parametrize("kind", ["hang", "kill", "raise"])
+def test_one_fault_rebuild_and_recovery(tmp_path, kind: str) -> None:
+    at = {"hang": "hang_at_step", "kill": "kill_at_step", "raise": "raise_at_step"}[kind]
+    faulty = FaultyEnvFactory(functools.partial(counting, 0.0), once=True, state_dir=str(tmp_path), hang_s=60.0,
+                              **{at: 2 * T + 3})  # fmt: skip
+    collector, frags, records, elapsed = run(faulty, fragments=24, step_timeout=1.5)
+    injected = injected_faults(tmp_path)
+    assert injected[{"raise": "step_error"}.get(kind, kind)] == 1 and injected["lives"] == 2
+    assert collector.env_failures == 1 and collector.env_restarts == 1
+    report = stream_report(frags)
+    assert_clean_streams_untouched(frags, report)
+    trunc = assert_faulty_stream_consistent(frags, report)
+    assert int(trunc.sum()) == 1 and int(np.flatnonzero(trunc)[0]) == 2 * T + 2  # the step that failed
+    after = report["0.0.0"]["steps"] - (2 * T + 3)
+    assert after >= T  # the rebuilt env went on collecting
+    (record,) = [r for r in records if r["stream"] == "0.0.0"]
+    assert record["truncated"] and record["length"] == 2 * T + 2
+    if kind == "hang":
+        assert elapsed >= 1.5  # detected by step_timeout, not by the hang ending (60 s)
+        assert elapsed < 30.0

@@ -1,0 +1,265 @@
+"""Bad input gets ONE clear ``MineOnlineError`` before Ray starts or data is touched.
+
+Each case asserts the message names the key (or file) and the offending value, so a user can fix
+it from the message alone. Nothing here starts Ray.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from mineonline_core.config import LoadedConfig, check_resources, load_config
+from mineonline_core.errors import CheckpointError, ConfigError, MineOnlineError, UnknownComponentError
+from mineonline_core.plugins import get_plugin_manager
+from mineonline_core.resolve import resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {
+    "run_name": "bad-input",
+    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+    "policy_config": {"name": "mlp"},
+    "logger_config": {"loggers": []},
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_ray_started():
+    yield
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized(), "a bad-input path started Ray"
+
+
+# -- config values, types and keys ----------------------------------------------------------------
+
+CASES = [
+    ("train_config.learning_rate=-1e-4", "train_config.learning_rate", "-0.0001", "> 0"),
+    ("train_config.ppo_clip=0", "train_config.ppo_clip", "0", "> 0"),
+    ("train_config.ppo_clip=-0.2", "train_config.ppo_clip", "-0.2", "> 0"),
+    ("train_config.gae_lambda=1.5", "train_config.gae_lambda", "1.5", "<= 1"),
+    ("rollout_config.fragment_length=0", "rollout_config.fragment_length", "0", ">= 1"),
+    ("train_config.num_iterations=many", "train_config.num_iterations", "'many'", "integer"),
+    ("rollout_config.worker_config.num_envs=[2]", "rollout_config.worker_config.num_envs", "[2]", "integer"),
+    ("train_config.learning_rat=1e-4", "train_config.learning_rat", "0.0001", "learning_rate"),
+    ("rollout_config.replay_buffer_config.max_chunk=10", "replay_buffer_config.max_chunk", "10", "max_chunks"),
+]
+
+
+@pytest.mark.parametrize(("override", "key", "value", "hint"), CASES, ids=[c[0] for c in CASES])
+def test_config_mistakes_name_key_and_value(override: str, key: str, value: str, hint: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(BASE, [override])
+    message = str(info.value)
+    assert key in message and value in message and hint in message, message
+    assert "1 problem" in message  # one clear message, not a cascade
+    assert "Traceback" not in message
+
+
+def test_run_rejects_a_bad_value_before_ray_starts(tmp_path: Path) -> None:
+    from mineonline_core.api import run
+
+    with pytest.raises(ConfigError, match=r"train_config\.ppo_clip"):
+        run(BASE, ["train_config.ppo_clip=0", f"output_dir={tmp_path}"], progress=False)
+    assert not (tmp_path / "bad-input").exists()  # no run directory either
+
+
+def test_impossible_resources() -> None:
+    cfg = load_config(BASE, ["rollout_config.num_rollout_workers=4", "rollout_config.num_cpus_per_worker=2"]).config
+    with pytest.raises(ConfigError) as info:
+        check_resources(cfg, {"CPU": 2.0})
+    message = str(info.value)
+    assert "CPUs" in message and "rollout_config.num_rollout_workers 4" in message and "has 2" in message
+    gpu = load_config(BASE, ["train_config.num_gpus_per_worker=1"]).config
+    with pytest.raises(ConfigError, match=r"GPUs.*train_config.num_gpus_per_worker 1.*has 0"):
+        check_resources(gpu, {"CPU": 64.0})
+    check_resources(cfg, {"CPU": 64.0})  # enough: no error
+
+
+# -- generators -----------------------------------------------------------------------------------
+
+
+def _loaded(**generators) -> LoadedConfig:
+    data = {k: v for k, v in BASE.items() if k not in ("env_config", "policy_config")}
+    loaded = load_config(data)
+    loaded.env_generator = generators.get("env_generator", _cartpole)
+    loaded.policy_generator = generators.get("policy_generator", _policy)
+    return loaded
+
+
+def _cartpole():
+    import gymnasium as gym
+
+    return gym.make("CartPole-v1")
+
+
+def _policy():
+    from mineonline_core.rollout._testkit import TinyMLPPolicy
+
+    return TinyMLPPolicy(obs_dim=4, n_actions=2)
+
+
+def test_unserialisable_policy_generator() -> None:
+    lock = threading.Lock()
+
+    def policy_generator():
+        with lock:
+            return _policy()
+
+    with pytest.raises(ConfigError) as info:
+        resolve(_loaded(policy_generator=policy_generator), get_plugin_manager())
+    assert "policy_generator cannot be serialised" in str(info.value) and "lock" in str(info.value)
+
+
+def test_unserialisable_env_generator() -> None:
+    lock = threading.Lock()
+    with pytest.raises(ConfigError, match=r"env_generator cannot be serialised.*lock"):
+        resolve(_loaded(env_generator=lambda: (lock, _cartpole())[1]), get_plugin_manager())
+
+
+def test_generators_that_raise() -> None:
+    def broken_env():
+        raise FileNotFoundError("no such simulator: /opt/minecraft")
+
+    def broken_policy():
+        raise KeyError("pi_head.weight")
+
+    with pytest.raises(ConfigError, match=r"env_generator\(\) raised FileNotFoundError: no such simulator"):
+        resolve(_loaded(env_generator=broken_env), get_plugin_manager())
+    with pytest.raises(ConfigError, match=r"policy_generator\(\) raised KeyError: 'pi_head.weight'"):
+        resolve(_loaded(policy_generator=broken_policy), get_plugin_manager())
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    from mineonline_core.trainer.checkpoint import save_checkpoint
+
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    return save_checkpoint(tmp_path / "checkpoints", iteration=3, model_state=model.state_dict(), optimizer_state=opt.state_dict(),
+                           scaler_state=None, trainer_state={"version": 3}, config_yaml="run_name: x\n")  # fmt: skip
+
+
+def test_missing_checkpoint(tmp_path: Path) -> None:
+    from mineonline_core.trainer.checkpoint import load_checkpoint
+
+    with pytest.raises(CheckpointError, match=r"train_config.resume: checkpoint .*nowhere.* does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_corrupted_checkpoint(checkpoint: Path) -> None:
+    from mineonline_core.trainer.checkpoint import load_checkpoint
+
+    data = bytearray((checkpoint / "model.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    (checkpoint / "model.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"model\.pt.*does not match its sha256"):
+        load_checkpoint(checkpoint)
+
+
+def test_truncated_checkpoint(checkpoint: Path) -> None:
+    from mineonline_core.trainer.checkpoint import load_checkpoint
+
+    size = (checkpoint / "optimizer.pt").stat().st_size
+    os.truncate(checkpoint / "optimizer.pt", size // 2)
+    with pytest.raises(CheckpointError, match=r"optimizer\.pt.*truncated or corrupted"):
+        load_checkpoint(checkpoint)
+    (checkpoint / "optimizer.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"truncated: optimizer\.pt is missing"):
+        load_checkpoint(checkpoint)
+
+
+def test_half_written_checkpoint_directory(tmp_path: Path) -> None:
+    from mineonline_core.trainer.checkpoint import load_checkpoint
+
+    (tmp_path / "checkpoint_000004").mkdir()  # a crash before the manifest: no complete checkpoint
+    with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_checkpoint_from_an_incompatible_model(checkpoint: Path) -> None:
+    from mineonline_core.trainer.checkpoint import check_compatible, load_checkpoint
+
+    state = load_checkpoint(checkpoint)["model"]
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    with pytest.raises(CheckpointError) as info:
+        check_compatible(other, state, source=str(checkpoint))
+    message = str(info.value)
+    assert "different model" in message and "missing keys ['0.bias', '0.weight']" in message
+    assert "unexpected keys ['bias', 'weight']" in message
+    with pytest.raises(CheckpointError, match=r"shape mismatches .*'weight: checkpoint \(2, 4\) vs model \(3, 4\)"):
+        check_compatible(torch.nn.Linear(4, 3), state, source=str(checkpoint))
+
+
+# -- paths and disks ------------------------------------------------------------------------------
+
+
+def test_unwritable_save_path(tmp_path: Path) -> None:
+    from mineonline_core.api import _prepare_run_dir
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")  # works as root too, unlike chmod
+    loaded = load_config(BASE, [f"output_dir={tmp_path}", f"train_config.save_path={blocker}/checkpoints"])
+    resolved = resolve(loaded, get_plugin_manager())
+    with pytest.raises(ConfigError) as info:
+        _prepare_run_dir(resolved)
+    assert "train_config.save_path" in str(info.value) and str(blocker) in str(info.value)
+
+
+def test_full_disk_on_the_lmdb_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+    from mineonline_lmdb.store import LMDBStore, _Shard
+
+    path = str(tmp_path / "store")
+    store = LMDBStore(path=path, num_shards=1)
+    try:
+        store.put("ok", {"x": np.arange(3)})
+
+        def no_space(self, fn):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(_Shard, "write", no_space)
+        with pytest.raises(MineOnlineError) as info:
+            store.put("full", {"x": np.arange(1000)})
+        assert f"database_config.path={path!r}" in str(info.value) and "disk is full" in str(info.value)
+        monkeypatch.undo()
+        assert np.array_equal(store.get("ok")["x"], np.arange(3))  # data written before is intact
+        with pytest.raises(KeyError):
+            store.get("full")
+    finally:
+        store.close()
+
+
+# -- the CLI --------------------------------------------------------------------------------------
+
+
+def test_cli_unknown_trainer_name(tmp_path: Path) -> None:
+    config = ROOT / "examples" / "cartpole.yaml"
+    if not config.exists():
+        import yaml
+
+        config = tmp_path / "cartpole.yaml"
+        config.write_text(yaml.safe_dump(BASE))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "check", str(config), "trainer_name=PPOTrainr"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode != 0
+    assert "PPOTrainr" in result.stderr and "PPOTrainer" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_component_names_list_the_choices() -> None:
+    for override, wanted in (("rollout_config.replay_buffer_config.database_config.backend=lmbd", "lmdb"),
+                             ("logger_config.loggers=[wandbb]", "wandb")):  # fmt: skip
+        with pytest.raises(UnknownComponentError) as info:
+            resolve(load_config(BASE, [override]), get_plugin_manager())
+        assert wanted in str(info.value)
