@@ -144,6 +144,13 @@ def test_runnable_block(block: Block) -> None:
     )
 
 
+def test_anchors_follow_github_slugs(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n\n## 4. Place the store on a node with disk\n\n```bash\n# not a heading\n```\n"
+                    "### `run --resume` and Ctrl-C\n")  # fmt: skip
+    assert _anchors(page) == {"title", "4-place-the-store-on-a-node-with-disk", "run---resume-and-ctrl-c"}
+
+
 def _links(path: Path) -> list[tuple[int, str]]:
     """(line, target) of every Markdown link and image outside code blocks."""
     found, fence = [], ""
@@ -161,6 +168,22 @@ def _links(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces to '-'."""
+    anchors, fence = set(), ""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if fence:
+            fence = "" if _closes(line, fence) else fence
+            continue
+        match = FENCE.match(line)
+        if match:
+            fence = match["fence"]
+        elif line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
 @pytest.mark.parametrize("path", DOC_FILES, ids=[str(p.relative_to(ROOT)) for p in DOC_FILES])
 def test_relative_links_resolve(path: Path) -> None:
     broken = []
@@ -168,9 +191,12 @@ def test_relative_links_resolve(path: Path) -> None:
     for number, target in links:
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             continue  # a URL (https:, mailto:) or an anchor on the same page
-        file_part = target.split("#", 1)[0]
-        if not (path.parent / file_part).exists():
+        file_part, _, anchor = target.partition("#")
+        linked = path.parent / file_part
+        if not linked.exists():
             broken.append(f"{path.relative_to(ROOT)}:{number}: {target}")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{path.relative_to(ROOT)}:{number}: {target} (no such heading)")
     assert not broken, "broken relative links:\n" + "\n".join(broken)
     if path.name == "README.md":
         assert len(links) >= len(REQUIRED_PAGES), f"README.md has only {len(links)} links"

@@ -100,6 +100,22 @@ def test_order_latest_and_env_step_axis(tmp_path):
     assert "late" not in hub.latest()
 
 
+def test_log_batch_is_metrics_plus_histograms_at_one_step(tmp_path):
+    hub = make_hub(tmp_path, [RecordingLogger])
+    hub.add_env_steps(64)
+    hub.log_batch({"trainer/policy_loss": 0.1}, {"trainer/advantages": np.ones(3), "trainer/values": np.zeros(2)})
+    hub.log_batch(histograms={"trainer/staleness": np.arange(4)}, step=5)
+    hub.finish()
+    calls = recorder(hub).calls
+    assert [(c[0], c[1] if c[0] == "histogram" else c[1], c[-1]) for c in calls] == [
+        ("metrics", {"trainer/policy_loss": 0.1}, 64),
+        ("histogram", "trainer/advantages", 64),
+        ("histogram", "trainer/values", 64),
+        ("histogram", "trainer/staleness", 5),
+    ]
+    assert hub.latest()["trainer/policy_loss"] == 0.1
+
+
 def test_non_numeric_values_are_dropped_not_fatal(tmp_path):
     hub = make_hub(tmp_path, [RecordingLogger])
     hub.log_metrics({"ok": 1, "bad": "text", "none": None})

@@ -59,13 +59,13 @@ def test_named_host_is_reachable_and_client_pickles(host, tmp_path):
     assert_tree_equal(client.get("k"), {"x": np.arange(5)})
 
 
-@ray.remote(num_cpus=0.5)
+@ray.remote(num_cpus=1)
 def _write(client: StoreClient, start: int, count: int) -> int:
     client.put_many((f"w.{i:09d}", sample_payload(i, frames=2)) for i in range(start, start + count))
     return count
 
 
-@ray.remote(num_cpus=0.5)
+@ray.remote(num_cpus=1)
 def _read(client: StoreClient, keys: list[str]) -> list:
     return client.get_many(keys)
 
@@ -73,8 +73,9 @@ def _read(client: StoreClient, keys: list[str]) -> list:
 def test_tasks_write_and_read_concurrently(host, tmp_path):
     client = StoreClient.connect(host, store_cls=MemoryStore, path=str(tmp_path / "replay"), num_shards=2)
     client.put_many((f"w.{i:09d}", sample_payload(i, frames=2)) for i in range(4))
+    # One CPU each: at most two worker processes, reused, on the two-CPU cluster.
     writes = [_write.remote(client, 100 * (n + 1), 10) for n in range(3)]
-    reads = [_read.remote(client, [f"w.{i:09d}" for i in range(4)]) for _ in range(3)]
+    reads = [_read.remote(client, [f"w.{i:09d}" for i in range(4)]) for _ in range(2)]
     assert sum(ray.get(writes)) == 30
     for got in ray.get(reads):
         for i, payload in enumerate(got):

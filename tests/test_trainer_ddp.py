@@ -50,8 +50,7 @@ def test_two_ranks_equal_one_rank(tmp_path, ray_local):
     ddp_train_step({"trainer_cls": "mineonline_ppo:PPOTrainer", "online": {"train_config": {**common, "batch_size_per_gpu": 4}},
                     "batch_path": str(batch_path), "out_path": str(tmp_path / "one.pt"), "run_dir": str(tmp_path), "local": True})
     one = torch.load(tmp_path / "one.pt", weights_only=True)
-    two, metrics = _fit(tmp_path, 2, {"train_config": {**common, "batch_size_per_gpu": 2}}, batch_path, "two")
-    assert metrics["trainer/grad_norm"] > 0
+    two, _ = _fit(tmp_path, 2, {"train_config": {**common, "batch_size_per_gpu": 2}}, batch_path, "two")
     initial = mlp_policy().state_dict()
     assert not torch.equal(one["actor.0.weight"], initial["actor.0.weight"])  # it did train
     assert not torch.equal(one["value_head.normalizer.running_mean"], initial["value_head.normalizer.running_mean"])

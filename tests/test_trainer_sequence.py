@@ -52,3 +52,33 @@ def test_state_carries_across_windows_for_recurrent_policy():
         a, _ = forward_sequence(policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=12)
         b, _ = forward_sequence(policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=5)
     assert torch.allclose(a["pi_logits"], b["pi_logits"], atol=1e-6)
+
+
+@pytest.mark.parametrize("make_policy,env_fn", [(mlp_policy, "cartpole"), (cnn_policy, "image")], ids=["mlp", "cnn_gru"])
+def test_forward_reproduces_the_real_collector(make_policy, env_fn):
+    """The same invariant on fragments cut by the rollout's own FragmentCollector (env subprocesses,
+    batched inference over fewer envs than exist, so envs step out of lock-step)."""
+    import functools
+
+    from mineonline_core.rollout.collector import FragmentCollector
+
+    fn = functools.partial(cartpole, 10) if env_fn == "cartpole" else functools.partial(TinyImageEnv, 0, 5)
+    policy = make_policy()
+    collector = FragmentCollector(policy=policy, env_fns=[fn] * 3, fragment_length=8, batch_size=2, seed=0, step_timeout=60)
+    try:
+        fragments = collector.collect(12)
+    finally:
+        collector.close()
+    streams: dict[str, list[dict]] = {}
+    for frag in sorted(fragments, key=lambda f: (f[F.STREAM], f[F.INDEX])):
+        streams.setdefault(frag[F.STREAM], []).append(frag)
+    chunks = [c for c in chunks_of(streams, 2) if [f[F.INDEX] for f in c] == list(range(c[0][F.INDEX], c[0][F.INDEX] + 2))]
+    assert chunks, "expected consecutive fragment pairs"
+    batch = assemble_chunks(chunks)
+    assert batch[F.FIRST][:, 1:].any()
+    with torch.no_grad():
+        latents, _ = forward_sequence(policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=5)
+        logprob = policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"])
+        value = denormalized_value(policy, latents["vpred"])
+    assert torch.allclose(logprob, batch[F.LOGPROB], atol=1e-5), (logprob - batch[F.LOGPROB]).abs().max()
+    assert torch.allclose(value, batch[F.VPRED], atol=1e-5), (value - batch[F.VPRED]).abs().max()

@@ -279,9 +279,9 @@ def start_rolloutmanager(
     """
     import ray
 
-    from mineonline_core.config import OnlineConfig
+    from mineonline_core.config import OnlineConfig, load_config
 
-    cfg = online_cfg if isinstance(online_cfg, OnlineConfig) else OnlineConfig.model_validate(dict(online_cfg))
+    cfg = online_cfg if isinstance(online_cfg, OnlineConfig) else load_config(online_cfg).config
     if store_cls is None:
         from mineonline_core.plugins import get_plugin_manager
 

@@ -110,6 +110,10 @@ class FragmentStoreConformance:
         payload = sample_payload(3)
         store.put("0.0.0.000000001", payload)
         assert_tree_equal(store.get("0.0.0.000000001"), payload)
+        # Larger leaves too (stores may keep small and large arrays differently), one of them strided.
+        large = {**sample_payload(4, side=64), "strided_large": np.arange(40_000.0)[::2], "raw": b"\x00\xff" * 9000}
+        store.put("0.0.0.000000002", large)
+        assert_tree_equal(store.get("0.0.0.000000002"), large)
 
     def test_containers_keep_their_types(self, store: FragmentStore) -> None:
         payload = {"t": (np.ones(2), [np.zeros(1), ()], ()), "l": [(), []], "d": {}, "nested": {"x": {"y": (None,)}}}

@@ -133,7 +133,12 @@ class BaseTrainer:
             result = trainer.fit()
         except Exception as exc:
             raise _user_error(exc) or RunFailedError(f"Training failed on a Ray Train worker: {exc}") from exc
-        return dict(result.metrics or {})
+        # Ray Train v2 keeps metrics only alongside checkpoints; the hub has the latest of everything.
+        metrics = dict(result.metrics or {})
+        if not metrics and self.logger_hub is not None:
+            latest = ray.get(self.logger_hub.latest.remote())
+            metrics = {k: v for k, v in latest.items() if k.startswith(("trainer/", "perf/"))}
+        return metrics
 
     # -- rank side ------------------------------------------------------------------------------
 

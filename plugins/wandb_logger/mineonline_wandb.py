@@ -26,6 +26,7 @@ import os
 import queue
 import re
 import threading
+import time
 import traceback
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlparse
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 STEP_METRIC = "env_steps"
 SECRET_KEY = re.compile(r"api[_-]?key|token|secret|passw(or)?d|credential", re.IGNORECASE)
+LINGER_S = 0.05
 _STOP = object()
 
 
@@ -164,9 +166,14 @@ class WandbLogger(Logger):
     def _send_loop(self) -> None:
         while True:
             batch = [self._queue.get()]
-            while True:  # take whatever else is waiting: one wandb row per step, not one per item
+            # Linger briefly for the rest of the iteration's items (scalars and histograms arrive
+            # as separate calls): one wandb row per step instead of one per item is several times
+            # cheaper, and 50 ms of latency is invisible in a dashboard.
+            deadline = time.monotonic() + LINGER_S
+            while batch[-1] is not _STOP:
+                remaining = deadline - time.monotonic()
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
                 except queue.Empty:
                     break
             stop = any(item is _STOP for item in batch)

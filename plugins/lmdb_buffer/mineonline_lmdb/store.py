@@ -5,9 +5,10 @@ Layout under ``database_config.path``::
     mineonline-store.json      format marker and shard count (a resume with another count is refused)
     shard-000/data.mdb, ...    one LMDB environment per shard; a key's shard is crc32(key) % num_shards
 
-Each environment has two named databases: ``meta`` maps a key to its record header and ``parts``
-maps ``key NUL index`` to the raw buffer of one array (see ``codec``). Storing each array as its own
-LMDB value lets LMDB copy straight from the caller's numpy buffer, so a put costs no extra copy.
+Each environment has two named databases: ``meta`` maps a key to its record header (with the small
+arrays inline) and ``parts`` maps ``key NUL index`` to the raw buffer of one large array (see
+``codec``). Storing each large array as its own LMDB value lets LMDB copy straight from the caller's
+numpy buffer, so a put costs no extra copy of the bulk data.
 A put (or a ``put_many`` on one shard) is one write transaction: whole or absent after a crash.
 
 Several processes on one node may open the same path (``multi_process``); LMDB's lock file
@@ -40,7 +41,7 @@ from mineonline_lmdb.shard import Shard, StoreFullError
 log = logging.getLogger("mineonline")
 
 LAYOUT_FILE = "mineonline-store.json"
-FORMAT = "mineonline-lmdb/1"
+FORMAT = "mineonline-lmdb/2"
 _SEP = b"\x00"
 # Errors from the OS that mean "the disk (or the allowed file size) is full". LMDB reports a short
 # write at commit, which is what a filling disk produces, as EIO, so EIO is included.
@@ -63,6 +64,18 @@ class LMDBOptions(BaseModel):
 
 def _part_key(key: bytes, index: int) -> bytes:
     return key + _SEP + index.to_bytes(4, "big")
+
+
+def _delete_parts(txn: Any, shard: Shard, key: bytes, start: int = 0) -> None:
+    """Delete the parts of ``key`` from index ``start`` on, by scanning the stored part keys rather
+    than trusting a header's part count (a damaged header must not turn a delete into a long loop)."""
+    prefix = key + _SEP
+    with txn.cursor(db=shard.parts) as cursor:
+        if not cursor.set_range(_part_key(key, start)):
+            return
+        while bytes(cursor.key()).startswith(prefix):
+            if not cursor.delete():  # deletes and moves to the next entry; False at the end
+                break
 
 
 class LMDBStore(FragmentStore):
@@ -175,9 +188,7 @@ class LMDBStore(FragmentStore):
 
             def write(txn: Any, batch: list = batch, shard: Shard = shard) -> None:
                 for key, header, parts in batch:
-                    old = txn.get(key, db=shard.meta)
-                    for i in range(len(parts), codec.part_count(old) if old is not None else 0):
-                        txn.delete(_part_key(key, i), db=shard.parts)
+                    _delete_parts(txn, shard, key, start=len(parts))  # left over from a longer old value
                     txn.put(key, header, db=shard.meta)
                     for i, part in enumerate(parts):
                         txn.put(_part_key(key, i), codec.raw_view(part), db=shard.parts)
@@ -206,18 +217,14 @@ class LMDBStore(FragmentStore):
         if header is None:
             raise KeyError(key.decode("utf-8"))
         try:
-            count, tree = codec.decode_header(header)
-            specs = codec.array_spec(tree)
-            if count != len(specs):
-                raise codec.CorruptRecordError(f"header announces {count} parts, its tree uses {len(specs)}")
+            parsed = codec.parse_header(header)
             buffers = []
-            for i in range(count):
+            for i in range(len(parsed.parts)):
                 buf = txn.get(_part_key(key, i), db=shard.parts)
                 if buf is None:
                     raise codec.CorruptRecordError(f"part {i} is missing")
                 buffers.append(buf)
-            parts = codec.copy_parts(specs, buffers)  # copied while the read transaction is live
-            return codec.build(tree, parts)
+            return codec.materialize(parsed, buffers)  # copies while the read transaction is live
         except codec.CorruptRecordError as exc:
             raise codec.CorruptRecordError(
                 f"The record {key.decode('utf-8', 'replace')!r} in {shard.directory} is not a valid "
@@ -234,10 +241,8 @@ class LMDBStore(FragmentStore):
 
             def delete(txn: Any, members: list = members, shard: Shard = shard) -> None:
                 for _, key in members:
-                    header = txn.pop(key, db=shard.meta)
-                    if header is not None:
-                        for i in range(codec.part_count(header)):
-                            txn.delete(_part_key(key, i), db=shard.parts)
+                    if txn.delete(key, db=shard.meta):
+                        _delete_parts(txn, shard, key)
 
             with self._disk_errors():
                 shard.write(delete)

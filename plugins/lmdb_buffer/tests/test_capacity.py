@@ -87,6 +87,26 @@ def test_deleted_fragments_free_space_for_new_ones(tmp_path):
         store.close()
 
 
+def test_overwrites_and_deletes_leave_no_orphan_parts(tmp_path):
+    store = LMDBStore(path=str(tmp_path / "s"), num_shards=1, resume=False, options=LMDBOptions(sync=False))
+    shard = store._shards[0]
+
+    def entries() -> tuple[int, int]:
+        return shard.read(lambda txn: (txn.stat(shard.meta)["entries"], txn.stat(shard.parts)["entries"]))
+
+    try:
+        big = 5000  # float64: 40 kB, above codec.INLINE_MAX, so each array is a part
+        store.put("k", {f"a{i}": np.full(big, i) for i in range(6)})
+        store.put("k2", [np.zeros(big)] * 3)
+        assert entries() == (2, 9)
+        store.put("k", (np.ones(big), None, np.ones(3)))  # shorter value: the five extra parts go
+        assert entries() == (2, 4)
+        store.delete_many(["k", "k2"])
+        assert entries() == (0, 0) and store.nbytes() == 0
+    finally:
+        store.close()
+
+
 def test_map_size_cap_is_a_clear_error(tmp_path):
     options = LMDBOptions(map_size_mb=1, max_map_size_gb=4 / 1024, sync=False)
     store = LMDBStore(path=str(tmp_path / "s"), num_shards=1, resume=False, options=options)

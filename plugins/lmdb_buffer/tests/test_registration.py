@@ -30,18 +30,10 @@ def test_options_defaults_and_validation():
         LMDBOptions(map_size_mb=0)
 
 
-def test_plugin_module_does_not_import_lmdb_eagerly():
-    import subprocess
-    import sys
+def test_plugin_modules_import_lmdb_only_when_a_store_opens():
+    import mineonline_lmdb.codec
+    import mineonline_lmdb.shard
+    import mineonline_lmdb.store
 
-    code = "import sys, mineonline_lmdb; print('lmdb' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env=_env()).stdout.strip()
-    assert out == "False"
-
-
-def _env() -> dict:
-    import os
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    for module in (mineonline_lmdb, mineonline_lmdb.codec, mineonline_lmdb.shard, mineonline_lmdb.store):
+        assert "lmdb" not in vars(module), f"{module.__name__} imports lmdb at module level"

@@ -27,7 +27,15 @@ class _Trap:
 
 
 def _header(tree, parts: int) -> bytes:
-    return struct.pack("<4sI", b"MOL1", parts) + json.dumps(tree).encode()
+    text = json.dumps(tree).encode()
+    return struct.pack("<4sII", b"MOL2", parts, len(text)) + text + bytes(-len(text) % 8)
+
+
+def _raw_header(parts: int, body: bytes) -> bytes:
+    return struct.pack("<4sII", b"MOL2", parts, len(body)) + body
+
+
+BIG = ["a", "<f4", [8192], 0, 0]  # the victim's large array, stored as part 0
 
 
 def _tamper(path: str, key: str, *, header: bytes | None = None, part: tuple[int, bytes | None] | None = None) -> None:
@@ -48,17 +56,21 @@ def _tamper(path: str, key: str, *, header: bytes | None = None, part: tuple[int
 
 CASES = {
     "pickle instead of a header": lambda canary: {"header": pickle.dumps(_Trap(canary))},
-    "pickle behind our magic": lambda canary: {"header": struct.pack("<4sI", b"MOL1", 1) + pickle.dumps(_Trap(canary))},
+    "pickle behind our magic": lambda canary: {"header": _raw_header(1, pickle.dumps(_Trap(canary)))},
     "object dtype": lambda canary: {"header": _header(["a", "|O", [1], 0, 0], 1), "part": (0, pickle.dumps(_Trap(canary)))},
     "shape larger than the buffer": lambda canary: {"header": _header(["a", "<f4", [1000, 1000], 0, 0], 1)},
     "truncated part": lambda canary: {"part": (0, b"\x00" * 7)},
     "missing part": lambda canary: {"part": (0, None)},
-    "part index out of range": lambda canary: {"header": _header(["a", "<f4", [4], 5, 0], 1)},
+    "part index out of range": lambda canary: {"header": _header(["a", "<f4", [8192], 5, 0], 1)},
+    "inline array outside the blob": lambda canary: {"header": _header(["d", ["x"], [["A", "<f4", [4], 0, 0]]], 0)},
+    "misaligned inline array": lambda canary: {"header": _header(["A", "<f4", [1], 3, 0], 0) + bytes(16)},
     "unknown tag": lambda canary: {"header": _header(["eval", "__import__('os')"], 0)},
-    "nesting bomb": lambda canary: {"header": struct.pack("<4sI", b"MOL1", 0) + b"[" * 100_000 + b"]" * 100_000},
+    "nesting bomb": lambda canary: {"header": _raw_header(0, b"[" * 100_000 + b"]" * 100_000)},
     "structured dtype": lambda canary: {"header": _header(["a", "[('a', '<i4')]", [1], 0, 0], 1)},
+    "json length beyond the value": lambda canary: {"header": struct.pack("<4sII", b"MOL2", 1, 10**6) + b"[]"},
     "truncated header": lambda canary: {"header": b"MOL"},
     "garbage": lambda canary: {"header": bytes(range(256))},
+    "absurd part count": lambda canary: {"header": _header(BIG, 2**32 - 1)},
 }
 
 
@@ -66,7 +78,7 @@ CASES = {
 def test_tampered_record_is_a_clear_error(tmp_path, case):
     path, canary = str(tmp_path / "s"), tmp_path / "canary"
     store = LMDBStore(path=path, num_shards=1, resume=False)
-    store.put("victim", {"x": np.arange(4, dtype=np.float32)})
+    store.put("victim", {"x": np.arange(8192, dtype=np.float32), "small": np.arange(4)})  # a part and an inline array
     store.put("bystander", {"y": np.arange(3)})
     store.close()
     _tamper(path, "victim", **CASES[case](canary))
@@ -103,8 +115,11 @@ def test_values_that_need_pickle_are_refused_on_write(tmp_path, payload, match):
 
 
 def test_records_decode_without_pickle():
-    header, parts = codec.encode({"a": np.arange(3), "b": (None, 1.5, "s", b"raw")})
-    assert b"pickle" not in header and header.startswith(b"MOL1")
-    json.loads(header[8:])  # the structure is plain JSON
+    payload = {"a": np.arange(3), "big": np.ones(8192), "b": (None, 1.5, "s", b"raw")}
+    header, parts = codec.encode(payload)
+    assert header.startswith(b"MOL2") and len(parts) == 2  # the large array and the bytes leaf
+    tree = codec.parse_header(header).tree  # the structure is plain JSON
+    assert tree[0] == "d" and tree[1] == ["a", "big", "b"]
     got = codec.decode(header, [codec.raw_view(p) for p in parts])
-    assert np.array_equal(got["a"], np.arange(3)) and got["b"] == (None, 1.5, "s", b"raw")
+    assert np.array_equal(got["a"], np.arange(3)) and np.array_equal(got["big"], np.ones(8192))
+    assert got["b"] == (None, 1.5, "s", b"raw")

@@ -186,7 +186,8 @@ class MaskedAttention(nn.Module):
         out = F.scaled_dot_product_attention(split(q), split(k_all), split(v_all), attn_mask=bias,
                                              scale=1.0 / self.hd)  # fmt: skip
         out = self.proj_layer(out.transpose(1, 2).reshape(b, t, -1))
-        return out, (k_all[:, -self.maxlen :], v_all[:, -self.maxlen :])
+        # The state keeps its own dtype (float32) whatever autocast computed in.
+        return out, (k_all[:, -self.maxlen :].to(kv[0].dtype), v_all[:, -self.maxlen :].to(kv[1].dtype))
 
 
 class _AttentionHolder(nn.Module):

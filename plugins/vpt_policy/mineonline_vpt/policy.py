@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mineonline_core.errors import ConfigError
 from mineonline_core.policy import CategoricalHead, Policy, ValueHead
@@ -34,20 +34,38 @@ class VPTPolicyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model_path: str | None = Field(None, description="An OpenAI VPT .model file; sets the architecture (the kwargs below are then not allowed).")
+    model_path: str | None = Field(
+        None, description="An OpenAI VPT .model file; it fixes the architecture, so the size keys below are refused."
+    )
     weights_path: str | None = Field(None, description="The matching .weights file; omitted: random initialisation.")
     hidsize: int = Field(256, gt=0, description="Width of the transformer (1024 in foundation-model-1x).")
     impala_width: int = Field(1, gt=0, description="Multiplier of impala_chans.")
-    impala_chans: list[int] = Field([16, 32, 32], description="ImpalaCNN channels per down-stack (before impala_width).")
+    impala_chans: list[int] = Field([16, 32, 32], min_length=1, description="ImpalaCNN channels per down-stack.")
     n_recurrence_layers: int = Field(2, gt=0, description="Number of transformer blocks.")
     attention_heads: int = Field(4, gt=0, description="Attention heads; must divide hidsize.")
-    attention_memory_size: int = Field(128, gt=0, description="attention_memory_size - timesteps frames of memory are kept.")
+    attention_memory_size: int = Field(128, gt=0, description="Memory length plus timesteps (VPT's convention).")
     timesteps: int = Field(64, ge=0, description="Subtracted from attention_memory_size to give the memory length.")
     pointwise_ratio: int = Field(4, gt=0, description="Hidden width of each block's MLP, in multiples of hidsize.")
     temperature: float = Field(1.0, gt=0, description="Logits are divided by this before the softmax.")
     normalize_value: bool = Field(True, description="Predict values normalised by a running mean/std.")
     image_key: str = Field("image", description="The observation key holding uint8 (H, W, 3) frames.")
-    gradient_checkpointing: bool = Field(False, description="Recompute the ImpalaCNN's activations in backward: much less training memory for ~30% more compute.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute the ImpalaCNN's activations in backward: far less training memory, ~1/3 more compute."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VPTPolicyConfig:
+        if self.hidsize % self.attention_heads:
+            raise ValueError(
+                f"policy_config.attention_heads={self.attention_heads} must divide hidsize={self.hidsize}; "
+                f"pick e.g. attention_heads={max(h for h in range(1, 9) if self.hidsize % h == 0)}."
+            )
+        if self.attention_memory_size <= self.timesteps:
+            raise ValueError(
+                f"policy_config.attention_memory_size={self.attention_memory_size} must exceed timesteps="
+                f"{self.timesteps}: the memory holds attention_memory_size - timesteps frames."
+            )
+        return self
 
 
 def _image_shape(observation_space: Any, key: str) -> tuple[int, int, int] | None:
@@ -199,7 +217,11 @@ class VPTPolicy(Policy):
         first = torch.zeros(b, t, dtype=torch.bool, device=device) if first is None else torch.as_tensor(first, device=device)
         state = self.initial_state(b) if state_in is None else state_in
         latent, state_out = self.net(img, first, state, intermediates)
-        latents = {"pi_logits": self.pi_head(latent), "vpred": self.value_head(latent)}
+        # The heads run in float32 even under autocast: PPO's ratio exp(logp - logp_old) would carry
+        # bfloat16's ~1% rounding error otherwise.
+        with torch.autocast(device.type, enabled=False):
+            latent = latent.to(torch.promote_types(latent.dtype, torch.float32))
+            latents = {"pi_logits": self.pi_head(latent), "vpred": self.value_head(latent)}
         return latents, state_out
 
 

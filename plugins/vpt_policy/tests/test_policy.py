@@ -168,3 +168,23 @@ def test_gradient_checkpointing_gives_the_same_gradients() -> None:
     options = VPTPolicy.Config(gradient_checkpointing=True, hidsize=32, attention_heads=4)
     built = VPTPolicy.build(options, observation_space=CRAFTER_OBS, action_space=gym.spaces.Discrete(5))
     assert built.net.img_process.cnn.gradient_checkpointing is True
+
+
+def test_autocast_keeps_logprobs_and_state_in_float32() -> None:
+    policy = crafter_policy(4, hw=32)
+    img = torch.randint(0, 256, (2, 5, 32, 32, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    first = torch.zeros(2, 5, dtype=torch.bool)
+    first[:, 0] = first[1, 3] = True
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        latents, state = policy({"image": img}, None, {"first": first})
+    assert latents["pi_logits"].dtype == torch.float32 and latents["vpred"].dtype == torch.float32
+    assert all(mask.dtype == torch.bool and k.dtype == v.dtype == torch.float32 for mask, (k, v) in state)
+    reference, _ = policy({"image": img}, None, {"first": first})
+    assert (latents["pi_logits"] - reference["pi_logits"]).abs().max() < 0.05  # bf16 trunk, fp32 heads
+
+
+def test_config_rejects_inconsistent_sizes() -> None:
+    with pytest.raises(Exception, match="must divide hidsize"):
+        VPTPolicy.Config(hidsize=30, attention_heads=4)
+    with pytest.raises(Exception, match="must exceed timesteps"):
+        VPTPolicy.Config(attention_memory_size=64, timesteps=64)

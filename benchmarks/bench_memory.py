@@ -1,0 +1,163 @@
+"""Memory: peak RSS of every process of a ``mineonline run``, and whether replay memory stays flat.
+
+Starts a Crafter PPO run (``mineonline_core.api.run``, LMDB store) in a thread of this process (so
+this process is the driver), samples the RSS of every process of the run every ``--interval``
+seconds from ``/proc`` (Ray's worker processes are titled ``ray::<ActorClass>``; the env processes
+are their children), and after ``--minutes`` asks the run to stop (``RolloutManager.request_stop``,
+as ``mineonline stop`` does). Figures: peak RSS (``VmHWM``) per role, the RSS time series per role,
+and the growth rate of each role's RSS over the second half of the run (MiB/min; flat is ~0).
+
+    python benchmarks/bench_memory.py --minutes 2          # the default
+    python benchmarks/bench_memory.py --minutes 30         # the long check of issue 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import _benchlib as bl  # noqa: E402
+
+# Ray titles each actor process "ray::<Class>" (or "ray::<Class>.<method>" while it runs one).
+ROLES = {
+    "RolloutWorker": "rollout_worker", "RolloutManager": "rollout_manager", "ReplayBuffer": "replay_buffer",
+    "StoreHost": "store_host", "EpisodeStatistics": "episode_statistics", "LoggerHub": "logger_hub",
+    "RayTrainWorker": "trainer_rank", "TrainController": "train_controller",
+}  # fmt: skip
+
+
+def _descendants(root: int) -> list[int]:
+    out, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            kids = [int(k) for t in os.listdir(f"/proc/{pid}/task") for k in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+        except OSError:
+            continue
+        out += kids
+        stack += kids
+    return out
+
+
+def _title(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def classify() -> dict[int, str]:
+    """``{pid: role}`` for the driver, every actor of the run and the env processes of workers."""
+    roles = {os.getpid(): "driver"}
+    actor_pids = {}
+    for pid in _descendants(os.getpid()):
+        title = _title(pid)
+        if title.startswith("ray::"):
+            name = title[5:].split(".")[0].split()[0]
+            if name in ROLES:
+                roles[pid] = ROLES[name]
+                actor_pids[pid] = ROLES[name]
+    for pid, role in actor_pids.items():
+        if role == "rollout_worker":
+            for kid in _descendants(pid):
+                roles.setdefault(kid, "env_process")
+    return roles
+
+
+def sample() -> dict[str, dict[str, float]]:
+    """Per role: summed RSS, max single-process RSS, max peak (VmHWM), process count (MiB)."""
+    out: dict[str, dict[str, float]] = {}
+    for pid, role in classify().items():
+        st = bl.proc_status_kb(pid)
+        if not st:
+            continue
+        r = out.setdefault(role, {"rss_mib": 0.0, "max_rss_mib": 0.0, "peak_mib": 0.0, "count": 0})
+        r["rss_mib"] += st.get("VmRSS", 0) / 1024
+        r["max_rss_mib"] = max(r["max_rss_mib"], st.get("VmRSS", 0) / 1024)
+        r["peak_mib"] = max(r["peak_mib"], st.get("VmHWM", 0) / 1024)
+        r["count"] += 1
+    return out
+
+
+def slope_mib_per_min(times: list[float], values: list[float]) -> float | None:
+    """Least-squares slope over the second half of the series."""
+    half = len(times) // 2
+    t, v = np.asarray(times[half:]), np.asarray(values[half:])
+    if len(t) < 3 or np.ptp(t) == 0:
+        return None
+    return float(np.polyfit(t / 60.0, v, 1)[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=bl.WORKLOADS, default="crafter")
+    parser.add_argument("--minutes", type=float, default=2.0)
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between RSS samples")
+    parser.add_argument("--num-envs", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="CartPole, 2 envs, 0.5 minutes, 2 s samples")
+    args = parser.parse_args()
+    if args.quick:
+        args.workload, args.minutes, args.interval, args.num_envs = "cartpole", 0.5, 2.0, 2
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    import ray
+
+    from mineonline_core.api import run
+
+    outcome: dict = {}
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        name = f"memory-{args.workload}"
+        overrides = bl.online_overrides(args.workload, iterations=10**6, run_name=name, output_dir=tmp, num_envs=args.num_envs,
+                                        extra={"rollout_config.replay_buffer_config.max_reuse": 2,
+                                               "rollout_config.replay_buffer_config.max_staleness": 2})  # fmt: skip
+
+        def target() -> None:
+            try:
+                outcome["result"] = run({}, overrides, progress=False)
+            except BaseException as exc:  # noqa: BLE001 - reported in the JSON line
+                outcome["error"] = f"{type(exc).__name__}: {exc}"
+
+        thread = threading.Thread(target=target, name="bench-memory-run", daemon=True)
+        thread.start()
+        series: list[tuple[float, dict]] = []
+        start, stop_sent, peaks = time.monotonic(), False, {}
+        while thread.is_alive():
+            thread.join(timeout=args.interval)
+            snap = sample()
+            now = time.monotonic() - start
+            if "rollout_worker" in snap:  # the run is up
+                series.append((now, snap))
+            for role, r in snap.items():
+                peaks[role] = max(peaks.get(role, 0.0), r["peak_mib"])
+            if not stop_sent and series and series[-1][0] - series[0][0] >= 60 * args.minutes:
+                try:
+                    ray.get_actor(f"{name}/rollout_manager", namespace="mineonline").request_stop.remote()
+                    stop_sent = True
+                except Exception:  # noqa: BLE001 - not up yet or already gone
+                    pass
+            if now > 60 * args.minutes + 600:
+                outcome.setdefault("error", "the run did not stop within 10 minutes of the stop request")
+                break
+    roles = sorted({role for _, snap in series for role in snap})
+    times = [t for t, _ in series]
+    figures = {
+        "peak_rss_mib": {role: round(peaks.get(role, 0.0), 1) for role in roles},
+        "growth_mib_per_min": {role: slope_mib_per_min(times, [snap.get(role, {}).get("rss_mib", 0.0) for _, snap in series]) for role in roles},
+        "series": {"t_s": [round(t, 1) for t in times],
+                   **{role: [round(snap.get(role, {}).get("rss_mib", 0.0), 1) for _, snap in series] for role in roles}},
+        "process_count": {role: max((snap.get(role, {}).get("count", 0) for _, snap in series), default=0) for role in roles},
+        "status": (outcome.get("result") or {}).get("status"),
+    }  # fmt: skip
+    bl.emit("memory", figures, workload=args.workload, minutes=args.minutes, quick=args.quick, error=outcome.get("error"))
+
+
+if __name__ == "__main__":
+    main()

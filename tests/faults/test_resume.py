@@ -1,0 +1,128 @@
+"""Kill the driver (and with it the trainer) mid-run with SIGKILL, then ``mineonline run --resume``.
+
+The first run is the real CLI in its own session; it is killed once it has written checkpoint 2.
+The resumed run (``api.run(resume=RUN_DIR)``, what ``--resume`` calls) must continue at the next
+iteration after its latest checkpoint, with a continuous version sequence, losing at most
+``save_interval`` iterations of work, and must finish the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mineonline_core.trainer.checkpoint import list_checkpoints
+
+ROOT = Path(__file__).resolve().parents[2]
+ITERATIONS, SAVE_INTERVAL = 5, 1
+
+CONFIG = {
+    "run_name": "kill-resume", "seed": 0,
+    "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
+    "logger_config": {"loggers": []},
+    "rollout_config": {
+        "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 16,
+        "worker_config": {"num_envs": 2, "batch_size": 2},
+        "replay_buffer_config": {"max_chunks": 64, "fragments_per_chunk": 1},
+    },
+    "train_config": {
+        "num_workers": 1, "num_cpus_per_worker": 0.5, "num_iterations": ITERATIONS, "batches_per_iteration": 2,
+        "gradient_accumulation": 1, "batch_size_per_gpu": 2, "context_length": 16, "epochs_per_iteration": 1,
+        "save_interval": SAVE_INTERVAL, "keep_interval": 1,
+    },
+}  # fmt: skip
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Processes still in the session we created for the killed driver (its Ray cluster, envs)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":  # field 6 of stat: the session id
+                pids.append(int(entry.name))
+    return pids
+
+
+def _iterations_logged(run_dir: Path, after: float = 0.0) -> list[int]:
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "trainer/iteration" in record and record.get("time", 0.0) > after:
+            out.append(int(record["trainer/iteration"]))
+    return out
+
+
+@pytest.mark.slow
+def test_driver_killed_then_resumed(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(tmp_path / "runs")}))
+    run_dir = tmp_path / "runs" / "kill-resume"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+    log = open(tmp_path / "first.log", "w")
+    driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"], cwd=ROOT,
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        end = time.monotonic() + 480
+        while not any(i >= 2 for i, _ in list_checkpoints(run_dir / "checkpoints")):
+            assert driver.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < end, "no checkpoint 2 within 480 s"
+            time.sleep(0.5)  # polling the file system for the checkpoint
+        os.kill(driver.pid, signal.SIGKILL)
+        killed_at = time.time()
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            os.kill(driver.pid, signal.SIGKILL)
+        log.close()
+    # Ray's reaper ends the killed driver's local cluster; give it a moment, then clean up what we started.
+    end = time.monotonic() + 30
+    while _session_pids(driver.pid) and time.monotonic() < end:
+        time.sleep(0.5)
+    leftovers = _session_pids(driver.pid)
+    for pid in leftovers:  # only processes of the session this test created, by pid
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    checkpoint_iteration = list_checkpoints(run_dir / "checkpoints")[-1][0]
+    reached = max(_iterations_logged(run_dir), default=0)
+    lost = reached - checkpoint_iteration
+    assert 0 <= lost <= SAVE_INTERVAL
+
+    from mineonline_core.api import run
+
+    started = time.monotonic()
+    result = run(None, [], resume=str(run_dir), progress=False)
+    resume_s = time.monotonic() - started
+    assert result["status"] == "completed", result
+    assert result["iteration"] == ITERATIONS
+    resumed = _iterations_logged(run_dir, after=killed_at)
+    assert resumed and resumed[0] == checkpoint_iteration + 1  # continues at the next iteration
+    assert sorted(set(resumed)) == list(range(checkpoint_iteration + 1, ITERATIONS + 1))
+
+    versions = {}
+    for iteration, path in list_checkpoints(run_dir / "checkpoints"):
+        state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
+        assert int(state["iteration"]) == iteration
+        versions[iteration] = int(state["version"])
+    assert set(versions) == set(range(1, ITERATIONS + 1))  # keep_interval 1: every iteration kept
+    steps = [versions[i + 1] - versions[i] for i in range(1, ITERATIONS)]
+    assert steps == [steps[0]] * len(steps) and steps[0] >= 1  # the version sequence is continuous
+    assert result["version"] == versions[ITERATIONS]
+    print(f"FIGURE driver SIGKILL at iteration {reached} (checkpoint {checkpoint_iteration}): {lost} iteration(s) "
+          f"lost, resumed at {checkpoint_iteration + 1}, finished {ITERATIONS} in {resume_s:.0f}s; "
+          f"{len(leftovers)} processes of the killed driver's session outlived it by 30 s")
