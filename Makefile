@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 
 install: $(STAMP)
 
+# A short Crafter run that exercises everything a run writes: checkpoints, videos, report PNGs, wandb.
+DEMO_OVERRIDES ?= train_config.num_iterations=20 train_config.record_video_interval=5 'logger_config.loggers=[wandb]'
+
 demo: install
-	$(VENV)/bin/mineonline run examples/crafter.py
+	$(VENV)/bin/mineonline run examples/crafter.py $(DEMO_OVERRIDES)
 
 test: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"

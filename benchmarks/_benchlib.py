@@ -113,7 +113,7 @@ def ceiling_steps_per_s(workload: str, *, num_envs: int, seconds: float, warmup_
         start = None
         while True:
             if steps == warmup_steps * num_envs and start is None:
-                start, infer_s, steps = time.perf_counter(), 0.0, 0
+                start, cpu0, infer_s, steps = time.perf_counter(), time.process_time(), 0.0, 0
             t0 = time.perf_counter()
             action, _, _ = actor.act(obs)
             infer_s += time.perf_counter() - t0
@@ -122,10 +122,12 @@ def ceiling_steps_per_s(workload: str, *, num_envs: int, seconds: float, warmup_
             steps += num_envs
             if start is not None and time.perf_counter() - start >= seconds:
                 break
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu0
     finally:
         envs.close()
-    return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed, "inference_ms_per_batch": 1e3 * infer_s / max(steps / num_envs, 1)}
+    # CPU of this (the stepping) process per env step: stable under load, unlike the rate.
+    return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed,
+            "inference_ms_per_batch": 1e3 * infer_s / max(steps / num_envs, 1), "cpu_ms_per_step": 1e3 * cpu / steps}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,3 +280,36 @@ def _dotlist_value(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value)  # OmegaConf parses JSON-style flow collections
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def descendants(root: int | None = None) -> list[int]:
+    """Every descendant pid of ``root`` (default: this process), read from /proc."""
+    out, stack = [], [root or os.getpid()]
+    while stack:
+        pid = stack.pop()
+        try:
+            kids = [int(k) for t in os.listdir(f"/proc/{pid}/task") for k in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+        except OSError:
+            continue
+        out += kids
+        stack += kids
+    return out
+
+
+def actor_pids(class_name: str) -> list[int]:
+    """Pids of this driver's Ray actor processes of ``class_name`` (Ray titles them ``ray::<Class>``)."""
+    found = []
+    for pid in descendants():
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith(f"ray::{class_name}"):
+            found.append(pid)
+    return found
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

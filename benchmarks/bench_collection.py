@@ -8,6 +8,10 @@
   the store and announcing them to the replay buffer, while no learner consumes (the buffer evicts).
   Measured from the manager's own ``status()["env_steps"]``.
 
+``*_detail.cpu_ms_per_step`` is the stepping process's own CPU per env step (env processes excluded):
+on a loaded machine it is the stable figure, and ``collector_cpu_tax_ms_per_step`` is the framework's
+extra CPU per step over the plain loop.
+
 Prints one JSON line; ``ratio_actor`` (achieved / ceiling) has the target >= 0.85 on Crafter.
 
     python benchmarks/bench_collection.py --workload crafter --num-envs 4 --seconds 30
@@ -43,16 +47,16 @@ def collector_steps_per_s(workload: str, *, num_envs: int, batch_size: int, frag
         while collector.env_steps < 20 * num_envs:  # warm-up: env processes built, first resets done
             collector.step()
         collector.metrics()  # drop the warm-up timings
-        steps0, start = collector.env_steps, time.perf_counter()
+        steps0, start, cpu0 = collector.env_steps, time.perf_counter(), time.process_time()
         while time.perf_counter() - start < seconds:
             collector.step()
             collector.pop_fragments()
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu0
         perf = {k: v for k, v in collector.metrics().items() if k.startswith("perf/")}
         steps = collector.env_steps - steps0
     finally:
         collector.close()
-    return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed, "perf": perf}
+    return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed, "cpu_ms_per_step": 1e3 * cpu / steps, "perf": perf}
 
 
 def online_dict(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, run_dir: str) -> dict:
@@ -112,9 +116,10 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
             deadline = time.monotonic() + 120
             while worker_steps(manager) < 20 * num_envs and time.monotonic() < deadline:
                 time.sleep(0.2)
-            s0, t0 = worker_steps(manager), time.perf_counter()
+            pids = bl.actor_pids("RolloutWorker")
+            s0, t0, c0 = worker_steps(manager), time.perf_counter(), sum(map(bl.proc_cpu_s, pids))
             time.sleep(seconds)  # a measurement window, not a synchronisation
-            s1 = worker_steps(manager)
+            s1, c1 = worker_steps(manager), sum(map(bl.proc_cpu_s, pids))
             elapsed = time.perf_counter() - t0
             buffer_stats = ray.get(ray.get(manager.get_buffer.remote()).stats.remote())
         finally:
@@ -126,6 +131,7 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
             ray.shutdown()
     steps = s1 - s0
     return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed,
+            "cpu_ms_per_step": 1e3 * (c1 - c0) / max(steps, 1) if pids else None, "worker_pids_found": len(pids),
             "buffer": {k: v for k, v in buffer_stats.items() if isinstance(v, (int, float))}}  # fmt: skip
 
 
@@ -162,6 +168,11 @@ def main() -> None:
         figures[f"{mode}_steps_per_s"] = result.pop("steps_per_s")
         figures[f"{mode}_detail"] = result
     ceiling = figures.get("ceiling_steps_per_s")
+    if "ceiling_detail" in figures and "collector_detail" in figures:
+        # The framework's CPU tax per step in the stepping process (load-independent, unlike rates).
+        figures["collector_cpu_tax_ms_per_step"] = figures["collector_detail"]["cpu_ms_per_step"] - figures["ceiling_detail"]["cpu_ms_per_step"]
+    if "ceiling_detail" in figures and (figures.get("actor_detail") or {}).get("cpu_ms_per_step") is not None:
+        figures["actor_cpu_tax_ms_per_step"] = figures["actor_detail"]["cpu_ms_per_step"] - figures["ceiling_detail"]["cpu_ms_per_step"]
     for mode in ("collector", "actor"):
         if ceiling and f"{mode}_steps_per_s" in figures:
             figures[f"ratio_{mode}"] = figures[f"{mode}_steps_per_s"] / ceiling

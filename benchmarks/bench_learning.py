@@ -6,6 +6,7 @@ a 150k env-step budget, and the wall time. Crafter: the mean episode reward of t
 
     python benchmarks/bench_learning.py --seeds 3
     python benchmarks/bench_learning.py --env crafter --steps 200000 --seeds 1
+    python benchmarks/bench_learning.py --quick      # one seed, 20k steps: a smoke run of the harness
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT), str(HERE)]
 NAMESPACE = "mineonline"
 
 
@@ -112,12 +114,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=None, help="env-step budget (150k CartPole, 200k Crafter)")
     parser.add_argument("--config", default=None, help="config file (default: examples/cartpole.yaml or examples/crafter.py)")
+    parser.add_argument("--quick", action="store_true", help="one seed and a 20k-step budget")
     parser.add_argument("overrides", nargs="*", help="OmegaConf dotlist overrides")
     args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.steps = 1, args.steps or 20_000
     os.environ.setdefault("WANDB_MODE", "disabled")
     import ray
 
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=NAMESPACE,
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
     cartpole = args.env == "cartpole"
     budget = args.steps or (150_000 if cartpole else 200_000)
@@ -126,8 +131,8 @@ def main() -> None:
     rows = [run_one(source, seed, out, target=475.0 if cartpole else None, budget=budget, overrides=args.overrides)
             for seed in range(args.seeds)]  # fmt: skip
     ray.shutdown()
-    report: dict = {"benchmark": "learning", "env": args.env, "budget_env_steps": budget, "seeds": rows,
-                    "cpus": os.cpu_count(), "config": source, "overrides": args.overrides}  # fmt: skip
+    report: dict = {"env": args.env, "budget_env_steps": budget, "seeds": rows, "config": source,
+                    "overrides": args.overrides, "quick": args.quick}  # fmt: skip
     if cartpole:
         steps = [r["steps_to_target"] for r in rows]
         report["solved"] = f"{sum(s is not None for s in steps)}/{len(steps)}"
@@ -136,7 +141,9 @@ def main() -> None:
         report["final_return_mean"] = statistics.mean(r["final_return_mean"] or 0.0 for r in rows)
         report["random_policy_return_mean"] = random_crafter_reward(20)
     report["wall_s_mean"] = statistics.mean(r["wall_s"] for r in rows)
-    print(json.dumps(report))
+    from _benchlib import emit
+
+    emit("learning", report)
 
 
 if __name__ == "__main__":

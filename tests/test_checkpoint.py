@@ -100,3 +100,18 @@ def test_rng_state_round_trip(tmp_path):
     assert torch.equal(torch.rand(3), expected[0])
     assert np.array_equal(np.random.rand(3), expected[1])
     assert random.random() == expected[2]
+
+
+def test_fit_rejects_unwritable_save_path_before_ray(tmp_path):
+    from mineonline_core.config import OnlineConfig
+    from mineonline_core.trainer import BaseTrainer
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    config = OnlineConfig(train_config={"save_path": str(blocker / "ckpt")})
+    trainer = BaseTrainer(rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="train_config.save_path"):
+        trainer.fit()
+    relative = BaseTrainer(rollout_manager=None, policy_generator=mlp_policy, env_generator=None,
+                           config=OnlineConfig(train_config={"save_path": "ck"}), run_dir=str(tmp_path))  # fmt: skip
+    assert relative.save_dir == tmp_path.resolve() / "ck"

@@ -211,25 +211,12 @@ class RolloutManager:
     # -- monitor ------------------------------------------------------------------------------
 
     def _monitor_loop(self) -> None:
-        import ray
-
         last_time, last_total = time.monotonic(), 0.0
         while not self._stop.wait(self._report_interval):
-            reports = []
-            for i, worker in enumerate(self._workers):
-                try:
-                    reports.append((i, ray.get(worker.report.remote(), timeout=30)))
-                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
-                    continue  # being restarted by Ray; it re-registers and gets the latest weights
-                except Exception as exc:  # noqa: BLE001 - a worker's background thread failed
-                    self._fail(exc, f"rollout worker {i} failed")
-            for name, actor in (("replay buffer", self._buffer), ("episode statistics", self._stats)):
-                try:
-                    ray.get(actor.__ray_ready__.remote(), timeout=30)
-                except ray.exceptions.RayActorError as exc:
-                    self._fail(exc, f"the {name} actor died")
-                except ray.exceptions.GetTimeoutError:
-                    log.warning("the %s actor did not answer within 30s", name)
+            # Bookkeeping actors first: when one dies, workers fail too, and the root cause
+            # should be the error the driver sees.
+            self._check_bookkeeping()
+            reports = self._worker_reports()
             now = time.monotonic()
             metrics = self._aggregate(reports)
             total = self._env_steps
@@ -237,6 +224,32 @@ class RolloutManager:
             last_time, last_total = now, total
             if self._hub is not None and reports:
                 self._hub.log_metrics.remote(metrics)
+
+    def _check_bookkeeping(self) -> None:
+        import ray
+
+        bookkeeping = (("replay buffer", self._buffer), ("episode statistics", self._stats),
+                       ("replay store host", self._store_host))  # fmt: skip
+        for name, actor in bookkeeping:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=30)
+            except ray.exceptions.RayActorError as exc:
+                self._fail(exc, f"the {name} actor died")
+            except ray.exceptions.GetTimeoutError:
+                log.warning("the %s actor did not answer within 30s", name)
+
+    def _worker_reports(self) -> list[tuple[int, dict[str, float]]]:
+        import ray
+
+        reports = []
+        for i, worker in enumerate(self._workers):
+            try:
+                reports.append((i, ray.get(worker.report.remote(), timeout=30)))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                continue  # being restarted by Ray; it re-registers and gets the latest weights
+            except Exception as exc:  # noqa: BLE001 - a worker's background thread failed
+                self._fail(exc, f"rollout worker {i} failed")
+        return reports
 
     def _aggregate(self, reports: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
         sums: dict[str, float] = {}

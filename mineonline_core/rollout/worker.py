@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mineonline_core import fragment as F
+from mineonline_core.errors import MineOnlineError, RunFailedError
 from mineonline_core.store import payload_nbytes
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,16 @@ def fragment_meta(fragment: dict) -> dict:
         "checksum": fragment_checksum(key, fragment),
         "nbytes": payload_nbytes(fragment),
     }
+
+
+def as_run_failure(exc: BaseException, what: str) -> MineOnlineError:
+    """A user-facing error for a thread's death. Wrapping matters: an ``ActorDiedError`` (say, of
+    the store host) re-raised as is would look to the manager like this worker's own restart."""
+    if isinstance(exc, MineOnlineError):
+        return exc
+    error = RunFailedError(f"{what}: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 class RolloutWorker:
@@ -169,7 +180,7 @@ class RolloutWorker:
             if not self._stop.is_set():
                 log.exception("rollout worker %d: thread %s failed", self.worker_id, loop.__name__)
                 if self._error is None:
-                    self._error = exc
+                    self._error = as_run_failure(exc, f"rollout worker {self.worker_id}: {loop.__name__} thread failed")
                 self._stop.set()
 
     def _collect_loop(self) -> None:

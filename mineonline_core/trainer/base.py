@@ -133,11 +133,23 @@ class BaseTrainer:
             result = trainer.fit()
         except Exception as exc:
             raise _user_error(exc) or RunFailedError(f"Training failed on a Ray Train worker: {exc}") from exc
+        return self._final_metrics(result)
+
+    def _final_metrics(self, result: Any) -> dict:
+        """The last iteration's metrics plus ``iteration`` and ``version`` (the run's end point)."""
         # Ray Train v2 keeps metrics only alongside checkpoints; the hub has the latest of everything.
         metrics = dict(result.metrics or {})
         if not metrics and self.logger_hub is not None:
             latest = ray.get(self.logger_hub.latest.remote())
             metrics = {k: v for k, v in latest.items() if k.startswith(("trainer/", "perf/"))}
+        # Every run ends with a checkpoint of its last iteration: the authoritative end point (the
+        # hub's copy of the last metrics may still be in flight).
+        last = ckpt.latest_checkpoint(self.save_dir)
+        if last is not None:
+            state = torch.load(last / "trainer.pt", map_location="cpu", weights_only=True)
+            metrics.update({"trainer/iteration": state["iteration"], "trainer/version": state["version"]})
+        metrics["iteration"] = int(metrics.get("trainer/iteration", 0))
+        metrics["version"] = int(metrics.get("trainer/version", 0))
         return metrics
 
     # -- rank side ------------------------------------------------------------------------------
@@ -182,7 +194,9 @@ class BaseTrainer:
             self.optimizer.load_state_dict(resume["optimizer"])
             if resume["scaler"] and self.scaler.is_enabled():
                 self.scaler.load_state_dict(resume["scaler"])
-        ckpt.set_rng_state(state["rng"])
+        ckpt.set_rng_state(state["rng"])  # rank 0's generators; the other ranks re-derive their own
+        if self.rank > 0:
+            _seed_everything(int(getattr(self.config, "seed", 0) or 0) + 1000 * self.rank + 1 + self.iteration)
         self.load_trainer_state(state.get("extra", {}))
 
     def _train_func(self) -> None:

@@ -97,22 +97,30 @@ class PPOTrainer(BaseTrainer):
 
     name = "PPOTrainer"
 
-    def setup_model_and_optimizer(self, policy: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def preflight(self) -> None:
+        super().preflight()
+        self.check_policy(self.policy_generator())  # on the driver, before any Ray Train worker starts
+
+    def check_policy(self, policy: nn.Module) -> None:
+        """Options that mean nothing for this policy are rejected with the key and the fix."""
         tc = self.train_config
-        if tc.fix_decoder:
-            decoder = list(policy.pi_head.parameters()) if hasattr(policy, "pi_head") else []
-            if not decoder:
-                raise ConfigError(
-                    "train_config.fix_decoder: true freezes the policy's action decoder (pi_head), but "
-                    f"{type(policy).__name__} has no pi_head parameters. Set fix_decoder: false."
-                )
-            for param in decoder:
-                param.requires_grad_(False)
-        if tc.use_normalized_vf and not hasattr(policy.value_head, "update_normalizer"):
+        if tc.fix_decoder and not list(getattr(policy, "pi_head", nn.Module()).parameters()):
+            raise ConfigError(
+                "train_config.fix_decoder: true freezes the policy's action decoder (pi_head), but "
+                f"{type(policy).__name__} has no pi_head parameters. Set fix_decoder: false."
+            )
+        if tc.use_normalized_vf and not hasattr(getattr(policy, "value_head", None), "update_normalizer"):
             raise ConfigError(
                 f"train_config.use_normalized_vf: true needs a value head with a running normaliser, but "
                 f"{type(policy).__name__}.value_head has no update_normalizer(). Set use_normalized_vf: false."
             )
+
+    def setup_model_and_optimizer(self, policy: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
+        tc = self.train_config
+        self.check_policy(policy)
+        if tc.fix_decoder:
+            for param in policy.pi_head.parameters():
+                param.requires_grad_(False)
         self.reference = None
         if tc.kl_divergence_coef_rho > 0:
             torch.manual_seed(int(getattr(self.config, "seed", 0) or 0))  # same weights as the initial policy
@@ -156,7 +164,7 @@ class PPOTrainer(BaseTrainer):
                 step_now = (b + 1) % accum == 0 or b == num_batches - 1
                 adv = advantage[rows]
                 if not tc.normalize_advantage_full_batch:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                    adv = (adv - adv.mean()) / (adv.std(correction=0) + 1e-8)
                 stats = self._backward(batch, rows, adv, value_target[rows], behaviour_vpred[rows],
                                        sync=step_now, scale=1.0 / min(accum, num_batches - group_start),
                                        value_only=value_only)  # fmt: skip

@@ -28,27 +28,28 @@ class StoreFullError(MineOnlineError):
 
 
 class Guard:
-    """Shared (transactions) / exclusive (map resize) lock; writers of the resize get priority."""
+    """Shared (transactions) / exclusive (map resize) lock; a waiting resize gets priority.
+
+    The shared side is on every read, so it is two plain method calls rather than a context manager.
+    """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._shared = 0
         self._exclusive_waiting = 0
         self._exclusive = False
 
-    @contextmanager
-    def shared(self) -> Iterator[None]:
+    def acquire_shared(self) -> None:
         with self._cond:
             while self._exclusive or self._exclusive_waiting:
                 self._cond.wait()
             self._shared += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._shared -= 1
-                if not self._shared:
-                    self._cond.notify_all()
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._shared -= 1
+            if not self._shared and self._exclusive_waiting:
+                self._cond.notify_all()
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -118,29 +119,36 @@ class Shard:
     def is_open(cls, directory: str) -> bool:
         return os.path.realpath(directory) in cls._open
 
-    def read(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(txn)`` in a read transaction whose values are views into the map."""
+    def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(txn, *args)`` in a read transaction whose values are views into the map."""
         while True:
-            with self.guard.shared():
+            self.guard.acquire_shared()
+            try:
+                txn = self.env.begin(buffers=True)
                 try:
-                    with self.env.begin(buffers=True) as txn:
-                        return fn(txn)
-                except self.lmdb.MapResizedError:
-                    pass
+                    return fn(txn, *args)
+                finally:
+                    txn.abort()  # a read transaction has nothing to commit
+            except self.lmdb.MapResizedError:
+                pass
+            finally:
+                self.guard.release_shared()
             self._adopt_new_size()
 
-    def write(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(txn)`` in one write transaction; grow the map and retry when it is full."""
+    def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(txn, *args)`` in one write transaction; grow the map and retry when it is full."""
         while True:
             grow = False
-            with self.guard.shared(), self.write_lock:
-                try:
-                    with self.env.begin(write=True) as txn:
-                        return fn(txn)
-                except self.lmdb.MapFullError:
-                    grow = True
-                except self.lmdb.MapResizedError:
-                    pass
+            self.guard.acquire_shared()
+            try:
+                with self.write_lock, self.env.begin(write=True) as txn:
+                    return fn(txn, *args)
+            except self.lmdb.MapFullError:
+                grow = True
+            except self.lmdb.MapResizedError:
+                pass
+            finally:
+                self.guard.release_shared()
             self._grow() if grow else self._adopt_new_size()
 
     def _adopt_new_size(self) -> None:

@@ -197,20 +197,21 @@ class LMDBStore(FragmentStore):
                 shard.write(write)
 
     def get(self, key: str) -> Any:
-        return self.get_many([key])[0]
+        raw = self._key(key)
+        shard = self._shards[zlib.crc32(raw) % self.num_shards]
+        return shard.read(self._read_one, shard, raw)
 
     def get_many(self, keys: Iterable[str]) -> list[Any]:
         raw_keys = [self._key(k) for k in keys]
         out: list[Any] = [None] * len(raw_keys)
         for shard_index, members in self._group(raw_keys).items():
             shard = self._shards[shard_index]
-
-            def read(txn: Any, members: list = members, shard: Shard = shard) -> None:
-                for position, key in members:
-                    out[position] = self._read_one(txn, shard, key)
-
-            shard.read(read)
+            shard.read(self._read_members, shard, members, out)
         return out
+
+    def _read_members(self, txn: Any, shard: Shard, members: list[tuple[int, bytes]], out: list[Any]) -> None:
+        for position, key in members:
+            out[position] = self._read_one(txn, shard, key)
 
     def _read_one(self, txn: Any, shard: Shard, key: bytes) -> Any:
         header = txn.get(key, db=shard.meta)

@@ -1,0 +1,106 @@
+"""The driver's watch loop (``api._train_with_progress``) with real actors: a dead logging actor,
+a dead rollout manager, a manager reporting a failure, and a trainer thread that raises all end the
+run loudly, with the cause, within seconds, while training would otherwise go on for minutes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from mineonline_core.errors import MineOnlineError, RunFailedError
+
+
+class BlockingTrainer:
+    """Stands in for the trainer: ``fit`` blocks (as a long run would) until released, or raises."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.release, self.error = threading.Event(), error
+
+    def fit(self) -> dict:
+        if self.error is not None:
+            raise self.error
+        self.release.wait(timeout=300)
+        return {"status": "completed", "iteration": 1, "version": 1}
+
+
+def _actors(ray, run: str, tmp_path):
+    from mineonline_core.console import ConsoleLogger
+    from mineonline_core.loggerhub import start_logger_hub
+
+    @ray.remote(num_cpus=0)
+    class Manager:
+        def __init__(self):
+            self.error = None
+
+        def health(self):
+            if self.error:
+                raise RunFailedError(self.error)
+
+        def fail(self, message):
+            self.error = message
+
+        def request_stop(self):
+            pass
+
+    hub = start_logger_hub(run_name=run, run_dir=str(tmp_path / run), loggers=[(ConsoleLogger, ConsoleLogger.Config())],
+                           config={}, num_iterations=10, video_dir=str(tmp_path / run / "videos"))  # fmt: skip
+    manager = Manager.options(name=f"{run}/rollout_manager", namespace="mineonline").remote()
+    ray.get(manager.health.remote())
+    return hub, manager
+
+
+def _config(run: str):
+    from mineonline_core.config import load_config
+
+    return load_config({"run_name": run, "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
+                        "logger_config": {"loggers": []}, "train_config": {"num_iterations": 10}}).config  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", ["kill_logger_hub", pytest.param("kill_manager", marks=pytest.mark.slow),
+                                   "manager_reports_failure", "trainer_raises"])  # fmt: skip
+def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
+    import ray
+
+    from mineonline_core.api import _train_with_progress
+
+    run = f"driver-{fault.replace('_', '-')}"
+    hub, manager = _actors(ray, run, tmp_path)
+    trainer = BlockingTrainer(ValueError("loss is NaN at iteration 3") if fault == "trainer_raises" else None)
+    expected = {"kill_logger_hub": "LoggerHub", "kill_manager": "Manager", "manager_reports_failure": "buffer actor died",
+                "trainer_raises": "ValueError: loss is NaN"}[fault]  # fmt: skip
+    outcome: dict = {}
+
+    def watch() -> None:
+        try:
+            _train_with_progress(trainer, manager, hub, _config(run), progress=False)
+        except BaseException as exc:  # noqa: BLE001 - the failure under test
+            outcome["error"] = exc
+        outcome["at"] = time.monotonic()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        injected_at = time.monotonic()
+        if fault == "kill_logger_hub":
+            ray.kill(hub, no_restart=True)
+        elif fault == "kill_manager":
+            ray.kill(manager, no_restart=True)
+        elif fault == "manager_reports_failure":
+            ray.get(manager.fail.remote("the replay buffer actor died"))
+        watcher.join(timeout=60)
+        assert not watcher.is_alive(), f"the driver still waits 60 s after {fault}"
+    finally:
+        trainer.release.set()
+    error = outcome.get("error")
+    assert error is not None, f"{fault} did not fail the run"
+    detected_s = outcome["at"] - injected_at
+    assert expected in f"{type(error).__name__}: {error}", error
+    assert detected_s < 20
+    if fault in ("manager_reports_failure", "trainer_raises"):
+        assert isinstance(error, MineOnlineError)  # the CLI prints its message without a traceback
+    print(f"FIGURE driver {fault}: run failed after {detected_s:.1f}s with {type(error).__name__}: {str(error).splitlines()[0][:160]}")
+    for actor in (hub, manager):
+        ray.kill(actor, no_restart=True)
