@@ -6,6 +6,8 @@ prints one JSON line; the parent prints the combined line. Figures per workload 
 
 * ``env_steps_per_s``: env steps collected per wall second after the first (warm-up) iteration;
 * ``samples_per_s``: learner samples (steps x epochs) optimised per wall second, same window;
+* ``cpu_ms_per_env_step``: CPU seconds of the system's whole process tree (start-up included) per
+  env step collected: what a run costs, nearly independent of how loaded the machine is;
 * for mineonline, ``profile``: the mean of every ``perf/*`` metric the framework logged (env step,
   inference, fragment assembly, store write, buffer, fetch, GAE, forward/backward, broadcast), read
   from ``metrics.jsonl`` in the run directory.
@@ -74,6 +76,7 @@ def summarise_run(records: list[dict], *, chunk_steps: int, epochs: int) -> dict
         "profile": {k: float(np.mean(v)) for k, v in sorted(profile.items())},
         "trainer_last": {k: v for k, v in last_values.items() if k.startswith(("trainer/", "replay/"))},
         "episode": episode,
+        "_env_steps_total": max(r["step"] for r in records),
     }  # fmt: skip
 
 
@@ -89,7 +92,7 @@ def run_mineonline(workload: str, iterations: int, num_envs: int | None) -> dict
         result = run({}, overrides, progress=False)
         total = time.perf_counter() - start
         summary = summarise_run(read_metrics(Path(tmp) / name), chunk_steps=chunk_steps, epochs=s["epochs_per_iteration"])
-    summary.update(status=result.get("status"), total_wall_s=total)
+    summary.update(status=result.get("status"), total_wall_s=total, env_steps_total=summary.pop("_env_steps_total"))
     return summary
 
 
@@ -150,7 +153,7 @@ def run_sb3(workload: str, iterations: int, num_envs: int | None) -> dict:
     envs.close()
     steps = per_iter * iterations
     return {"env_steps_per_s": steps / wall, "samples_per_s": steps * s["epochs_per_iteration"] / wall,
-            "wall_s": wall, "algo": name}  # fmt: skip
+            "wall_s": wall, "algo": name, "env_steps_total": per_iter * (iterations + 1)}  # fmt: skip
 
 
 def sb3_available() -> bool:
@@ -177,6 +180,7 @@ def child(system: str, workload: str, iterations: int, num_envs: int | None) -> 
         import plain_ppo
 
         out = plain_ppo.run(workload, iterations=iterations, num_envs=num_envs)
+        out["env_steps_total"] = out["env_steps"]
     else:
         out = run_sb3(workload, iterations, num_envs)
     print("RESULT " + json.dumps(out), flush=True)
@@ -188,14 +192,37 @@ def spawn(system: str, workload: str, iterations: int, num_envs: int | None, tim
         cmd += ["--num-envs", str(num_envs)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(bl.ROOT), os.environ.get("PYTHONPATH")])),
            "WANDB_MODE": "disabled"}  # fmt: skip
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f}s"}
-    for line in proc.stdout.splitlines():
+    # CPU of the whole process tree (Ray's daemons and actors, env processes), sampled from /proc
+    # every second, last value per pid: what a run costs, nearly independent of the machine's load.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    cpu: dict[int, float] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            stdout, stderr = proc.communicate(timeout=1.0)
+            break
+        except subprocess.TimeoutExpired:
+            for pid in [proc.pid, *bl.descendants(proc.pid)]:
+                try:
+                    cpu[pid] = bl.proc_cpu_s(pid)
+                except (OSError, IndexError, ValueError):
+                    pass
+            if time.monotonic() > deadline:
+                proc.terminate()  # the child we started, by its pid: it shuts its Ray cluster down
+                try:
+                    proc.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
+                return {"error": f"timed out after {timeout:.0f}s"}
+    for line in stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
+            out = json.loads(line[len("RESULT "):])
+            out["cpu_s_total"] = sum(cpu.values())
+            if out.get("env_steps_total"):
+                out["cpu_ms_per_env_step"] = 1e3 * out["cpu_s_total"] / out["env_steps_total"]
+            return out
+    tail = (stderr or stdout).strip().splitlines()[-8:]
     return {"error": f"exit code {proc.returncode}: " + " | ".join(tail)}
 
 

@@ -7,13 +7,12 @@ that disk and CPU noise hit both alike. Prints ONE JSON line: MB/s by wall clock
 ``raw_put``, ``raw_get``) and by CPU time of the calling thread (``*_cpu``: robust on a loaded
 machine; for puts it leaves out the fsync wait), and the store/raw ratios of each.
 
-    PYTHONPATH=.:plugins/lmdb_buffer python benchmarks/bench_lmdb.py [--quick] [--no-sync]
+    PYTHONPATH=. python benchmarks/bench_lmdb.py [--quick] [--no-sync] [--dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -21,7 +20,10 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins", "lmdb_buffer"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "plugins", "lmdb_buffer")]
+
+from _benchlib import emit  # noqa: E402
 
 MB = 1 << 20
 
@@ -134,8 +136,8 @@ def main() -> None:
                 mbps[f"{op}_ratio"] = round(mbps[op] / mbps[f"raw_{op}"], 3)
                 mbps[f"{op}_cpu_ratio"] = round(mbps[f"{op}_cpu"] / mbps[f"raw_{op}_cpu"], 3)
             results[label] = mbps
-    print(json.dumps({"benchmark": "lmdb_store_vs_raw_lmdb", "unit": "MB/s", "sync": args.sync, "quick": args.quick,
-                      "rounds": rounds, "target_ratio": 0.8, "results": results}))
+    emit("lmdb", {"unit": "MB/s", "sync": args.sync, "rounds": rounds, "target_ratio": 0.8, "results": results},
+         quick=args.quick)
 
 
 if __name__ == "__main__":

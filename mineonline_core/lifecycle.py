@@ -198,8 +198,10 @@ def stop_run(run: str, actors: list[str], *, grace_s: float = 30.0) -> str:
             ray.get(manager.request_stop.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - a dead or busy manager is shut down below anyway
             pass
-        if _owner_driver_alive(manager) and _wait_gone(actors, grace_s):
-            return "stopped by its driver (final checkpoint written)"
+        if _owner_driver_alive(manager):
+            print(f"{run}: asked to stop; waiting up to {grace_s:.0f}s for its driver to write a final checkpoint")
+            if _wait_gone(actors, grace_s):
+                return "stopped by its driver (final checkpoint written)"
         try:
             ray.get(manager.shutdown.remote(), timeout=60)
         except Exception:  # noqa: BLE001 - killed below
@@ -221,7 +223,9 @@ def stop_runs(run: str | None, *, address: str = "auto", grace_s: float = 30.0) 
     if run is not None:
         if run not in runs:
             alive = ", ".join(runs) or "none"
-            raise MineOnlineError(f"mineonline stop {run}: no run of that name is alive (alive runs: {alive}). Fix: see `mineonline status`.")
+            raise MineOnlineError(
+                f"mineonline stop {run}: no run of that name is alive (alive runs: {alive}). Fix: see `mineonline status`."
+            )
         runs = {run: runs[run]}
     if not runs:
         print("no mineonline runs are alive on this cluster: nothing to stop.")

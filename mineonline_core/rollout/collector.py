@@ -136,23 +136,10 @@ class FragmentCollector:
         """Wait until every env has been built and reset (failed ones are rebuilt meanwhile)."""
         end = time.monotonic() + timeout
         while not all(s.obs is not None for s in self._slots):
-            now = time.monotonic()
-            if now >= end:
+            if time.monotonic() >= end:
                 down = [s.env_id for s in self._slots if s.obs is None]
                 raise TimeoutError(f"worker {self.worker_id}: envs {down} not ready after {timeout:.0f}s")
-            for slot in self._slots:
-                if slot.proc is None and slot.restart_at is not None and slot.restart_at <= now:
-                    self._start_env(slot, now)
-            busy = [s for s in self._slots if s.proc is not None and s.obs is None]
-            by_conn = {id(s.proc.conn): s for s in busy}
-            for conn in connection.wait([s.proc.conn for s in busy], min(0.5, end - now)) if busy else []:
-                self._receive(by_conn[id(conn)])
-            now = time.monotonic()
-            for slot in busy:
-                if slot.proc is not None and slot.obs is None and slot.deadline <= now:
-                    self._on_failure(slot, EnvFailure("timeout", f"no answer within {now - slot.sent_at:.1f}s"))
-            if not busy:
-                time.sleep(0.05)
+            self._poll(max_wait=0.5)
 
     def collect(self, num_fragments: int) -> list[dict]:
         """Step until ``num_fragments`` fragments are complete; return exactly that many (oldest first)."""
@@ -238,33 +225,41 @@ class FragmentCollector:
         """Indices of up to ``batch_size`` envs with an observation, waiting as little as needed."""
         t0 = time.perf_counter()
         while True:
-            now = time.monotonic()
-            for slot in self._slots:
-                if slot.proc is None and slot.restart_at is not None and slot.restart_at <= now:
-                    self._start_env(slot, now)
-            busy = [s for s in self._slots if s.proc is not None and s.obs is None]
-            alive = len(busy) + len(self._ready)
-            want = min(self.batch_size, alive)
+            self._restart_due()
+            busy = sum(1 for s in self._slots if s.proc is not None and s.obs is None)
+            want = min(self.batch_size, busy + len(self._ready))  # envs being rebuilt are not waited for
             if want and len(self._ready) >= want:
                 break
             if not busy and self._value_rows:
                 break  # nothing to wait for, but bootstrap values are owed
-            # Sleep until an env answers, the next hang deadline, or the next scheduled rebuild.
-            wake = [s.deadline for s in busy] + [s.restart_at for s in self._slots if s.restart_at is not None]
-            timeout = max(0.0, min(wake, default=now + 1.0) - now)
-            if not busy:
-                time.sleep(timeout)
-                continue
-            by_conn = {id(s.proc.conn): s for s in busy}
-            for conn in connection.wait([s.proc.conn for s in busy], timeout):
-                self._receive(by_conn[id(conn)])
-            now = time.monotonic()
-            for slot in busy:
-                if slot.proc is not None and slot.obs is None and slot.deadline <= now:
-                    waited = now - slot.sent_at
-                    self._on_failure(slot, EnvFailure("timeout", f"no answer within {waited:.1f}s"))
+            self._poll(max_wait=1.0)
         self.timers.add("perf/env_wait_ms", (time.perf_counter() - t0) * 1e3)
         return [self._ready.popleft() for _ in range(want)]
+
+    def _restart_due(self) -> float:
+        now = time.monotonic()
+        for slot in self._slots:
+            if slot.proc is None and slot.restart_at is not None and slot.restart_at <= now:
+                self._start_env(slot, now)
+        return now
+
+    def _poll(self, max_wait: float) -> None:
+        """Rebuild envs whose back-off is over, then wait until an env answers, a hang deadline or
+        the next scheduled rebuild (at most ``max_wait``), and handle what happened."""
+        now = self._restart_due()
+        busy = [s for s in self._slots if s.proc is not None and s.obs is None]
+        wake = [s.deadline for s in busy] + [s.restart_at for s in self._slots if s.restart_at is not None]
+        timeout = min(max(0.0, min(wake, default=now + max_wait) - now), max_wait)
+        if not busy:
+            time.sleep(timeout)
+            return
+        by_conn = {id(s.proc.conn): s for s in busy}
+        for conn in connection.wait([s.proc.conn for s in busy], timeout):
+            self._receive(by_conn[id(conn)])
+        now = time.monotonic()
+        for slot in busy:
+            if slot.proc is not None and slot.obs is None and slot.deadline <= now:
+                self._on_failure(slot, EnvFailure("timeout", f"no answer within {now - slot.sent_at:.1f}s"))
 
     def _receive(self, slot: _Slot) -> None:
         try:

@@ -101,6 +101,7 @@ def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
     assert detected_s < 20
     if fault in ("manager_reports_failure", "trainer_raises"):
         assert isinstance(error, MineOnlineError)  # the CLI prints its message without a traceback
-    print(f"FIGURE driver {fault}: run failed after {detected_s:.1f}s with {type(error).__name__}: {str(error).splitlines()[0][:160]}")
+    first_line = str(error).splitlines()[0][:160]
+    print(f"FIGURE driver {fault}: run failed after {detected_s:.1f}s with {type(error).__name__}: {first_line}")
     for actor in (hub, manager):
         ray.kill(actor, no_restart=True)

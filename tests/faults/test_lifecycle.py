@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,64 @@ def unused_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+REAL_RUN = {
+    "run_name": "stop-me", "seed": 0, "detach_rollout_manager": True,
+    "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
+    "logger_config": {"loggers": []},
+    "rollout_config": {
+        "num_rollout_workers": 1, "num_cpus_per_worker": 0.25, "fragment_length": 16,
+        "worker_config": {"num_envs": 2, "batch_size": 2},
+        "replay_buffer_config": {"max_chunks": 64, "fragments_per_chunk": 1},
+    },
+    "train_config": {
+        "num_workers": 1, "num_cpus_per_worker": 0.25, "num_iterations": 1000, "batches_per_iteration": 1,
+        "gradient_accumulation": 1, "batch_size_per_gpu": 2, "context_length": 16, "epochs_per_iteration": 1,
+        "save_interval": 1000, "keep_interval": 1000,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) -> None:
+    """A real ``mineonline run --address`` joins the cluster; ``status`` shows it; ``stop`` makes its
+    trainer write a final checkpoint at the current iteration and its driver end every actor."""
+    import yaml
+
+    from mineonline_core.trainer.checkpoint import list_checkpoints
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({**REAL_RUN, "output_dir": str(tmp_path / "runs")}))
+    run_dir = tmp_path / "runs" / "stop-me"
+    log = open(tmp_path / "driver.log", "w")
+    driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--address", ray_cluster,
+                               "--no-progress"], cwd=ROOT, env={**_env(), "WANDB_MODE": "disabled"}, stdout=log,
+                              stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        status = None
+        end = time.monotonic() + 400
+        while time.monotonic() < end:
+            assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+            status = _cli("status", "--address", ray_cluster)
+            if "stop-me" in status.stdout and "version=" in status.stdout and "version=None" not in status.stdout:
+                break
+            time.sleep(1.0)  # polling the run's progress
+        line = next(x for x in status.stdout.splitlines() if x.startswith("stop-me"))
+        assert "workers=1" in line and "rollout_worker_0" in line and "logger_hub" in line
+        version_seen = int(line.split("version=")[1].split()[0])
+        assert version_seen >= 1
+
+        stopped = _cli("stop", "stop-me", "--address", ray_cluster)
+        assert stopped.returncode == 0, stopped.stderr[-2000:]
+        assert "stop-me: stopped by its driver (final checkpoint written)" in stopped.stdout, stopped.stdout
+        assert driver.wait(timeout=120) == 0
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        log.close()
+    assert "run stop-me interrupted" in (tmp_path / "driver.log").read_text()
+    assert _alive("stop-me") == set()
+    (iteration, _), *_ = reversed(list_checkpoints(run_dir / "checkpoints"))
+    assert iteration >= version_seen  # the final checkpoint holds the iteration the run had reached
+    print(f"FIGURE stop from a second driver: run at version >= {version_seen}, final checkpoint {iteration}, 0 actors left")

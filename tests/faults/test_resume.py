@@ -23,7 +23,7 @@ import yaml
 from mineonline_core.trainer.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
-ITERATIONS, SAVE_INTERVAL = 5, 1
+ITERATIONS, SAVE_INTERVAL, MORE = 200, 1, 2  # the first run is killed long before 200
 
 CONFIG = {
     "run_name": "kill-resume", "seed": 0,
@@ -106,23 +106,72 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     from mineonline_core.api import run
 
     started = time.monotonic()
-    result = run(None, [], resume=str(run_dir), progress=False)
+    final = checkpoint_iteration + MORE  # the resumed run trains MORE iterations, then ends
+    result = run(None, [f"train_config.num_iterations={final}"], resume=str(run_dir), progress=False)
     resume_s = time.monotonic() - started
     assert result["status"] == "completed", result
-    assert result["iteration"] == ITERATIONS
+    assert result["iteration"] == final
     resumed = _iterations_logged(run_dir, after=killed_at)
     assert resumed and resumed[0] == checkpoint_iteration + 1  # continues at the next iteration
-    assert sorted(set(resumed)) == list(range(checkpoint_iteration + 1, ITERATIONS + 1))
+    assert sorted(set(resumed)) == list(range(checkpoint_iteration + 1, final + 1))
 
     versions = {}
     for iteration, path in list_checkpoints(run_dir / "checkpoints"):
         state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
         assert int(state["iteration"]) == iteration
         versions[iteration] = int(state["version"])
-    assert set(versions) == set(range(1, ITERATIONS + 1))  # keep_interval 1: every iteration kept
-    steps = [versions[i + 1] - versions[i] for i in range(1, ITERATIONS)]
+    assert set(versions) == set(range(1, final + 1))  # keep_interval 1: every iteration kept
+    steps = [versions[i + 1] - versions[i] for i in range(1, final)]
     assert steps == [steps[0]] * len(steps) and steps[0] >= 1  # the version sequence is continuous
-    assert result["version"] == versions[ITERATIONS]
+    assert result["version"] == versions[final]
     print(f"FIGURE driver SIGKILL at iteration {reached} (checkpoint {checkpoint_iteration}): {lost} iteration(s) "
-          f"lost, resumed at {checkpoint_iteration + 1}, finished {ITERATIONS} in {resume_s:.0f}s; "
+          f"lost, resumed at {checkpoint_iteration + 1}, finished {final} in {resume_s:.0f}s; "
           f"{len(leftovers)} processes of the killed driver's session outlived it by 30 s")
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(tmp_path: Path) -> None:
+    """SIGINT (Ctrl-C) on ``mineonline run``: the trainer finishes its iteration, writes a final
+    checkpoint (save_interval is far away), the driver ends every actor and exits 0."""
+    data = {**CONFIG, "run_name": "ctrl-c", "output_dir": str(tmp_path / "runs")}
+    data["train_config"] = {**CONFIG["train_config"], "save_interval": 1000, "keep_interval": 1000}
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "runs" / "ctrl-c"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+    log = open(tmp_path / "driver.log", "w")
+    driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"], cwd=ROOT,
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        end = time.monotonic() + 480
+        while not (run_dir / "metrics.jsonl").exists() or max(_iterations_logged(run_dir), default=0) < 2:
+            assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+            assert time.monotonic() < end, "no iteration 2 within 480 s"
+            time.sleep(0.5)  # polling the run's metrics file
+        assert list_checkpoints(run_dir / "checkpoints") == []  # nothing saved yet: the stop must save
+        os.kill(driver.pid, signal.SIGINT)
+        interrupted_at = time.monotonic()
+        code = driver.wait(timeout=120)
+        exit_s = time.monotonic() - interrupted_at
+    finally:
+        if driver.poll() is None:
+            os.kill(driver.pid, signal.SIGKILL)
+        log.close()
+    output = (tmp_path / "driver.log").read_text()
+    assert code == 0, output[-3000:]
+    assert "run ctrl-c interrupted" in output
+    checkpoints = list_checkpoints(run_dir / "checkpoints")
+    assert len(checkpoints) == 1 and checkpoints[0][0] >= 2
+    assert checkpoints[0][0] == max(_iterations_logged(run_dir))  # the iteration it had reached
+    end = time.monotonic() + 30
+    while _session_pids(driver.pid) and time.monotonic() < end:
+        time.sleep(0.5)
+    leftovers = _session_pids(driver.pid)
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert leftovers == []
+    print(f"FIGURE Ctrl-C: exited 0 after {exit_s:.1f}s, final checkpoint at iteration {checkpoints[0][0]}, "
+          f"0 processes left")

@@ -41,7 +41,7 @@ from mineonline_lmdb.shard import Shard, StoreFullError
 log = logging.getLogger("mineonline")
 
 LAYOUT_FILE = "mineonline-store.json"
-FORMAT = "mineonline-lmdb/2"
+FORMAT = "mineonline-lmdb/3"
 _SEP = b"\x00"
 # Errors from the OS that mean "the disk (or the allowed file size) is full". LMDB reports a short
 # write at commit, which is what a filling disk produces, as EIO, so EIO is included.
@@ -220,7 +220,7 @@ class LMDBStore(FragmentStore):
         try:
             parsed = codec.parse_header(header)
             buffers = []
-            for i in range(len(parsed.parts)):
+            for i in range(parsed.plan.part_count):
                 buf = txn.get(_part_key(key, i), db=shard.parts)
                 if buf is None:
                     raise codec.CorruptRecordError(f"part {i} is missing")

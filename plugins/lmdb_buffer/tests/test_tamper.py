@@ -26,13 +26,15 @@ class _Trap:
         return (Path.touch, (self.canary,))
 
 
-def _header(tree, parts: int) -> bytes:
-    text = json.dumps(tree).encode()
-    return struct.pack("<4sII", b"MOL2", parts, len(text)) + text + bytes(-len(text) % 8)
+def _header(tree, parts: int, values: list | None = None, values_text: bytes | None = None) -> bytes:
+    structure = json.dumps(tree).encode()
+    scalars = values_text if values_text is not None else json.dumps(values or []).encode()
+    head = struct.pack("<4sIII", b"MOL3", parts, len(structure), len(scalars)) + structure + scalars
+    return head + bytes(-len(head) % 8)
 
 
-def _raw_header(parts: int, body: bytes) -> bytes:
-    return struct.pack("<4sII", b"MOL2", parts, len(body)) + body
+def _raw_header(parts: int, structure: bytes) -> bytes:
+    return struct.pack("<4sIII", b"MOL3", parts, len(structure), 0) + structure
 
 
 BIG = ["a", "<f4", [8192], 0, 0]  # the victim's large array, stored as part 0
@@ -64,10 +66,16 @@ CASES = {
     "part index out of range": lambda canary: {"header": _header(["a", "<f4", [8192], 5, 0], 1)},
     "inline array outside the blob": lambda canary: {"header": _header(["d", ["x"], [["A", "<f4", [4], 0, 0]]], 0)},
     "misaligned inline array": lambda canary: {"header": _header(["A", "<f4", [1], 3, 0], 0) + bytes(16)},
+    "huge shape": lambda canary: {"header": _header(["A", "<f8", [2**40, 2**20], 0, 0], 0) + bytes(64)},
     "unknown tag": lambda canary: {"header": _header(["eval", "__import__('os')"], 0)},
     "nesting bomb": lambda canary: {"header": _raw_header(0, b"[" * 100_000 + b"]" * 100_000)},
     "structured dtype": lambda canary: {"header": _header(["a", "[('a', '<i4')]", [1], 0, 0], 1)},
-    "json length beyond the value": lambda canary: {"header": struct.pack("<4sII", b"MOL2", 1, 10**6) + b"[]"},
+    "json length beyond the value": lambda canary: {"header": struct.pack("<4sIII", b"MOL3", 1, 10**6, 0) + b"[]"},
+    "pickle as the values": lambda canary: {"header": _header(["v"], 0, values_text=pickle.dumps(_Trap(canary)))},
+    "value of a wrong type": lambda canary: {"header": _header(["v"], 0, values=[{"__reduce__": "os.system"}])},
+    "fewer values than the structure needs": lambda canary: {"header": _header(["l", [["v"], ["v"]]], 0, values=[1])},
+    "bad hex float": lambda canary: {"header": _header(["v"], 0, values=[["0xzz"]])},
+    "blob shorter than its arrays": lambda canary: {"header": _header(["A", "<f8", [100], 0, 0], 0) + bytes(8)},
     "truncated header": lambda canary: {"header": b"MOL"},
     "garbage": lambda canary: {"header": bytes(range(256))},
     "absurd part count": lambda canary: {"header": _header(BIG, 2**32 - 1)},
@@ -117,8 +125,10 @@ def test_values_that_need_pickle_are_refused_on_write(tmp_path, payload, match):
 def test_records_decode_without_pickle():
     payload = {"a": np.arange(3), "big": np.ones(8192), "b": (None, 1.5, "s", b"raw")}
     header, parts = codec.encode(payload)
-    assert header.startswith(b"MOL2") and len(parts) == 2  # the large array and the bytes leaf
-    tree = codec.parse_header(header).tree  # the structure is plain JSON
+    assert header.startswith(b"MOL3") and len(parts) == 2  # the large array and the bytes leaf
+    parsed = codec.parse_header(header)  # the structure and the values are plain JSON
+    tree = parsed.plan.tree
+    assert parsed.values == [1.5, "s"]
     assert tree[0] == "d" and tree[1] == ["a", "big", "b"]
     got = codec.decode(header, [codec.raw_view(p) for p in parts])
     assert np.array_equal(got["a"], np.arange(3)) and np.array_equal(got["big"], np.ones(8192))

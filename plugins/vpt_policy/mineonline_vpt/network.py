@@ -113,16 +113,23 @@ class ImpalaCNN(nn.Module):
         self.stacks = nn.ModuleList(stacks)
         scale = 2 ** len(chans)
         self.dense = NormLinear(c_in * math.ceil(h / scale) * math.ceil(w / scale), out_size)
-        # Recompute each stack's activations in backward instead of storing them: the CNN holds most
-        # of VPT's activation memory (1x: ~35 MB per frame), the recompute costs one more forward.
+        # Gradient checkpointing: store only the CNN's input and output and recompute its activations
+        # in backward, ``checkpoint_frames`` frames at a time. The CNN holds most of VPT's activation
+        # memory (1x: tens of MB per frame); the recompute costs one more CNN forward.
         self.gradient_checkpointing = False
+        self.checkpoint_frames = 32
+
+    def _stacks(self, x: torch.Tensor) -> torch.Tensor:
+        for stack in self.stacks:
+            x = stack(x)
+        return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for stack in self.stacks:
-            if self.gradient_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(stack, x, use_reentrant=False)
-            else:
-                x = stack(x)
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            parts = x.split(self.checkpoint_frames)
+            x = torch.cat([checkpoint(self._stacks, part, use_reentrant=False) for part in parts])
+        else:
+            x = self._stacks(x)
         return self.dense(x.flatten(1))  # (C, H, W) flattening order
 
 
