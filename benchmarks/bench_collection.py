@@ -5,7 +5,7 @@
 * collector: mineonline's ``FragmentCollector`` (env processes, batched inference, fragment
   assembly) in this process, without Ray: isolates the per-step cost of fragments.
 * actor: a real ``RolloutManager`` on a private local Ray cluster, its workers writing fragments into
-  the store and announcing them to the replay buffer, while no learner consumes (the buffer evicts).
+  the store (``--store``, LMDB by default) and announcing them to the replay buffer, while no learner consumes (the buffer evicts).
   Measured from the manager's own ``status()["env_steps"]``.
 
 ``*_detail.cpu_ms_per_step`` is the stepping process's own CPU per env step (env processes excluded):
@@ -59,7 +59,7 @@ def collector_steps_per_s(workload: str, *, num_envs: int, batch_size: int, frag
     return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed, "cpu_ms_per_step": 1e3 * cpu / steps, "perf": perf}
 
 
-def online_dict(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, run_dir: str) -> dict:
+def online_dict(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, run_dir: str, store: str) -> dict:
     return {
         "run_name": f"bench-collection-{os.getpid()}",
         "output_dir": os.path.dirname(run_dir),
@@ -71,7 +71,7 @@ def online_dict(workload: str, *, num_envs: int, batch_size: int, fragment_lengt
             "num_cpus_per_worker": 1,
             "fragment_length": fragment_length,
             "worker_config": {"num_envs": num_envs, "batch_size": batch_size},
-            "replay_buffer_config": {"max_chunks": 64, "database_config": {"backend": "memory"}},
+            "replay_buffer_config": {"max_chunks": 64, "database_config": {"backend": store}},
         },
         "train_config": {"num_workers": 1, "num_iterations": 1, "context_length": fragment_length},
     }
@@ -85,7 +85,7 @@ def worker_steps(manager: object) -> int:
     return sum(w.get("env_steps", 0) for w in ray.get(manager.status.remote())["workers"])
 
 
-def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, seconds: float) -> dict:
+def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, seconds: float, store: str) -> dict:
     """Env steps/s of a real RolloutManager + RolloutWorker + ReplayBuffer + store, learner idle."""
     import ray
 
@@ -99,7 +99,7 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
     with tempfile.TemporaryDirectory(prefix="bench-collection-") as tmp:
         run_dir = os.path.join(tmp, "run")
         resolved = resolve(load_config(online_dict(workload, num_envs=num_envs, batch_size=batch_size,
-                                                   fragment_length=fragment_length, run_dir=run_dir)), get_plugin_manager())  # fmt: skip
+                                                   fragment_length=fragment_length, run_dir=run_dir, store=store)), get_plugin_manager())  # fmt: skip
         cfg = resolved.config
         bl.init_local_ray()
         manager = None
@@ -116,7 +116,8 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
             deadline = time.monotonic() + 120
             while worker_steps(manager) < 20 * num_envs and time.monotonic() < deadline:
                 time.sleep(0.2)
-            pids = bl.actor_pids("RolloutWorker")
+            # The rollout side's CPU: the worker (envs' parent), and the actors it feeds.
+            pids = [p for cls in ("RolloutWorker", "StoreHost", "ReplayBuffer", "RolloutManager") for p in bl.actor_pids(cls)]
             s0, t0, c0 = worker_steps(manager), time.perf_counter(), sum(map(bl.proc_cpu_s, pids))
             time.sleep(seconds)  # a measurement window, not a synchronisation
             s1, c1 = worker_steps(manager), sum(map(bl.proc_cpu_s, pids))
@@ -143,6 +144,7 @@ def main() -> None:
     parser.add_argument("--fragment-length", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window of each mode")
     parser.add_argument("--modes", default="ceiling,collector,actor")
+    parser.add_argument("--store", default="lmdb", help="database_config.backend of the actor mode (lmdb, memory)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (CartPole, 2 envs, 2 s windows)")
     args = parser.parse_args()
     if args.quick:
@@ -158,7 +160,7 @@ def main() -> None:
               "collector": lambda: collector_steps_per_s(args.workload, num_envs=args.num_envs, batch_size=batch_size,
                                                          fragment_length=args.fragment_length, seconds=args.seconds),
               "actor": lambda: actor_steps_per_s(args.workload, num_envs=args.num_envs, batch_size=batch_size,
-                                                 fragment_length=args.fragment_length, seconds=args.seconds)}[mode]  # fmt: skip
+                                                 fragment_length=args.fragment_length, seconds=args.seconds, store=args.store)}[mode]  # fmt: skip
         try:
             result = fn()
         except Exception as exc:  # noqa: BLE001 - the loop is being built; report, don't crash the set
@@ -177,7 +179,7 @@ def main() -> None:
         if ceiling and f"{mode}_steps_per_s" in figures:
             figures[f"ratio_{mode}"] = figures[f"{mode}_steps_per_s"] / ceiling
     bl.emit("collection", figures, workload=args.workload, num_envs=args.num_envs, batch_size=batch_size,
-            fragment_length=args.fragment_length, target_ratio=0.85, errors=errors, quick=args.quick)  # fmt: skip
+            fragment_length=args.fragment_length, store=args.store, target_ratio=0.85, errors=errors, quick=args.quick)  # fmt: skip
 
 
 if __name__ == "__main__":

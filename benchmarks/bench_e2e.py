@@ -174,6 +174,11 @@ def sb3_available() -> bool:
 
 
 def child(system: str, workload: str, iterations: int, num_envs: int | None) -> None:
+    import torch
+
+    # One intra-op thread, as Ray gives each mineonline actor with num_cpus=1 (OMP_NUM_THREADS=1):
+    # with more threads than free cores, OpenMP's spinning made a CartPole update 30x slower here.
+    torch.set_num_threads(1)
     if system == "mineonline":
         out = run_mineonline(workload, iterations, num_envs)
     elif system == "plain":

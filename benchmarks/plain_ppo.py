@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--num-envs", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default); 1 like a Ray actor")
     parser.add_argument("--quick", action="store_true", help="CartPole, 2 iterations")
     args = parser.parse_args()
     if args.quick:

@@ -35,6 +35,9 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     env_vars = {k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR", "PYTHONPATH") if k in os.environ}
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": env_vars}, "log_to_driver": True}
     if address:
+        from mineonline_core.lifecycle import prepare_auth_env
+
+        prepare_auth_env()  # Ray presents the cluster's token by itself only for "auto", not for host:port
         ray.init(address=address, **kwargs)
     else:
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,

@@ -224,6 +224,10 @@ class LoggerHub:
         elif kind == "video":
             _, key, mp4, step, filename = item
             path = self.video_path(key, step, filename)
+            base, n = path[: -len(".mp4")] if path.endswith(".mp4") else path, 1
+            while os.path.exists(path):  # two workers' videos at one step must not overwrite
+                path = f"{base}_{n}.mp4"
+                n += 1
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 tmp = path + ".tmp"

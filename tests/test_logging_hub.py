@@ -146,6 +146,7 @@ def test_video_written_and_forwarded(tmp_path):
     hub.add_env_steps(1234)
     hub.log_video("video/worker_0", b"not really an mp4")
     hub.log_video("video/worker_1", b"x", step=5, filename="../escape.mp4")
+    hub.log_video("video/worker_0", b"second video at the same step")
     hub.finish()
     videos = [c for c in recorder(hub).calls if c[0] == "video"]
     expected = tmp_path / "videos" / "video_worker_0_step000001234.mp4"
@@ -154,6 +155,10 @@ def test_video_written_and_forwarded(tmp_path):
     assert expected.read_bytes() == b"not really an mp4"
     assert videos[1][2] == str(tmp_path / "videos" / "escape.mp4")  # no path traversal out of the video dir
     assert not list((tmp_path / "videos").glob("*.tmp"))
+    # Another worker's video at the same step gets its own file.
+    assert videos[2][2] == str(tmp_path / "videos" / "video_worker_0_step000001234_1.mp4")
+    assert expected.read_bytes() == b"not really an mp4"
+    assert (tmp_path / "videos" / "video_worker_0_step000001234_1.mp4").read_bytes() == b"second video at the same step"
 
 
 def test_hub_without_videos_finishes(tmp_path):

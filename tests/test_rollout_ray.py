@@ -158,3 +158,50 @@ def test_a_failed_background_thread_is_raised_by_every_later_call(local_ray) -> 
         assert worker.status()["error"] is not None
     finally:
         worker.shutdown()
+
+
+class _Remote:
+    """``handle.method.remote(*args)`` recorded in-process: stands in for the logging actor."""
+
+    def __init__(self, calls: list, name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def remote(self, *args, **kwargs) -> None:
+        self.calls.append((self.name, args, kwargs))
+
+
+class RecordingHub:
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def __getattr__(self, name: str) -> _Remote:
+        return _Remote(self.calls, name)
+
+
+def test_recorded_episode_is_encoded_and_sent_with_env_steps(local_ray) -> None:
+    ray = local_ray
+    from mineonline_core.rollout.buffer import ReplayBuffer
+
+    buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
+        store_client=None, max_chunks=10_000, max_reuse=1, max_staleness=100)  # fmt: skip
+    hub, store = RecordingHub(), MemoryStore(path="unused")
+    image_env = functools.partial(tk.counting, 0, episode_len=12, image=True)
+    worker = RolloutWorker(worker_id=0, policy_generator=tk.TinyMLPPolicy, env_generator=image_env, num_envs=1,
+                           batch_size=1, fragment_length=4, to_send_queue_size=4, store_client=store, buffer=buffer,
+                           stats=RecordingHub(), logger_hub=hub, report_interval=0.2, video_fps=10)  # fmt: skip
+    try:
+        worker.update_weights([ray.put({k: v.numpy() for k, v in tk.TinyMLPPolicy().state_dict().items()})], 1)
+        deadline = time.monotonic() + 60
+        while not worker.is_ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker.record_video()
+        while not any(c[0] == "log_video" for c in hub.calls) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker.health()
+    finally:
+        worker.shutdown()
+    (video,) = [c for c in hub.calls if c[0] == "log_video"]
+    key, mp4 = video[1][:2]
+    assert key == "rollout/video" and mp4[4:8] == b"ftyp" and len(mp4) > 1000
+    steps = sum(c[1][0] for c in hub.calls if c[0] == "add_env_steps")
+    assert 12 <= steps <= worker.collector.env_steps

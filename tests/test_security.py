@@ -4,6 +4,7 @@ to check without a cluster: the dashboard binds to localhost, and no secret reac
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -163,3 +164,21 @@ def test_no_secret_reaches_checkpoints() -> None:
     resolved.source_text = f'online_dict = {{"logger_config": {{"settings": {{"api_key": "{SECRET}"}}}}}}\n'
     text = api._public_source(resolved, resolved.config)
     assert SECRET not in text and '"api_key": "<redacted>"' in text
+
+
+def test_joining_a_cluster_presents_the_token(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``mineonline run --address host:port``: Ray itself turns token mode on only for "auto"."""
+    import ray
+
+    from mineonline_core import api
+
+    (tmp_path / "token").write_text("t" * 32)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append((kwargs, os.environ.get("RAY_AUTH_MODE"))))
+    api.init_ray("10.0.0.1:6379")
+    (kwargs, mode), = calls
+    assert kwargs["address"] == "10.0.0.1:6379" and mode == "token"

@@ -193,6 +193,7 @@ class EnvProcess:
         self._views: list[np.ndarray] | None = None
         self._template: Any = None
         self._no_shm = False
+        self._unlinked = False
         self.pending: str | None = None  # the command awaiting its answer
 
     @property
@@ -251,6 +252,10 @@ class EnvProcess:
         if not self.conn.poll(timeout):
             raise EnvFailure("timeout", f"env process {self.pid} did not attach shared memory in {timeout:.0f}s")
         self.recv()
+        # Both processes have it mapped: drop the name now, so that the block cannot outlive them
+        # even when both are SIGKILLed (Ray kills worker process trees without running cleanup).
+        self._shm.unlink()
+        self._unlinked = True
 
     def kill(self) -> None:
         """SIGKILL the env's process (by the pid we started) and free the shared block."""
@@ -281,10 +286,11 @@ class EnvProcess:
                 shm.close()
             except BufferError:
                 pass  # a view still exported: the block is freed when that view goes away
-            try:
-                shm.unlink()
-            except FileNotFoundError:
-                pass
+            if not self._unlinked:  # attach never completed
+                try:
+                    shm.unlink()
+                except FileNotFoundError:
+                    pass
 
     def __del__(self) -> None:
         if getattr(self, "process", None) is not None and self.process.pid is not None and os.getpid() == self.process._parent_pid:

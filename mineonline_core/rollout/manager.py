@@ -195,6 +195,10 @@ class RolloutManager:
         import ray
 
         self._stop.set()
+        self._monitor.join(timeout=60)
+        reports = self._worker_reports()  # a last report, so the run's summary has the final figures
+        if self._hub is not None and reports:
+            self._hub.log_metrics.remote(self._aggregate(reports))
         refs = [w.shutdown.remote() for w in self._workers]
         try:
             ray.get(refs, timeout=30)
@@ -206,7 +210,6 @@ class RolloutManager:
             log.warning("the store host did not close cleanly", exc_info=True)
         for actor in [*self._workers, self._buffer, self._stats, self._store_host]:
             ray.kill(actor, no_restart=True)
-        self._monitor.join(timeout=10)
 
     # -- monitor ------------------------------------------------------------------------------
 
@@ -265,6 +268,7 @@ class RolloutManager:
                 else:
                     sums[key] = sums.get(key, 0.0) + value
         out = {**sums, **{k: sum(v) / len(v) for k, v in means.items()}}
+        out["rollout/env_steps"] = self._env_steps  # monotonic across worker restarts
         out["rollout/worker_restarts"] = float(sum(self._incarnations.values()))
         return out
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from mineonline_core import fragment as F
 from mineonline_core.errors import MineOnlineError, RunFailedError
+from mineonline_core.rollout.fragbuild import Timers
 from mineonline_core.store import payload_nbytes
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class RolloutWorker:
         self._latest_weights: tuple[list, int] | None = None
         self._error: BaseException | None = None
         self._sent = 0
+        self._timers = Timers()  # the send thread's perf/* (the collector keeps its own)
         self._reported_steps = 0
         self._threads = [
             threading.Thread(target=self._guard, args=(fn,), name=f"rollout-{self.worker_id}-{fn.__name__}", daemon=True)
@@ -151,7 +153,7 @@ class RolloutWorker:
         self.health()
         if self.collector is None:
             return {}
-        return {**self.collector.metrics(), "rollout/fragments_sent": float(self._sent),
+        return {**self.collector.metrics(), **self._timers.drain(), "rollout/fragments_sent": float(self._sent),
                 "rollout/send_queue": float(self._queue.qsize())}  # fmt: skip
 
     def status(self) -> dict[str, Any]:
@@ -222,13 +224,17 @@ class RolloutWorker:
                 frag = self._queue.get(timeout=0.5)
             except queue.Empty:
                 continue
+            t0 = time.perf_counter()
             meta = fragment_meta(frag)
             self._store.put(meta["key"], frag)
+            t1 = time.perf_counter()
             in_flight.append(self._buffer.add_fragment.remote(meta))
             self._sent += 1
             if len(in_flight) > 8:  # bound the calls in flight and surface a dead buffer
                 done, in_flight = ray.wait(in_flight, num_returns=len(in_flight) - 8)
                 ray.get(done)
+            self._timers.add("perf/store_put_ms", (t1 - t0) * 1e3)
+            self._timers.add("perf/buffer_add_ms", (time.perf_counter() - t1) * 1e3)
 
     def _fetch_loop(self) -> None:
         import ray

@@ -66,6 +66,20 @@ def _part_key(key: bytes, index: int) -> bytes:
     return key + _SEP + index.to_bytes(4, "big")
 
 
+def _write_records(txn: Any, shard: Shard, records: list[tuple[bytes, bytes, list]]) -> None:
+    for key, header, parts in records:
+        _delete_parts(txn, shard, key, start=len(parts))  # left over from a longer old value
+        txn.put(key, header, db=shard.meta)
+        for i, part in enumerate(parts):
+            txn.put(_part_key(key, i), codec.raw_view(part), db=shard.parts)
+
+
+def _delete_records(txn: Any, shard: Shard, keys: list[bytes]) -> None:
+    for key in keys:
+        if txn.delete(key, db=shard.meta):
+            _delete_parts(txn, shard, key)
+
+
 def _delete_parts(txn: Any, shard: Shard, key: bytes, start: int = 0) -> None:
     """Delete the parts of ``key`` from index ``start`` on, by scanning the stored part keys rather
     than trusting a header's part count (a damaged header must not turn a delete into a long loop)."""
@@ -96,6 +110,7 @@ class LMDBStore(FragmentStore):
             )
         self.path = os.path.abspath(self.path)
         self._closed = False
+        self._lmdb = importlib.import_module("lmdb")
         with self._disk_errors():
             self._prepare_path()
             self._shards = [
@@ -160,41 +175,42 @@ class LMDBStore(FragmentStore):
     @contextmanager
     def _disk_errors(self) -> Iterator[None]:
         """Turn a full disk into an error that names the config key to change."""
-        lmdb = importlib.import_module("lmdb")
         try:
             yield
-        except (lmdb.Error, OSError) as exc:
-            code = getattr(exc, "errno", None)
-            text = str(exc)
-            if isinstance(exc, lmdb.DiskError) or code in _DISK_FULL or any(t in text for t in _DISK_FULL_TEXT):
-                raise StoreFullError(
-                    f"Writing to database_config.path={self.path!r} failed: the disk is full, a file-size "
-                    f"limit was hit, or the disk failed: "
-                    f"{type(exc).__name__}: {exc}. Free space there, point database_config.path at a larger "
-                    "disk, or lower replay_buffer_config.max_chunks."
-                ) from exc
+        except (self._lmdb.Error, OSError) as exc:
+            self._raise_if_disk_full(exc)
+            raise
+
+    def _raise_if_disk_full(self, exc: BaseException) -> None:
+        code = getattr(exc, "errno", None)
+        text = str(exc)
+        if isinstance(exc, self._lmdb.DiskError) or code in _DISK_FULL or any(t in text for t in _DISK_FULL_TEXT):
+            raise StoreFullError(
+                f"Writing to database_config.path={self.path!r} failed: the disk is full, a file-size "
+                f"limit was hit, or the disk failed: "
+                f"{type(exc).__name__}: {exc}. Free space there, point database_config.path at a larger "
+                "disk, or lower replay_buffer_config.max_chunks."
+            ) from exc
+
+    def _write(self, shard: Shard, fn: Any, *args: Any) -> None:
+        try:
+            shard.write(fn, *args)
+        except (self._lmdb.Error, OSError) as exc:
+            self._raise_if_disk_full(exc)
             raise
 
     # -- FragmentStore -----------------------------------------------------------------------------
 
     def put(self, key: str, payload: Any) -> None:
-        self.put_many([(key, payload)])
+        raw = self._key(key)
+        shard = self._shards[zlib.crc32(raw) % self.num_shards]
+        self._write(shard, _write_records, shard, [(raw, *codec.encode(payload))])
 
     def put_many(self, items: Iterable[tuple[str, Any]]) -> None:
         encoded = [(self._key(k), *codec.encode(p)) for k, p in items]
         for shard_index, members in self._group(k for k, _, _ in encoded).items():
-            batch = [encoded[position] for position, _ in members]
             shard = self._shards[shard_index]
-
-            def write(txn: Any, batch: list = batch, shard: Shard = shard) -> None:
-                for key, header, parts in batch:
-                    _delete_parts(txn, shard, key, start=len(parts))  # left over from a longer old value
-                    txn.put(key, header, db=shard.meta)
-                    for i, part in enumerate(parts):
-                        txn.put(_part_key(key, i), codec.raw_view(part), db=shard.parts)
-
-            with self._disk_errors():
-                shard.write(write)
+            self._write(shard, _write_records, shard, [encoded[position] for position, _ in members])
 
     def get(self, key: str) -> Any:
         raw = self._key(key)
@@ -239,14 +255,7 @@ class LMDBStore(FragmentStore):
     def delete_many(self, keys: Iterable[str]) -> None:
         for shard_index, members in self._group(self._key(k) for k in keys).items():
             shard = self._shards[shard_index]
-
-            def delete(txn: Any, members: list = members, shard: Shard = shard) -> None:
-                for _, key in members:
-                    if txn.delete(key, db=shard.meta):
-                        _delete_parts(txn, shard, key)
-
-            with self._disk_errors():
-                shard.write(delete)
+            self._write(shard, _delete_records, shard, [key for _, key in members])
 
     def clear(self) -> None:
         for shard in self._shards:
