@@ -12,6 +12,7 @@ a 150k env-step budget, and the wall time. Crafter: the mean episode reward of t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -79,7 +80,8 @@ def run_one(source: str, seed: int, out: str, *, target: float | None, budget: i
     thread.start()
     start = time.perf_counter()
     try:
-        result = run(source, [f"seed={seed}", f"run_name={run_name}", f"output_dir={out}", *overrides], progress=False)
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the one JSON line
+            result = run(source, [f"seed={seed}", f"run_name={run_name}", f"output_dir={out}", *overrides], progress=False)
     finally:
         done.set()
     wall = time.perf_counter() - start

@@ -40,12 +40,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from mineonline_core.plugins import get_plugin_manager
+    from mineonline_core.plugins import TITLES, get_plugin_manager
 
     pm = get_plugin_manager()
-    titles = {"trainer": "trainers", "replay_store": "replay stores", "logger": "loggers", "policy": "policies", "env": "envs"}
     for kind, registry in pm.registries.items():
-        print(f"{titles[kind]}:")
+        print(f"{TITLES[kind]}:")
         for name, cls, origin in registry.items():
             print(f"  {name:<18} {origin.distribution} {origin.version}  ({cls.__module__}.{cls.__qualname__})")
     if pm.load_failures:
@@ -135,7 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may continue after an option (`run CFG a=1 --no-progress b=2`): argparse leaves them over.
+    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except MineOnlineError as exc:

@@ -37,6 +37,7 @@ CONFIG_KEYS = {
     "policy": "policy_config.name",
     "env": "env_config.name",
 }
+TITLES = {"trainer": "trainers", "replay_store": "replay stores", "logger": "loggers", "policy": "policies", "env": "envs"}
 KNOWN_DISTRIBUTIONS = {
     "PPOTrainer": "mineonline-ppo",
     "lmdb": "mineonline-lmdb-buffer",
@@ -153,9 +154,10 @@ class PluginManager(pluggy.PluginManager):
         lines = [f"{key}: no {kind.replace('_', ' ')} named {name!r} is installed (plugin may not be installed)."]
         suggestion = closest(name, registry.names())
         if suggestion:
-            lines.append(f"Did you mean {suggestion!r}? Set {key}={suggestion}.")
+            value = f"[{suggestion}]" if kind == "logger" else suggestion
+            lines.append(f"Did you mean {suggestion!r}? Set {key}={value}.")
         if registry.names():
-            lines.append(f"Available {kind.replace('_', ' ')}s:")
+            lines.append(f"Available {TITLES[kind]}:")
             lines += [f"  {n:<16} {o.distribution} {o.version}" for n, _, o in registry.items()]
         else:
             lines.append(f"No {kind.replace('_', ' ')} is registered at all.")

@@ -222,3 +222,14 @@ def test_video_records_one_whole_episode() -> None:
     assert len(v["frames"]) == len(v["returns"]) == len(v["values"]) == 6
     assert v["returns"] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert [int(f[0, 0, 0]) for f in v["frames"]] == [0, 1, 2, 3, 4, 5]
+
+
+def _unimportable_env():  # defined in a test module that env processes cannot import
+    return tk.CountingEnv()
+
+
+def test_env_factory_that_cannot_be_unpickled_fails_at_once_with_the_fix() -> None:
+    with pytest.raises(RunFailedError, match="importable module") as info:
+        c = make([_unimportable_env], policy=tk.TinyMLPPolicy(), batch_size=1)
+        c.collect(1)
+    assert "ModuleNotFoundError" in str(info.value)

@@ -198,6 +198,14 @@ class FragmentCollector:
         slot.obs, slot.pending_t = None, None
 
     def _on_failure(self, slot: _Slot, exc: EnvFailure) -> None:
+        if exc.kind == "fatal":
+            self.close()
+            raise RunFailedError(
+                f"Rollout worker {self.worker_id}: the env factory for env {slot.env_id} cannot be loaded in its "
+                f"env process:\n{exc.detail}\nEnv factories are pickled into a fresh process: define "
+                f"env_generator in an importable module (or a Python config file), not in a test or notebook cell "
+                f"that the env process cannot import."
+            )
         now = time.monotonic()
         self.env_failures += 1
         slot.failures_in_row += 1

@@ -35,7 +35,8 @@ DEFAULT_INFO_KEYS = ("task", "achievements")
 
 
 class EnvFailure(Exception):
-    """The env raised, hung or its process died; ``kind`` is "error", "timeout" or "died"."""
+    """The env raised, hung or its process died: ``kind`` is "error", "timeout" or "died"; "fatal"
+    when the env factory cannot even be unpickled in the env process (rebuilding cannot help)."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"env {kind}: {detail}")
@@ -122,7 +123,12 @@ def _child_main(conn: connection.Connection, env_fn_bytes: bytes, info_keys: tup
         return {k: info[k] for k in info_keys if k in info}
 
     try:
-        env = cloudpickle.loads(env_fn_bytes)()
+        env_fn = cloudpickle.loads(env_fn_bytes)
+    except BaseException:  # noqa: BLE001 - deterministic: rebuilding cannot help
+        conn.send(("fatal", traceback.format_exc(), None, None, None, None, None))
+        return
+    try:
+        env = env_fn()
     except BaseException:  # noqa: BLE001 - reported to the parent, which rebuilds
         conn.send(("error", traceback.format_exc(), None, None, None, None, None))
         return
@@ -230,8 +236,8 @@ class EnvProcess:
             raise EnvFailure("died", f"env process {self.pid} exited with code {self.process.exitcode}") from exc
         finally:
             self.pending = None
-        if status == "error":
-            raise EnvFailure("error", obs)
+        if status in ("error", "fatal"):
+            raise EnvFailure(status, obs)
         if obs is None:
             it = iter(self._views)
             obs = tree_map(lambda _: next(it).copy(), self._template)

@@ -171,6 +171,10 @@ class RolloutWorker:
             if thread is not threading.current_thread():
                 thread.join(timeout=10.0)
         if self.collector is not None:
+            try:
+                self._report_once()  # the tail: last env steps and finished episodes
+            except Exception:  # noqa: BLE001 - the logging side may already be gone at shutdown
+                log.debug("final report failed", exc_info=True)
             self.collector.close()
 
     # -- threads ------------------------------------------------------------------------------

@@ -56,6 +56,13 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
+    except OSError:
+        return "?"
+
+
 def _iterations_logged(run_dir: Path, after: float = 0.0) -> list[int]:
     out = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -92,6 +99,7 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     while _session_pids(driver.pid) and time.monotonic() < end:
         time.sleep(0.5)
     leftovers = _session_pids(driver.pid)
+    names = sorted(_comm(pid) for pid in leftovers)
     for pid in leftovers:  # only processes of the session this test created, by pid
         try:
             os.kill(pid, signal.SIGKILL)
@@ -126,7 +134,7 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     assert result["version"] == versions[final]
     print(f"FIGURE driver SIGKILL at iteration {reached} (checkpoint {checkpoint_iteration}): {lost} iteration(s) "
           f"lost, resumed at {checkpoint_iteration + 1}, finished {final} in {resume_s:.0f}s; "
-          f"{len(leftovers)} processes of the killed driver's session outlived it by 30 s")
+          f"{len(leftovers)} processes of the killed driver's session outlived it by 30 s {names}")
 
 
 @pytest.mark.slow
