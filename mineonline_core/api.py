@@ -259,9 +259,18 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
             raise error
         raise RunFailedError(f"training failed: {type(error).__name__}: {error}") from error
     result = dict(outcome.get("result") or {})
-    if stopping:
-        result["status"] = "interrupted"
+    if stopping or (result.get("iteration", 0) < cfg.train_config.num_iterations and _stop_was_requested(manager)):
+        result["status"] = "interrupted"  # Ctrl-C here, or `mineonline stop` from another driver
     return result
+
+
+def _stop_was_requested(manager: Any) -> bool:
+    import ray
+
+    try:
+        return bool(ray.get(manager.stop_requested.remote(), timeout=10))
+    except Exception:  # noqa: BLE001 - a manager that cannot answer did not ask for a stop
+        return False
 
 
 def _shutdown(manager: Any, hub: Any, cfg: OnlineConfig) -> dict:

@@ -28,7 +28,6 @@ from collections import deque
 from multiprocessing import connection
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from mineonline_core.errors import RunFailedError
