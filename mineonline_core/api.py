@@ -217,6 +217,11 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
         except Exception:  # noqa: BLE001 - documented: a finish hook cannot change the outcome
             log.exception("a mineonline_run_finish hook failed")
     result["status"], result["run_dir"] = status, str(run_dir)
+    if result["summary"]:
+        from mineonline_core.console import print_summary
+
+        # The table is printed here, on the driver, not in the logging actor whose output Ray prefixes.
+        print_summary(result["summary"], env_steps=result["summary"].get("rollout/env_steps"))
     print(f"run {cfg.run_name} {status}: {run_dir}")
     return result
 

@@ -89,7 +89,6 @@ class ConsoleLogger(Logger):
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
         os.replace(tmp, os.path.join(self.run_dir, SUMMARY_FILE))
-        print_summary(self._last, env_steps=self._last_step)
 
 
 def format_value(value: float | None) -> str:

@@ -32,8 +32,7 @@ def test_jsonl_records_histograms_videos_and_summary(tmp_path, capsys):
     assert records[3]["video"] == "video/worker_0" and records[3]["path"] == "videos/v.mp4"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["episode/return_mean"] == 3.0 and summary["env_steps"] == 300
-    out = capsys.readouterr().out
-    assert "mineonline run summary" in out and "return_mean" in out and "advantages/mean" in out
+    assert capsys.readouterr().out == ""  # the driver prints the table, not the logging actor
 
 
 def test_jsonl_appends_on_resume(tmp_path):

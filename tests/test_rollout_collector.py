@@ -148,7 +148,11 @@ def test_versions_are_tagged_and_weights_swap_between_steps() -> None:
 @pytest.mark.parametrize("mode", ["raise", "kill", "hang"])
 def test_env_fault_is_rebuilt_and_closed_as_truncated(mode: str) -> None:
     fns = [functools.partial(counting, 0, episode_len=50), functools.partial(faulty, 1, at_steps=(7,), mode=mode)]
-    c = make(fns, policy=tk.TinyMLPPolicy(), T=5, batch_size=1, step_timeout=0.5, startup_timeout=30, backoff_base=0.01)
+    # A generous step_timeout except where a hang is the fault: on a machine loaded far beyond its
+    # cores a healthy step can take a second, and must not be taken for a hang.
+    step_timeout = 2.0 if mode == "hang" else 30.0
+    c = make(fns, policy=tk.TinyMLPPolicy(), T=5, batch_size=1, step_timeout=step_timeout, startup_timeout=60,
+             backoff_base=0.01)  # fmt: skip
     frags: list[dict] = []
     try:  # until the faulty env has lived through two faults (a rebuild takes longer than a step)
         while sum(f[F.STREAM] == "0.0.1" for f in frags) < 4:
