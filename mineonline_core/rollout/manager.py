@@ -36,6 +36,7 @@ class RolloutManager:
         store_cls: type,
         store_options: Any = None,
         logger_hub: Any = None,
+        store_node_id: str | None = None,
         report_interval: float = 2.0,
     ) -> None:
         import ray
@@ -63,7 +64,7 @@ class RolloutManager:
         if store_options is None:
             store_options = store_cls.Config(**(db.model_extra or {}))
         self._store_host = start_store_host(store_cls=store_cls, path=path, num_shards=db.num_shards, resume=resume,
-                                            options=store_options, namespace=NAMESPACE,
+                                            options=store_options, namespace=NAMESPACE, node_id=store_node_id,
                                             name=f"{self.run_name}/store_host")  # fmt: skip
         self._store = StoreClient.connect(self._store_host, store_cls=store_cls, path=path,
                                           num_shards=db.num_shards, options=store_options)  # fmt: skip
@@ -309,9 +310,11 @@ def start_rolloutmanager(
                                "max_concurrency": 16}  # fmt: skip
     if cfg.detach_rollout_manager:
         options["lifetime"] = "detached"
+    # The replay store lives on the node that starts the run, the one whose disk holds database_config.path,
+    # wherever Ray places the manager itself.
     manager = ray.remote(RolloutManager).options(**options).remote(
         policy_generator=policy_generator, env_generator=env_generator, config=cfg, store_cls=store_cls,
-        store_options=store_options, logger_hub=logger_hub,
+        store_options=store_options, logger_hub=logger_hub, store_node_id=ray.get_runtime_context().get_node_id(),
     )  # fmt: skip
     ray.get(manager.health.remote())
     return manager
