@@ -35,19 +35,6 @@ ROLES = {
 }  # fmt: skip
 
 
-def _descendants(root: int) -> list[int]:
-    out, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        try:
-            kids = [int(k) for t in os.listdir(f"/proc/{pid}/task") for k in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
-        except OSError:
-            continue
-        out += kids
-        stack += kids
-    return out
-
-
 def _title(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -59,7 +46,7 @@ def classify() -> dict[int, str]:
     """``{pid: role}`` for the driver, every actor of the run and the env processes of workers."""
     roles = {os.getpid(): "driver"}
     actor_pids = {}
-    for pid in _descendants(os.getpid()):
+    for pid in bl.descendants(os.getpid()):
         title = _title(pid)
         if title.startswith("ray::"):
             name = title[5:].split(".")[0].split()[0]
@@ -68,7 +55,7 @@ def classify() -> dict[int, str]:
                 actor_pids[pid] = ROLES[name]
     for pid, role in actor_pids.items():
         if role == "rollout_worker":
-            for kid in _descendants(pid):
+            for kid in bl.descendants(pid):
                 roles.setdefault(kid, "env_process")
     return roles
 

@@ -83,6 +83,12 @@ def _build_policy(policy_cls: type, options: BaseModel, observation_space: Any, 
     return policy_cls.build(options, observation_space=observation_space, action_space=action_space)
 
 
+def _prepared_policy(policy_generator: Callable[[], Any], use_normalized_vf: bool) -> Any:
+    from mineonline_core.policy import prepare_policy
+
+    return prepare_policy(policy_generator(), use_normalized_vf=use_normalized_vf)
+
+
 def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> ResolvedRun:
     """Resolve every component of ``loaded`` with ``pm``; raise one clear error for the first problem."""
     from mineonline_core.envs import env_generator_from_config
@@ -141,6 +147,9 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> R
         policy_generator = functools.partial(_build_policy, policy_cls, options, observation_space, action_space)
     elif cfg.policy_config is not None:
         raise ConfigError("policy_config: the config module defines policy_generator and the config sets policy_config too. Fix: keep one.")
+    # Every process that builds the policy (rollout workers, trainer ranks, the KL reference) must agree
+    # on the value head's scale, so the run-wide settings are applied inside the generator itself.
+    policy_generator = functools.partial(_prepared_policy, policy_generator, cfg.train_config.use_normalized_vf)
     _picklable(policy_generator, "policy_generator")
     if probe:
         _call(policy_generator, "policy_generator()")

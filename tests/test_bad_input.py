@@ -6,7 +6,6 @@ it from the message alone. Nothing here starts Ray.
 
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 import sys
@@ -215,28 +214,45 @@ def test_unwritable_save_path(tmp_path: Path) -> None:
     assert "train_config.save_path" in str(info.value) and str(blocker) in str(info.value)
 
 
-def test_full_disk_on_the_lmdb_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import numpy as np
-    from mineonline_lmdb.store import LMDBStore, _Shard
+FILL_DISK = """
+import resource, signal, sys
+import numpy as np
+from mineonline_core.errors import MineOnlineError
+from mineonline_lmdb.store import LMDBStore
 
+store = LMDBStore(path=sys.argv[1], num_shards=1)
+store.put("before", {"x": np.arange(3)})
+# A file-size limit makes the store's files unable to grow, exactly as a full disk does (EFBIG
+# instead of ENOSPC); SIGXFSZ would kill the process instead of failing the write.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 20, hard))  # the soft limit only: it can be lifted again
+written = 0
+try:
+    for i in range(1000):
+        store.put(f"k{i:04d}", {"x": np.random.default_rng(i).random(1 << 17)})  # 1 MiB each
+        written += 1
+    print("NO ERROR")
+except MineOnlineError as exc:
+    print("ERROR", type(exc).__name__, written, exc)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+print("BEFORE", store.get("before")["x"].tolist())
+"""
+
+
+def test_full_disk_on_the_lmdb_store(tmp_path: Path) -> None:
     path = str(tmp_path / "store")
-    store = LMDBStore(path=path, num_shards=1)
-    try:
-        store.put("ok", {"x": np.arange(3)})
-
-        def no_space(self, fn):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        monkeypatch.setattr(_Shard, "write", no_space)
-        with pytest.raises(MineOnlineError) as info:
-            store.put("full", {"x": np.arange(1000)})
-        assert f"database_config.path={path!r}" in str(info.value) and "disk is full" in str(info.value)
-        monkeypatch.undo()
-        assert np.array_equal(store.get("ok")["x"], np.arange(3))  # data written before is intact
-        with pytest.raises(KeyError):
-            store.get("full")
-    finally:
-        store.close()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", FILL_DISK, path], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    error = next(line for line in result.stdout.splitlines() if line.startswith(("ERROR", "NO ERROR")))
+    assert error.startswith("ERROR StoreFullError"), result.stdout
+    written = int(error.split()[2])
+    assert 1 <= written <= 8  # it failed when the 8 MiB were used up, not before, not never
+    assert f"database_config.path={path!r}" in error and "disk is full" in error
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "BEFORE [0, 1, 2]" in result.stdout  # what was written before is intact
 
 
 # -- the CLI --------------------------------------------------------------------------------------

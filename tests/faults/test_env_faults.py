@@ -29,14 +29,24 @@ def counting(tag: float) -> functools.partial:
     return functools.partial(tk.CountingEnv, tag=tag, episode_len=1000)  # long episodes: every end is a fault
 
 
-def run(faulty: FaultyEnvFactory, *, fragments: int, **kwargs) -> tuple[FragmentCollector, list[dict], list[dict], float]:
+def run(faulty: FaultyEnvFactory, *, fragments: int, faulty_fragments: int = 0, limit: int = 400,
+        **kwargs) -> tuple[FragmentCollector, list[dict], list[dict], float]:
+    """Collect at least ``fragments``, of which ``faulty_fragments`` from the faulty env (stream 0.0.0).
+
+    The collector does not wait for an env that is down or slow when others are ready, so the clean
+    envs alone could fill ``fragments``; asking for the faulty env's fragments makes each run wait
+    through the fault and the rebuild, whatever the machine's speed.
+    """
     torch.manual_seed(0)
     fns = [faulty, counting(1.0), counting(2.0)]
     collector = FragmentCollector(policy=tk.TinyMLPPolicy(), env_fns=fns, fragment_length=T, batch_size=2,
                                   backoff_base=0.05, backoff_max=0.5, **kwargs)  # fmt: skip
     start = time.monotonic()
+    frags: list[dict] = []
     try:
-        frags = collector.collect(fragments)
+        while len(frags) < fragments or sum(f[F.STREAM] == "0.0.0" for f in frags) < faulty_fragments:
+            assert len(frags) < limit, "the faulty env stopped producing fragments"
+            frags += collector.collect(1)
         elapsed = time.monotonic() - start
         records = collector.episode_records()
     finally:
@@ -74,7 +84,7 @@ def assert_faulty_stream_consistent(frags: list[dict], report: dict) -> np.ndarr
 
 def test_exceptions_at_a_rate(tmp_path) -> None:
     faulty = FaultyEnvFactory(counting(0.0), step_error_rate=0.05, seed=11, state_dir=str(tmp_path))
-    collector, frags, records, _ = run(faulty, fragments=36, step_timeout=30.0)
+    collector, frags, records, _ = run(faulty, fragments=36, faulty_fragments=10, step_timeout=30.0)
     injected = injected_faults(tmp_path)["step_error"]
     report = stream_report(frags)
     assert_clean_streams_untouched(frags, report)
@@ -99,7 +109,7 @@ def test_one_fault_rebuild_and_recovery(tmp_path, kind: str) -> None:
     at = {"hang": "hang_at_step", "kill": "kill_at_step", "raise": "raise_at_step"}[kind]
     faulty = FaultyEnvFactory(counting(0.0), once=True, state_dir=str(tmp_path), hang_s=60.0,
                               **{at: 2 * T + 3})  # fmt: skip
-    collector, frags, records, elapsed = run(faulty, fragments=24, step_timeout=1.5)
+    collector, frags, records, elapsed = run(faulty, fragments=12, faulty_fragments=4, step_timeout=1.5)
     injected = injected_faults(tmp_path)
     assert injected[{"raise": "step_error"}.get(kind, kind)] == 1 and injected["lives"] == 2
     assert collector.env_failures == 1 and collector.env_restarts == 1
@@ -111,7 +121,7 @@ def test_one_fault_rebuild_and_recovery(tmp_path, kind: str) -> None:
     assert after >= T  # the rebuilt env went on collecting
     (record,) = [r for r in records if r["stream"] == "0.0.0"]
     assert record["truncated"] and record["length"] == 2 * T + 2
-    print(f"FIGURE env {kind}: 1 fault, 1 rebuild, {after} steps after it, 0 fragments lost, {elapsed:.1f}s for 24 fragments")
+    print(f"FIGURE env {kind}: 1 fault, 1 rebuild, {after} steps after it, 0 fragments lost, {elapsed:.1f}s for {len(frags)} fragments")
     if kind == "hang":
         assert elapsed >= 1.5  # detected by step_timeout, not by the hang ending (60 s)
         assert elapsed < 30.0
@@ -120,7 +130,7 @@ def test_one_fault_rebuild_and_recovery(tmp_path, kind: str) -> None:
 @pytest.mark.slow
 def test_reset_faults_are_retried_until_the_env_comes_up(tmp_path) -> None:
     faulty = FaultyEnvFactory(counting(0.0), reset_error_rate=0.6, seed=6, state_dir=str(tmp_path))
-    collector, frags, _, _ = run(faulty, fragments=9, step_timeout=30.0)
+    collector, frags, _, _ = run(faulty, fragments=9, faulty_fragments=1, step_timeout=30.0)
     injected = injected_faults(tmp_path)
     assert injected["reset_error"] == 2 and injected["lives"] == 3  # seed 6: lives 0 and 1 fail to reset
     assert collector.env_failures == injected["reset_error"] and collector.env_restarts == injected["reset_error"]
