@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from mineonline_core.config import LoadedConfig, OnlineConfig, check_resources, load_config
-from mineonline_core.errors import ConfigError, MineOnlineError, RunFailedError
+from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
 from mineonline_core.plugins import PluginManager, get_plugin_manager
 from mineonline_core.resolve import ResolvedRun, resolve
 
@@ -202,7 +202,10 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     try:
         check_resources(cfg, ray.cluster_resources())
         hub = _start_hub(resolved)
-        manager = _start_manager(resolved, hub)
+        try:
+            manager = _start_manager(resolved, hub)
+        except ray.exceptions.RayError as exc:
+            raise find_user_error(exc) or RunFailedError(f"the rollout manager failed to start: {_first_line(exc)}") from exc
         result = _train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress)
         status = result.get("status", "completed")
     except KeyboardInterrupt:
@@ -248,8 +251,8 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
         while thread.is_alive():
             try:
                 thread.join(timeout=1.0)
-                display.update(ray.get(hub.latest.remote(), timeout=10))
-                ray.get(manager.health.remote(), timeout=30)
+                display.update(_checked(hub.latest, "logging actor"))
+                _checked(manager.health, "rollout manager")
             except KeyboardInterrupt:
                 if stopping:
                     raise
@@ -260,13 +263,32 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
         display.close()
     if "error" in outcome:
         error = outcome["error"]
-        if isinstance(error, MineOnlineError):
-            raise error
+        user_error = find_user_error(error)
+        if user_error is not None:
+            raise user_error
         raise RunFailedError(f"training failed: {type(error).__name__}: {error}") from error
     result = dict(outcome.get("result") or {})
     if stopping or (result.get("iteration", 0) < cfg.train_config.num_iterations and _stop_was_requested(manager)):
         result["status"] = "interrupted"  # Ctrl-C here, or `mineonline stop` from another driver
     return result
+
+
+def _checked(method: Any, what: str) -> Any:
+    """Call an actor method; a dead actor or a failure it reports ends the run with its cause."""
+    import ray
+
+    try:
+        return ray.get(method.remote(), timeout=60)
+    except (ray.exceptions.RayError, TimeoutError) as exc:
+        user_error = find_user_error(exc)
+        if user_error is not None:
+            raise user_error from None
+        raise RunFailedError(f"the run's {what} failed or died, so the run stops: {type(exc).__name__}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else repr(exc)
 
 
 def _stop_was_requested(manager: Any) -> bool:

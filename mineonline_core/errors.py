@@ -40,3 +40,28 @@ def closest(name: str, candidates: Iterable[str]) -> str | None:
     lowered = {c.lower(): c for c in candidates}
     match = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
     return lowered[match[0]] if match else None
+
+
+def find_user_error(exc: BaseException) -> MineOnlineError | None:
+    """The ``MineOnlineError`` behind ``exc``, looking through Ray's and Ray Train's wrappers.
+
+    An error a user can fix (a bad store layout, a checkpoint from another model) is often raised in an
+    actor or a Ray Train rank and reaches the driver wrapped several times; the user must see its
+    message, not the wrappers' tracebacks.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        err = todo.pop()
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, MineOnlineError):
+            return err
+        todo += [err.__cause__, err.__context__, getattr(err, "cause", None)]
+        for value in vars(err).values() if hasattr(err, "__dict__") else ():
+            if isinstance(value, BaseException):
+                todo.append(value)
+            elif isinstance(value, dict):
+                todo += [v for v in value.values() if isinstance(v, BaseException)]
+    return None

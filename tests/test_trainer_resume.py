@@ -38,6 +38,9 @@ class FixedDataPPO(PPOTrainer):
 
     chunks: list = []
 
+    def _put_weights(self, weights):
+        return weights  # no Ray here: the recording manager takes the state dict itself
+
     def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
         batch = assemble_chunks(copy.deepcopy(self.chunks[:num_chunks]))
         return estimate_advantages(self.model, batch, version=self.version, context_length=8, discount=0.9, gae_lambda=0.95)
@@ -76,7 +79,8 @@ def test_resume_continues_every_sequence(tmp_path, chunks):
     seq = run(full)
     assert [s[0] for s in seq] == [1, 2, 3, 4, 5, 6]
     assert [s[1] for s in seq] == [0, 1, 2, 3, 4, 5]  # iteration 1 is value-only warm-up: no new version
-    assert [v for _, v in manager.broadcasts] == [1, 2, 3, 4, 5]
+    assert [v for _, v in manager.broadcasts] == [1, 2, 3, 4, 5]  # (the initial publish is _train_func's)
+    assert set(manager.broadcasts[-1][0][0]) == set(full.policy.state_dict())
     assert seq[2][2] == pytest.approx(0.3 * 0.9**2) and seq[2][3] == pytest.approx(1e-2 * (1 - 2 / 6))
     assert [i for i, _ in ckpt.list_checkpoints(tmp_path / "a" / "ckpt")] == [4, 6]
 
@@ -84,6 +88,7 @@ def test_resume_continues_every_sequence(tmp_path, chunks):
     assert (resumed.iteration, resumed.version) == (4, 3)
     assert run(resumed) == seq[4:]
     assert [v for _, v in manager.broadcasts] == [4, 5]
+    assert not __import__("ray").is_initialized()
     for (name, a), (_, b) in zip(full.policy.state_dict().items(), resumed.policy.state_dict().items()):
         assert torch.allclose(a, b, atol=1e-6), name
     assert resumed.optimizer.state_dict()["state"][0]["step"] == full.optimizer.state_dict()["state"][0]["step"]

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from mineonline_core.errors import MineOnlineError, RunFailedError
+from mineonline_core.errors import MineOnlineError, RunFailedError, find_user_error
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.trainer.sequence import unwrap
@@ -132,7 +132,7 @@ class BaseTrainer:
         try:
             result = trainer.fit()
         except Exception as exc:
-            raise _user_error(exc) or RunFailedError(f"Training failed on a Ray Train worker: {exc}") from exc
+            raise find_user_error(exc) or RunFailedError(f"Training failed on a Ray Train worker: {exc}") from exc
         return self._final_metrics(result)
 
     def _final_metrics(self, result: Any) -> dict:
@@ -289,16 +289,18 @@ class BaseTrainer:
 
     def _publish_weights(self) -> None:
         weights = {k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()}
+        self.rollout_manager.update_weights.remote([self._put_weights(weights)], self.version)
+
+    def _put_weights(self, weights: dict[str, np.ndarray]) -> Any:
         # Owned by this rank (Ray >= 2.56 has no ``_owner``): workers fetch it while training runs.
-        ref = ray.put(weights)
-        self.rollout_manager.update_weights.remote([ref], self.version)
+        return ray.put(weights)
 
     def _log(self, metrics: dict[str, float], batch: dict) -> None:
         if self.logger_hub is None:
             return
-        self.logger_hub.log_metrics.remote(metrics)
-        for key, column in (("trainer/advantages", "advantage"), ("trainer/values", "value"), ("trainer/staleness", "staleness")):
-            self.logger_hub.log_histogram.remote(key, batch[column].detach().float().cpu().numpy().ravel())
+        columns = {"trainer/advantages": "advantage", "trainer/values": "value", "trainer/staleness": "staleness"}
+        histograms = {key: batch[column].detach().float().cpu().numpy().ravel() for key, column in columns.items()}
+        self.logger_hub.log_batch.remote(metrics, histograms)  # one actor task per iteration
 
     def save_checkpoint(self) -> Path | None:
         """Rank 0 writes the checkpoint of the current iteration; every rank then runs ``on_checkpoint``."""
@@ -318,22 +320,3 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
-
-
-def _user_error(exc: BaseException) -> MineOnlineError | None:
-    """The MineOnlineError a rank raised, found through Ray Train's wrappers, if any."""
-    seen, todo = set(), [exc]
-    while todo:
-        err = todo.pop()
-        if err is None or id(err) in seen:
-            continue
-        seen.add(id(err))
-        if isinstance(err, MineOnlineError):
-            return err
-        todo += [err.__cause__, err.__context__, getattr(err, "cause", None)]
-        for value in vars(err).values() if hasattr(err, "__dict__") else ():
-            if isinstance(value, BaseException):
-                todo.append(value)
-            elif isinstance(value, dict):
-                todo += [v for v in value.values() if isinstance(v, BaseException)]
-    return None
