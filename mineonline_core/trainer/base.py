@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from mineonline_core.errors import MineOnlineError, RunFailedError, find_user_error
+from mineonline_core.errors import RunFailedError, find_user_error
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.trainer.sequence import unwrap
