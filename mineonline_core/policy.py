@@ -152,3 +152,19 @@ def prepare_policy(policy: nn.Module, *, use_normalized_vf: bool) -> nn.Module:
     if value_head is not None and hasattr(value_head, "use_normalizer"):
         value_head.use_normalizer = use_normalized_vf
     return policy
+
+
+def state_dict_mismatch(module: nn.Module, state: dict, *, limit: int = 8) -> str | None:
+    """Describe how ``state`` fails to fit ``module``: missing, unexpected and mis-shaped keys, or None."""
+    expected = module.state_dict()
+
+    def listing(keys: list[str]) -> str:
+        return ", ".join(keys[:limit]) + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    misshaped = [f"{k} (file {tuple(state[k].shape)}, model {tuple(expected[k].shape)})"
+                 for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]  # fmt: skip
+    parts = [f"{what}: {listing(keys)}" for what, keys in
+             (("missing keys", missing), ("unexpected keys", unexpected), ("mis-shaped keys", misshaped)) if keys]  # fmt: skip
+    return "; ".join(parts) or None

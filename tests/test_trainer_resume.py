@@ -99,6 +99,6 @@ def test_bad_resume_fails_before_training(tmp_path, chunks):
         make(tmp_path, chunks, resume=str(tmp_path / "missing"))
     full, _ = make(tmp_path / "a", chunks, num_iterations=2)
     run(full)
-    with pytest.raises(CheckpointError, match="shape mismatches"):
+    with pytest.raises(CheckpointError, match="mis-shaped keys"):
         FixedDataPPO(rollout_manager=None, policy_generator=lambda: mlp_policy(hidden=8), env_generator=None,
                      config=OnlineConfig(train_config={"resume": str(tmp_path / "a" / "ckpt")}), run_dir=str(tmp_path)).preflight()  # fmt: skip

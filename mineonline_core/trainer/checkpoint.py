@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from mineonline_core.errors import CheckpointError, ConfigError
+from mineonline_core.policy import state_dict_mismatch
 
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 _FILES = ("model.pt", "optimizer.pt", "scaler.pt", "trainer.pt")
@@ -233,20 +234,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def check_compatible(model: nn.Module, state: dict[str, torch.Tensor], *, source: str) -> None:
     """Raise ``CheckpointError`` naming missing, unexpected and mis-shaped keys."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in sorted(set(own) & set(state)) if tuple(own[k].shape) != tuple(state[k].shape)]  # fmt: skip
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"missing keys {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-        if unexpected:
-            parts.append(f"unexpected keys {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
-        if shapes:
-            parts.append(f"shape mismatches {shapes[:8]}")
+    mismatch = state_dict_mismatch(model, state)
+    if mismatch:
         raise CheckpointError(
             f"train_config.resume: {source} was saved from a different model than policy_generator() builds: "
-            + "; ".join(parts) + ". Resume with the policy config the checkpoint was trained with, or start fresh."
+            f"{mismatch}. Resume with the policy config the checkpoint was trained with, or start fresh."
         )

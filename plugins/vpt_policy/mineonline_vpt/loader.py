@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from mineonline_core.errors import MineOnlineError
+from mineonline_core.policy import state_dict_mismatch
 
 
 class VPTModelFileError(MineOnlineError):
@@ -122,32 +123,13 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return dict(state)
 
 
-def _listing(keys: list[str], limit: int = 8) -> str:
-    shown = ", ".join(keys[:limit])
-    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
-
-
 def load_weights_strict(module: nn.Module, state: Mapping[str, torch.Tensor], *, source: str) -> None:
     """Load ``state`` into ``module``; any missing, unexpected or mis-shaped key is an error naming it."""
-    expected = module.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    misshaped = [
-        f"{k} (file {tuple(state[k].shape)}, model {tuple(expected[k].shape)})"
-        for k in expected
-        if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
-    ]
-    if missing or unexpected or misshaped:
-        parts = []
-        if missing:
-            parts.append(f"missing keys: {_listing(missing)}")
-        if unexpected:
-            parts.append(f"unexpected keys: {_listing(unexpected)}")
-        if misshaped:
-            parts.append(f"mis-shaped keys: {_listing(misshaped)}")
+    mismatch = state_dict_mismatch(module, dict(state))
+    if mismatch:
         raise VPTWeightsError(
             f"policy_config.weights_path: {source!r} does not match the architecture built from the "
-            f".model file ({'; '.join(parts)}). Use the .weights file released together with this .model "
+            f".model file ({mismatch}). Use the .weights file released together with this .model "
             f"file (for example foundation-model-1x.weights with foundation-model-1x.model)."
         )
     module.load_state_dict(state, strict=True)
