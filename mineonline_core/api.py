@@ -251,8 +251,8 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
         while thread.is_alive():
             try:
                 thread.join(timeout=1.0)
-                display.update(_checked(hub.latest, "logging actor"))
-                _checked(manager.health, "rollout manager")
+                display.update(_checked(hub.latest, "logging actor (LoggerHub)"))
+                _checked(manager.health, "rollout manager (RolloutManager)")
             except KeyboardInterrupt:
                 if stopping:
                     raise
