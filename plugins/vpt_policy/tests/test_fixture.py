@@ -13,7 +13,7 @@ import torch
 
 from mineonline_vpt import load_vpt_policy
 
-FIXTURES = Path(os.environ.get("MINEONLINE_VPT_FIXTURES", "/work/shared/fixtures")) / "vpt_public"
+FIXTURES = Path(os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures") / "vpt_public"
 pytestmark = pytest.mark.skipif(not (FIXTURES / "reference_io.pt").exists(), reason="VPT public fixture not present")
 
 # Sequence 1 resets at step 19, in the middle of chunk 2 (local step 7); OpenAI's chunked forward

@@ -14,7 +14,7 @@ from mineonline_core.errors import MineOnlineError
 from mineonline_vpt import VPTModelFileError, VPTWeightsError, load_vpt_policy
 from mineonline_vpt.loader import read_model_file
 
-FIXTURES = Path(os.environ.get("MINEONLINE_VPT_FIXTURES", "/work/shared/fixtures")) / "vpt_public"
+FIXTURES = Path(os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures") / "vpt_public"
 needs_fixture = pytest.mark.skipif(not (FIXTURES / "public.model").exists(), reason="VPT public fixture not present")
 
 SMALL_KWARGS = {

@@ -11,7 +11,7 @@ import torch
 
 from mineonline_vpt import VPTPolicy
 
-MANIFEST = Path(os.environ.get("MINEONLINE_VPT_FIXTURES", "/work/shared/fixtures")) / "vpt_manifest.json"
+MANIFEST = Path(os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures") / "vpt_manifest.json"
 pytestmark = pytest.mark.skipif(not MANIFEST.exists(), reason="VPT manifest not present")
 MODELS = ["foundation-model-1x", "foundation-model-2x", "foundation-model-3x", "public_fixture"]
 

@@ -134,7 +134,7 @@ def test_plugin_registers_vpt_policy() -> None:
         pm.remove_plugin(mineonline_vpt)
 
 
-FIXTURES = __import__("pathlib").Path(__import__("os").environ.get("MINEONLINE_VPT_FIXTURES", "/work/shared/fixtures")) / "vpt_public"
+FIXTURES = __import__("pathlib").Path(__import__("os").environ.get("MINEONLINE_VPT_FIXTURES") or __import__("pathlib").Path(__file__).resolve().parents[3].parent / "shared" / "fixtures") / "vpt_public"
 
 
 @pytest.mark.skipif(not (FIXTURES / "public.model").exists(), reason="VPT public fixture not present")
