@@ -115,7 +115,7 @@ def main() -> None:
         with out.open("a") as f:
             for line in lines:
                 f.write(json.dumps({"run_all": stamp, **line}) + "\n")
-        status = "error: " + lines[-1]["error"][:200] if "error" in lines[-1] else "ok"
+        status = "error: " + str(lines[-1]["error"])[:200] if lines[-1].get("error") else "ok"
         print(f"{script:24s} {lines[-1].get('script_wall_s', '-'):>7}s  {status}", flush=True)
     print(f"total {time.perf_counter() - start:.0f}s; results appended to {out}")
 
