@@ -109,6 +109,7 @@ class RolloutWorker:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._has_weights = threading.Event()
+        self._built = threading.Event()
         self._weights_cv = threading.Condition()
         self._latest_weights: tuple[list, int] | None = None
         self._error: BaseException | None = None
@@ -204,6 +205,7 @@ class RolloutWorker:
             policy=self._policy_generator(), env_fns=[self._env_generator] * self._num_envs,
             worker_id=self.worker_id, incarnation=self.incarnation, **self._collector_kwargs,
         )  # fmt: skip
+        self._built.set()
         self.collector.warmup(timeout=self.collector.startup_timeout * 2)
         self._ready.set()
         while not self._has_weights.wait(timeout=0.5):
@@ -252,12 +254,12 @@ class RolloutWorker:
                     return
                 refs, version = self._latest_weights
             state_dict = ray.get(refs[0])
-            while self.collector is None and not self._stop.is_set():
-                time.sleep(0.05)  # the collect thread is still building the policy
-            if self.collector is not None:
-                self.collector.set_weights(state_dict, version)
-                version_loaded = version
-                self._has_weights.set()
+            while not self._built.wait(timeout=0.5):  # the collect thread is still building the policy
+                if self._stop.is_set():
+                    return
+            self.collector.set_weights(state_dict, version)
+            version_loaded = version
+            self._has_weights.set()
 
     def _report_loop(self) -> None:
         while not self._stop.wait(self._report_interval):
