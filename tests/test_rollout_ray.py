@@ -73,8 +73,14 @@ def test_manager_workers_buffer_end_to_end(local_ray, tmp_path) -> None:
         assert all(c["version"] == 3 for c in chunks)
         stats = ray.get(buffer.stats.remote())
         assert stats["replay/staleness_mean"] == 0.0
-        served = {k.rsplit(".", 1)[0] for c in chunks for k in c["keys"]}
-        assert {"0.0.0", "0.0.1", "1.0.0", "1.0.1"} <= served | {k.rsplit(".", 1)[0] for k in store.keys()}
+        # Every env of both workers contributes; a slower worker may still be cutting its first
+        # version-3 fragment, so the store is polled (a remote condition) until each stream shows up.
+        seen = {k.rsplit(".", 1)[0] for c in chunks for k in c["keys"]}
+        deadline = time.monotonic() + 60
+        while not {"0.0.0", "0.0.1", "1.0.0", "1.0.1"} <= seen and time.monotonic() < deadline:
+            seen |= {k.rsplit(".", 1)[0] for k in store.keys()}
+            time.sleep(0.05)
+        assert {"0.0.0", "0.0.1", "1.0.0", "1.0.1"} <= seen
 
         # (A killed worker's restart with current weights is tests/faults/test_actor_faults.py.)
         status = ray.get(manager.status.remote(), timeout=30)
