@@ -6,9 +6,6 @@ subprocesses and policies in Ray workers, which must be able to import them.
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from typing import Any
 
 import gymnasium as gym
@@ -66,47 +63,6 @@ class DictObs(gym.ObservationWrapper):
 
 def cartpole(max_episode_steps: int = 500) -> gym.Env:
     return DictObs(gym.make("CartPole-v1", max_episode_steps=max_episode_steps))
-
-
-class FaultyEnv(gym.Wrapper):
-    """Injects faults in ``step``: raise, hang (sleep ``hang_s``) or kill its own process.
-
-    Each fault fires with its rate per step, drawn from a generator seeded with ``seed`` and the
-    process id (so a rebuilt env does not replay the same faults); ``at_steps`` forces the fault
-    kind ``mode`` at given step counts of the env's life.
-    """
-
-    def __init__(
-        self,
-        env: gym.Env,
-        *,
-        raise_rate: float = 0.0,
-        hang_rate: float = 0.0,
-        kill_rate: float = 0.0,
-        hang_s: float = 3600.0,
-        at_steps: tuple[int, ...] = (),
-        mode: str = "raise",
-        seed: int = 0,
-    ) -> None:
-        super().__init__(env)
-        self.rates = {"raise": raise_rate, "hang": hang_rate, "kill": kill_rate}
-        self.hang_s, self.at_steps, self.mode = hang_s, set(at_steps), mode
-        self.rng = np.random.default_rng([seed, os.getpid()])
-        self.steps = 0
-
-    def step(self, action: Any) -> Any:
-        self.steps += 1
-        kind = self.mode if self.steps in self.at_steps else None
-        for name, rate in self.rates.items():
-            if kind is None and rate > 0 and self.rng.random() < rate:
-                kind = name
-        if kind == "raise":
-            raise RuntimeError(f"injected env fault at step {self.steps}")
-        if kind == "hang":
-            time.sleep(self.hang_s)
-        if kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        return self.env.step(action)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,5 +125,12 @@ def time_limited_counting(tag: int, limit: int = 5) -> gym.Env:
     return gym.wrappers.TimeLimit(CountingEnv(tag=tag, terminate=False), max_episode_steps=limit)
 
 
-def faulty_counting(tag: int, episode_len: int = 50, **faults: Any) -> gym.Env:
-    return FaultyEnv(CountingEnv(tag=tag, episode_len=episode_len), **faults)
+def faulty_counting(tag: int, episode_len: int = 50, *, at_steps: tuple[int, ...] = (), mode: str = "raise",
+                    raise_rate: float = 0.0, hang_s: float = 3600.0) -> gym.Env:
+    """A counting env with the public ``FaultyEnv``: fault ``mode`` at each step of ``at_steps`` in every
+    life, or a step error with probability ``raise_rate``."""
+    from mineonline_core.testing.faults import FaultyEnv
+
+    scheduled = {f"{mode}_at_step": step for step in at_steps}
+    assert len(scheduled) == len(at_steps), "one scheduled step per fault kind"
+    return FaultyEnv(CountingEnv(tag=tag, episode_len=episode_len), step_error_rate=raise_rate, hang_s=hang_s, **scheduled)

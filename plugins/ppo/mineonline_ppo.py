@@ -42,6 +42,7 @@ from mineonline_core import fragment as F
 from mineonline_core.errors import ConfigError
 from mineonline_core.trainer.base import BaseTrainer
 from mineonline_core.trainer.sequence import detach_state, slice_time, squeeze_value, windows
+from mineonline_core.tree import tree_index, tree_map
 
 METRICS = ("policy_loss", "value_loss", "entropy", "kl_ref", "approx_kl", "clipfrac")
 
@@ -184,9 +185,9 @@ class PPOTrainer(BaseTrainer):
                   behaviour_vpred: torch.Tensor, *, sync: bool, scale: float, value_only: bool) -> dict[str, float]:  # fmt: skip
         """Forward/backward one micro-batch window by window; gradients accumulate in ``.grad``."""
         tc = self.train_config
-        obs = slice_rows(batch[F.OBS], rows)
-        first, action = batch[F.FIRST][rows], slice_rows(batch[F.ACTION], rows)
-        state = ref_state = slice_rows(batch[F.STATE_IN], rows)
+        obs = tree_index(batch[F.OBS], rows)
+        first, action = batch[F.FIRST][rows], tree_index(batch[F.ACTION], rows)
+        state = ref_state = tree_index(batch[F.STATE_IN], rows)
         length = first.shape[1]
         spans = windows(length, tc.context_length)
         totals = {k: 0.0 for k in METRICS}
@@ -258,15 +259,7 @@ class PPOTrainer(BaseTrainer):
         return torch.cat(parts)
 
 
-def slice_rows(tree: Any, rows: slice) -> Any:
-    from mineonline_core.tree import tree_map
-
-    return tree_map(lambda x: x[rows], tree)
-
-
 def _float(tree: Any) -> Any:
-    from mineonline_core.tree import tree_map
-
     return tree_map(lambda x: x.float(), tree)
 
 
