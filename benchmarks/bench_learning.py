@@ -7,6 +7,11 @@ a 150k env-step budget, and the wall time. Crafter: the mean episode reward of t
     python benchmarks/bench_learning.py --seeds 3
     python benchmarks/bench_learning.py --env crafter --steps 200000 --seeds 1
     python benchmarks/bench_learning.py --quick      # one seed, 20k steps: a smoke run of the harness
+    python benchmarks/bench_learning.py --env crafter --steps 1000000 --seeds 1 --memory 10
+                                                     # also samples every process's RSS every 10 s
+
+With ``--memory`` the long learning run doubles as issue 8's flat-memory check: the JSON line gains
+``bench_memory``'s figures (peak RSS and the growth over the second half of the run, per role).
 """
 
 from __future__ import annotations
@@ -28,9 +33,14 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 NAMESPACE = "mineonline"
 
 
-def _monitor(run_name: str, *, target: float | None, budget: int, min_episodes: int, done: threading.Event, seen: dict) -> None:
-    """Poll the run's hub; ask the manager to stop once the target is reached or the budget spent."""
+def _monitor(run_name: str, *, target: float | None, budget: int, min_episodes: int, done: threading.Event, seen: dict,
+             memory_interval: float | None = None) -> None:
+    """Poll the run's hub; ask the manager to stop once the target is reached or the budget spent.
+    With ``memory_interval``, also sample every process's RSS into ``seen["memory"]``."""
     import ray
+    from bench_memory import sample
+
+    next_sample, start = 0.0, time.monotonic()
 
     hub = manager = None
     while not done.is_set() and (hub is None or manager is None):
@@ -46,6 +56,9 @@ def _monitor(run_name: str, *, target: float | None, budget: int, min_episodes: 
             return
         steps, ret = latest.get("env_steps", 0.0), latest.get("episode/return_mean")
         seen["last"] = latest
+        if memory_interval and time.monotonic() >= next_sample:
+            next_sample = time.monotonic() + memory_interval
+            seen.setdefault("memory", []).append((time.monotonic() - start, sample()))
         reached = target is not None and ret is not None and ret >= target and latest.get("episode/count", 0) >= min_episodes
         if reached or steps >= budget:
             seen["stopped_at"] = steps
@@ -70,13 +83,31 @@ def _last_metric(run_dir: Path, key: str) -> float | None:
     return value
 
 
-def run_one(source: str, seed: int, out: str, *, target: float | None, budget: int, overrides: list[str]) -> dict:
+def memory_figures(series: list[tuple[float, dict]]) -> dict:
+    """Peak RSS and second-half growth per role, as ``bench_memory`` reports them."""
+    from bench_memory import slope_mib_per_min
+
+    roles = sorted({role for _, snap in series for role in snap})
+    times = [t for t, _ in series]
+    return {
+        "peak_rss_mib": {role: round(max(snap.get(role, {}).get("peak_mib", 0.0) for _, snap in series), 1) for role in roles},
+        "growth_mib_per_min": {role: slope_mib_per_min(times, [snap.get(role, {}).get("rss_mib", 0.0) for _, snap in series])
+                               for role in roles},
+        "first_last_rss_mib": {role: [round(series[0][1].get(role, {}).get("rss_mib", 0.0), 1),
+                                      round(series[-1][1].get(role, {}).get("rss_mib", 0.0), 1)] for role in roles},
+        "minutes": round((times[-1] - times[0]) / 60, 1) if times else 0.0,
+    }  # fmt: skip
+
+
+def run_one(source: str, seed: int, out: str, *, target: float | None, budget: int, overrides: list[str],
+            memory_interval: float | None = None) -> dict:
     from mineonline_core.api import run
 
     run_name = f"bench-{Path(source).stem}-seed{seed}-{os.getpid()}"
     done, seen = threading.Event(), {}
     thread = threading.Thread(target=_monitor, args=(run_name,), daemon=True,
-                              kwargs=dict(target=target, budget=budget, min_episodes=20, done=done, seen=seen))  # fmt: skip
+                              kwargs=dict(target=target, budget=budget, min_episodes=20, done=done, seen=seen,
+                                          memory_interval=memory_interval))  # fmt: skip
     thread.start()
     start = time.perf_counter()
     try:
@@ -89,6 +120,11 @@ def run_one(source: str, seed: int, out: str, *, target: float | None, budget: i
     summary = result.get("summary", {})
     row = {"seed": seed, "wall_s": round(wall, 1), "env_steps": int(summary.get("env_steps", seen.get("stopped_at", 0))),
            "iterations": _last_metric(run_dir, "trainer/iteration"), "final_return_mean": _last_metric(run_dir, "episode/return_mean")}  # fmt: skip
+    score = _last_metric(run_dir, "crafter/score")
+    if score is not None:
+        row["final_crafter_score"] = score
+    if seen.get("memory"):
+        row["memory"] = memory_figures(seen["memory"])
     if target is not None:
         reached = _first_reach(run_dir, target, 20)
         row["steps_to_target"] = reached if reached is not None and reached <= budget else None
@@ -117,6 +153,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="env-step budget (150k CartPole, 200k Crafter)")
     parser.add_argument("--config", default=None, help="config file (default: examples/cartpole.yaml or examples/crafter.py)")
     parser.add_argument("--quick", action="store_true", help="one seed and a 20k-step budget")
+    parser.add_argument("--memory", type=float, default=None, metavar="SECONDS", help="sample every process's RSS this often")
     parser.add_argument("overrides", nargs="*", help="OmegaConf dotlist overrides")
     args = parser.parse_args()
     if args.quick:
@@ -130,7 +167,8 @@ def main() -> None:
     budget = args.steps or (150_000 if cartpole else 200_000)
     source = args.config or str(ROOT / "examples" / ("cartpole.yaml" if cartpole else "crafter.py"))
     out = tempfile.mkdtemp(prefix="bench_learning_")
-    rows = [run_one(source, seed, out, target=475.0 if cartpole else None, budget=budget, overrides=args.overrides)
+    rows = [run_one(source, seed, out, target=475.0 if cartpole else None, budget=budget, overrides=args.overrides,
+                   memory_interval=args.memory)
             for seed in range(args.seeds)]  # fmt: skip
     ray.shutdown()
     report: dict = {"env": args.env, "budget_env_steps": budget, "seeds": rows, "config": source,

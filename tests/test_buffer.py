@@ -120,6 +120,47 @@ def test_staleness_checked_at_add_at_every_version_bump_over_all_chunks_and_at_s
     assert [c["chunk_id"] for c in served] == ["w.000000000"]
 
 
+def test_a_prefetching_trainer_is_held_to_max_staleness_at_the_version_it_will_train_at() -> None:
+    async def go():
+        h = Harness(max_staleness=1, max_reuse=2)
+        await h.buffer.set_version(4)
+        await h.add("a", 0, version=3)
+        await h.add("b", 0, version=4)
+        now = await h.buffer.sample(2)  # both are fresh enough for version 4
+        waiter = asyncio.create_task(h.buffer.sample(2, for_version=5))  # a is one too old for 5
+        await asyncio.sleep(0.05)
+        blocked = not waiter.done()
+        await h.add("c", 0, version=4)
+        ahead = await asyncio.wait_for(waiter, 5)
+        return h, now, blocked, ahead
+
+    h, now, blocked, ahead = run(go())
+    assert sorted(c["chunk_id"] for c in now) == ["a.000000000", "b.000000000"]
+    assert blocked
+    assert sorted(c["chunk_id"] for c in ahead) == ["b.000000000", "c.000000000"]
+    assert "a.000000000" in {c.chunk_id for c in h.buffer._chunks.values()}  # still servable at version 4
+
+
+def test_add_fragments_indexes_a_batch_in_order_like_single_adds() -> None:
+    async def go():
+        one, many = Harness(fragments_per_chunk=2, max_chunks=2), Harness(fragments_per_chunk=2, max_chunks=2)
+        metas = []
+        for stream, index in (("s", 0), ("s", 1), ("t", 0), ("s", 3), ("s", 4), ("t", 1), ("s", 5), ("s", 6)):
+            frag = make_fragment(stream, index, 0)
+            meta = fragment_meta(frag)
+            for h in (one, many):
+                h.store.put(meta["key"], frag)
+            await one.buffer.add_fragment(meta)
+            metas.append(meta)
+        await many.buffer.add_fragments(metas)
+        return one, many
+
+    one, many = run(go())
+    assert list(one.buffer._chunks) == list(many.buffer._chunks) == ["t.000000000", "s.000000005"]
+    assert one.buffer.counters == many.buffer.counters
+    assert sorted(one.store.keys()) == sorted(many.store.keys())
+
+
 def test_deletion_of_served_chunks_is_deferred_until_release() -> None:
     async def go():
         h = Harness(max_reuse=1, max_chunks=2)

@@ -1,5 +1,6 @@
-"""FragmentCollector against real env subprocesses (no Ray): columns, episode ends, versions,
-recurrent-state bookkeeping, and env faults (raise, hang, process death)."""
+"""FragmentCollector against real env subprocesses and inline envs (no Ray): columns, episode ends,
+versions, recurrent-state bookkeeping, the double-buffered weight swap, and env faults (raise, hang,
+process death)."""
 
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def replay(policy, frag: dict) -> tuple[np.ndarray, np.ndarray, list]:
     return logp, vpred, states
 
 
-def test_fragment_columns_shapes_and_episode_boundaries() -> None:
-    c = make([functools.partial(counting, i, image=True) for i in range(3)], T=4, batch_size=2)
+@pytest.mark.parametrize("env_processes", [True, False], ids=["processes", "inline"])
+def test_fragment_columns_shapes_and_episode_boundaries(env_processes: bool) -> None:
+    c = make([functools.partial(counting, i, image=True) for i in range(3)], T=4, batch_size=2, env_processes=env_processes)
     try:
         frags = c.collect(18)
     finally:
@@ -99,9 +101,11 @@ def test_fragment_columns_shapes_and_episode_boundaries() -> None:
     assert records[0]["task"] == "count" and records[0]["achievements"] == {"counted": 1}
 
 
-def test_recurrent_state_and_truncation_bootstrap_reproduce_rollout() -> None:
+@pytest.mark.parametrize("env_processes", [True, False], ids=["processes", "inline"])
+def test_recurrent_state_and_truncation_bootstrap_reproduce_rollout(env_processes: bool) -> None:
     policy = tk.TinyGRUPolicy()
-    c = make([functools.partial(time_limited, i) for i in range(2)], policy=policy, T=7, batch_size=1)
+    c = make([functools.partial(time_limited, i) for i in range(2)], policy=policy, T=7, batch_size=1,
+             env_processes=env_processes)  # fmt: skip
     try:
         frags = c.collect(8)
     finally:
@@ -142,18 +146,45 @@ def test_versions_are_tagged_and_weights_swap_between_steps() -> None:
     for stream, fs in by_stream(before + after).items():
         v = chain(sorted(fs, key=lambda f: f[F.INDEX]), F.VERSION)
         assert np.all(np.diff(v) >= 0) and v[-1] == 3, stream
-    assert torch.equal(policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"]))
+    assert torch.equal(c.policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"]))
     assert c.metrics()["rollout/model_version"] == 3.0
 
 
-@pytest.mark.parametrize("mode", ["raise", "kill", "hang"])
+def test_weights_load_off_the_stepping_thread_and_only_complete_loads_swap_in() -> None:
+    policy = tk.TinyMLPPolicy()
+    c = make([functools.partial(counting, i) for i in range(2)], policy=policy, T=5)
+    try:
+        c.collect(2)
+        new = {k: (v + 1.0).numpy() for k, v in tk.TinyMLPPolicy().state_dict().items()}
+        c._standby_version = None  # as while a load is under way: nothing to swap
+        c.step()
+        assert c.policy is policy and c.version == 0
+        c.set_weights(new, 1)  # loads into the standby; the policy stepping now is untouched
+        assert c.policy is policy and not torch.equal(policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"]))
+        newer = {k: v + 1.0 for k, v in new.items()}
+        c.set_weights(newer, 2)  # a second load before any step: the latest complete one wins
+        c.step()
+        assert c.version == 2 and c.policy is not policy
+        assert torch.equal(c.policy.state_dict()["body.0.weight"], torch.as_tensor(newer["body.0.weight"]))
+        c.set_weights(new, 3)  # the old policy is the standby now, and is loaded in place
+        assert c._standby is policy
+        c.step()
+        assert c.policy is policy and c.version == 3
+        frags = c.collect(4)
+    finally:
+        c.close()
+    assert max(int(f[F.VERSION].max()) for f in frags) == 3
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill", "hang", "raise-inline"])
 def test_env_fault_is_rebuilt_and_closed_as_truncated(mode: str) -> None:
+    mode, _, inline = mode.partition("-")
     fns = [functools.partial(counting, 0, episode_len=50), functools.partial(faulty, 1, at_steps=(7,), mode=mode)]
     # A generous step_timeout except where a hang is the fault: on a machine loaded far beyond its
     # cores a healthy step can take a second, and must not be taken for a hang.
     step_timeout = 2.0 if mode == "hang" else 30.0
     c = make(fns, policy=tk.TinyMLPPolicy(), T=5, batch_size=1, step_timeout=step_timeout, startup_timeout=60,
-             backoff_base=0.01)  # fmt: skip
+             backoff_base=0.01, env_processes=not inline)  # fmt: skip
     frags: list[dict] = []
     try:  # until the faulty env has lived through two faults (a rebuild takes longer than a step)
         while sum(f[F.STREAM] == "0.0.1" for f in frags) < 4:

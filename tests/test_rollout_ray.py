@@ -129,9 +129,10 @@ def test_full_send_queue_blocks_collection(local_ray) -> None:
         assert worker._queue.full() and store.puts == 1
         time.sleep(0.5)  # give a misbehaving collector the chance to run ahead
         done = worker.collector.fragments_done
-        # One fragment in the sender's hands, one in the queue, and at most one step's worth
-        # (num_envs) finished while the collector waited to enqueue: nothing more is produced.
-        assert done <= 1 + 1 + 2
+        # The queue admits one step's fragments (at most num_envs) while below its bound: at most
+        # that many in the sender's hands, as many in the queue, and one step's worth finished
+        # while the collector waits to enqueue. Nothing more is produced.
+        assert done <= 2 + 2 + 2
         store.gate.set()
         while ray.get(buffer.stats.remote())["replay/fragments_added"] < done + 4 and time.monotonic() < deadline:
             time.sleep(0.05)

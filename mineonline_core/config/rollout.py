@@ -44,6 +44,13 @@ class WorkerConfig(Section):
     video_upscale: int = setting(
         1, "Integer factor by which recorded frames are enlarged (nearest neighbour).", ge=1
     )
+    env_processes: bool = Field(
+        True,
+        description="Step each env in its own process (a crash or hang is isolated, detected and "
+        "rebuilt; envs step in parallel). false steps the envs in the worker's own thread: faster "
+        "for envs whose step takes microseconds (CartPole), but a hang cannot be detected and a "
+        "native crash restarts the whole worker.",
+    )
 
 
 class DatabaseConfig(OpenSection):
@@ -123,8 +130,9 @@ class RolloutConfig(Section):
     )
     to_send_queue_size: int = setting(
         1,
-        "Finished fragments a worker may queue before sending blocks it; raise it when workers "
-        "wait on the buffer.",
+        "Finished fragments a worker may queue before collection blocks (the fragments finished "
+        "in one step are queued together); the sender writes everything queued in one store write "
+        "and one buffer call. Raise it when workers wait on the buffer.",
         ge=1,
     )
     worker_config: WorkerConfig = Field(

@@ -84,34 +84,48 @@ class ReplayBuffer:
 
     async def add_fragment(self, meta: dict) -> None:
         """Index a fragment whose payload is already in the store (see LOOP_API.md for ``meta``)."""
+        await self.add_fragments([meta])
+
+    async def add_fragments(self, metas: list[dict]) -> None:
+        """Index several fragments in one call (in order): what a worker's send thread does when
+        fragments queued up faster than one call each could announce them."""
+        doomed: list[str] = []
+        added = False
+        for meta in metas:
+            added |= self._index(meta, doomed)
+        if added:
+            async with self._condition():
+                self._condition().notify_all()
+        await self._delete(doomed)
+        self._since_report += len(metas)
+        if self._since_report >= self.fragments_per_report:
+            self._since_report = 0
+            self._report()
+
+    def _index(self, meta: dict, doomed: list[str]) -> bool:
+        """Account one fragment; appends keys to delete to ``doomed``; True when a chunk completed."""
         self.counters["fragments_added"] += 1
         stream, index, version = meta["stream"], int(meta["index"]), int(meta["version"])
-        doomed: list[str] = []
         pending = self._pending.setdefault(stream, _Pending())
         if pending.metas and int(pending.metas[-1]["index"]) + 1 != index:
             doomed += [m["key"] for m in pending.metas]  # a gap: the partial chunk can never complete
             self.counters["dropped_gap"] += len(pending.metas)
             pending.metas = []
-        if self.version - version > self.max_staleness:
+        if self._stale(version):
             doomed += [meta["key"]] + [m["key"] for m in pending.metas]
             self.counters["dropped_stale"] += 1 + len(pending.metas)
             pending.metas = []
-        else:
-            pending.metas.append(meta)
-            if len(pending.metas) == self.fragments_per_chunk:
-                self._new_chunk(pending.metas)
-                pending.metas = []
-                while len(self._chunks) > self.max_chunks:
-                    oldest = next(iter(self._chunks.values()))
-                    self.counters["evicted"] += 1
-                    doomed += self._drop(oldest)
-                async with self._condition():
-                    self._condition().notify_all()
-        await self._delete(doomed)
-        self._since_report += 1
-        if self._since_report >= self.fragments_per_report:
-            self._since_report = 0
-            self._report()
+            return False
+        pending.metas.append(meta)
+        if len(pending.metas) < self.fragments_per_chunk:
+            return False
+        self._new_chunk(pending.metas)
+        pending.metas = []
+        while len(self._chunks) > self.max_chunks:
+            oldest = next(iter(self._chunks.values()))
+            self.counters["evicted"] += 1
+            doomed += self._drop(oldest)
+        return True
 
     def _new_chunk(self, metas: list[dict]) -> None:
         chunk = _Chunk(
@@ -140,8 +154,12 @@ class ReplayBuffer:
 
     # -- the trainer --------------------------------------------------------------------------
 
-    async def sample(self, num_chunks: int) -> list[dict]:
-        """Wait until ``num_chunks`` chunks are eligible, then serve the freshest (least reused first)."""
+    async def sample(self, num_chunks: int, for_version: int | None = None) -> list[dict]:
+        """Wait until ``num_chunks`` chunks are eligible, then serve the freshest (least reused first).
+
+        ``for_version``: the version the trainer will train these chunks at, when it fetches ahead of
+        its own broadcast; staleness is then judged against it, so prefetching never trains on a chunk
+        more than ``max_staleness`` versions old."""
         if num_chunks > self.max_chunks:
             raise ConfigError(
                 f"The trainer asks for {num_chunks} chunks per iteration but the replay buffer holds at most "
@@ -150,8 +168,8 @@ class ReplayBuffer:
             )
         cond = self._condition()
         async with cond:
-            await cond.wait_for(lambda: self._num_eligible() >= num_chunks)
-            eligible = [c for c in self._chunks.values() if self._eligible(c)]
+            await cond.wait_for(lambda: self._num_eligible(for_version) >= num_chunks)
+            eligible = [c for c in self._chunks.values() if self._eligible(c, for_version)]
             eligible.sort(key=lambda c: (-c.version, c.reuse, c.seq))
             served = eligible[:num_chunks]
         out = []
@@ -222,14 +240,14 @@ class ReplayBuffer:
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _stale(self, version: int) -> bool:
-        return self.version - version > self.max_staleness
+    def _stale(self, version: int, at: int | None = None) -> bool:
+        return max(self.version, at or 0) - version > self.max_staleness
 
-    def _eligible(self, chunk: _Chunk) -> bool:
-        return chunk.reuse < self.max_reuse and not self._stale(chunk.version)
+    def _eligible(self, chunk: _Chunk, at: int | None = None) -> bool:
+        return chunk.reuse < self.max_reuse and not self._stale(chunk.version, at)
 
-    def _num_eligible(self) -> int:
-        return sum(1 for c in self._chunks.values() if self._eligible(c))
+    def _num_eligible(self, at: int | None = None) -> int:
+        return sum(1 for c in self._chunks.values() if self._eligible(c, at))
 
     def _drop(self, chunk: _Chunk) -> list[str]:
         """Make ``chunk`` unservable; returns the keys to delete now (none while it is being read)."""

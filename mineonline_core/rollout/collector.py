@@ -20,6 +20,7 @@ next step carries ``first=True`` (the policy resets there too, so training repro
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -31,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from mineonline_core.errors import RunFailedError
-from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, default_context
+from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, InlineEnv, default_context
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
 from mineonline_core.tree import to_numpy, to_torch, tree_map, tree_stack
 
@@ -43,7 +44,7 @@ class _Slot:
 
     def __init__(self, env_id: int) -> None:
         self.env_id = env_id
-        self.proc: EnvProcess | None = None
+        self.proc: EnvProcess | InlineEnv | None = None
         self.obs: Any = None  # the observation awaiting an action; None while busy or down
         self.first = True
         self.pending_t: int | None = None  # index in ``builder`` of the step in flight
@@ -64,7 +65,12 @@ class _Slot:
 
 class FragmentCollector:
     """Collects fragments from ``env_fns`` with ``policy``. Not thread-safe except ``set_weights``,
-    ``episode_records``, ``videos`` and ``metrics``, which other threads may call."""
+    ``episode_records``, ``videos`` and ``metrics``, which other threads may call.
+
+    Weights are double-buffered: ``set_weights`` (another thread) copies them into a standby copy
+    of the policy while this thread keeps stepping with the current one, and ``step`` swaps the two
+    between batches. A broadcast therefore stalls rollout for a reference swap, not for a
+    ``load_state_dict`` of the whole model, at the price of one more copy of the parameters."""
 
     def __init__(
         self,
@@ -85,10 +91,15 @@ class FragmentCollector:
         version: int = 0,
         backoff_base: float = 0.1,
         backoff_max: float = 10.0,
+        env_processes: bool = True,
     ) -> None:
         if batch_size > len(env_fns):
             raise ValueError(f"batch_size={batch_size} exceeds the number of envs ({len(env_fns)})")
         self.policy = policy.to(device).eval()
+        self._standby = copy.deepcopy(self.policy)  # loaded by set_weights, swapped in by step
+        self._standby_version: int | None = None  # set once the standby holds complete weights
+        self._load_lock = threading.Lock()  # one loader at a time
+        self.env_processes = env_processes
         self.env_fns = list(env_fns)
         self.fragment_length, self.batch_size, self.discount = fragment_length, batch_size, discount
         self.step_timeout, self.max_env_restarts = step_timeout, max_env_restarts
@@ -104,7 +115,6 @@ class FragmentCollector:
         self._value_rows: list[tuple[FragmentBuilder, int, Any, Any]] = []
         self._fragments: deque[dict] = deque()
         self._lock = threading.Lock()
-        self._pending_weights: tuple[dict, int] | None = None
         self._records: list[dict] = []
         self.timers = Timers()
         self.video = VideoRecorder()
@@ -118,9 +128,19 @@ class FragmentCollector:
     # -- public API ---------------------------------------------------------------------------
 
     def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Queue new weights; they are swapped in before the next ``step`` (never within one)."""
-        with self._lock:
-            self._pending_weights = (state_dict, version)
+        """Load new weights into the standby policy (on the caller's thread, while stepping goes on);
+        the next ``step`` swaps them in (never within one)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
+            tensors = {k: torch.as_tensor(v) for k, v in state_dict.items()}
+        with self._load_lock:
+            with self._lock:
+                # Not swappable while half-loaded. The stepping thread never touches the standby
+                # between swaps, so loading into it needs no lock of the stepping thread's.
+                standby, self._standby_version = self._standby, None
+            standby.load_state_dict(tensors)
+            with self._lock:
+                self._standby_version = int(version)
 
     def step(self) -> int:
         """Wait for ready envs, run one batched forward, send the actions. Returns the batch size."""
@@ -189,7 +209,8 @@ class FragmentCollector:
         if slot.builds:
             self.env_restarts += 1
         slot.builds += 1
-        slot.proc = EnvProcess(self.env_fns[slot.env_id], ctx=self._ctx)
+        env_fn = self.env_fns[slot.env_id]
+        slot.proc = EnvProcess(env_fn, ctx=self._ctx) if self.env_processes else InlineEnv(env_fn)
         slot.proc.send_reset(seed)
         slot.started_at = slot.sent_at = now
         slot.deadline = now + self.startup_timeout
@@ -259,6 +280,11 @@ class FragmentCollector:
         timeout = min(max(0.0, min(wake, default=now + max_wait) - now), max_wait)
         if not busy:
             time.sleep(timeout)
+            return
+        inline = [s for s in busy if s.proc.conn is None]
+        if inline:  # answered already, inside send_step
+            for slot in inline:
+                self._receive(slot)
             return
         by_conn = {id(s.proc.conn): s for s in busy}
         for conn in connection.wait([s.proc.conn for s in busy], timeout):
@@ -408,15 +434,11 @@ class FragmentCollector:
 
     def _swap_weights(self) -> None:
         with self._lock:
-            pending, self._pending_weights = self._pending_weights, None
-        if pending is None:
-            return
-        state_dict, version = pending
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
-            tensors = {k: torch.as_tensor(v) for k, v in state_dict.items()}
-        self.policy.load_state_dict(tensors)
-        self.version = int(version)
+            version, self._standby_version = self._standby_version, None
+            if version is None:
+                return
+            self.policy, self._standby = self._standby, self.policy
+        self.version = version
 
     def _stream(self, slot: _Slot) -> str:
         return f"{self.worker_id}.{self.incarnation}.{slot.env_id}"

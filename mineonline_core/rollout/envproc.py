@@ -1,4 +1,5 @@
-"""One env in its own subprocess, stepped asynchronously, observations through shared memory.
+"""One env in its own subprocess, stepped asynchronously, observations through shared memory
+(``EnvProcess``), or the same protocol in the caller's thread for very cheap envs (``InlineEnv``).
 
 Why a subprocess per env: simulators (Minecraft above all) hang, leak and crash; a process can be
 killed by its pid and rebuilt without touching the rollout worker or its other envs. Why not plain
@@ -102,6 +103,25 @@ def _die_with_parent() -> None:
             pass
 
 
+def apply_command(env: Any, cmd: str, data: Any, info_keys: tuple[str, ...]) -> tuple:
+    """Run ``step`` (resetting at once when the episode ends) or ``reset`` on ``env``; returns
+    ``(obs, reward, terminated, truncated, info, final_obs)``, with ``info`` cut to ``info_keys``."""
+
+    def keep(info: dict) -> dict:
+        return {k: info[k] for k in info_keys if k in info}
+
+    if cmd == "reset":
+        obs, info = env.reset(seed=data)
+        return obs, None, False, False, {"reset_info": keep(info)}, None
+    obs, reward, terminated, truncated, info = env.step(data)
+    final_obs, info = None, keep(info)
+    if terminated or truncated:
+        final_obs = obs
+        obs, reset_info = env.reset()
+        info = {**info, "reset_info": keep(reset_info)}
+    return obs, float(reward), bool(terminated), bool(truncated), info, final_obs
+
+
 def _child_main(conn: connection.Connection, env_fn_bytes: bytes, info_keys: tuple[str, ...]) -> None:
     import cloudpickle
 
@@ -119,9 +139,6 @@ def _child_main(conn: connection.Connection, env_fn_bytes: bytes, info_keys: tup
                 return None
         return obs
 
-    def keep(info: dict) -> dict:
-        return {k: info[k] for k in info_keys if k in info}
-
     try:
         env_fn = cloudpickle.loads(env_fn_bytes)
     except BaseException:  # noqa: BLE001 - deterministic: rebuilding cannot help
@@ -138,17 +155,9 @@ def _child_main(conn: connection.Connection, env_fn_bytes: bytes, info_keys: tup
         except (EOFError, OSError):
             break
         try:
-            if cmd == "step":
-                obs, reward, terminated, truncated, info = env.step(data)
-                final_obs, info = None, keep(info)
-                if terminated or truncated:
-                    final_obs = obs
-                    obs, reset_info = env.reset()
-                    info = {**info, "reset_info": keep(reset_info)}
-                conn.send(("ok", pack(obs), float(reward), bool(terminated), bool(truncated), info, final_obs))
-            elif cmd == "reset":
-                obs, info = env.reset(seed=data)
-                conn.send(("ok", pack(obs), None, False, False, {"reset_info": keep(info)}, None))
+            if cmd in ("step", "reset"):
+                obs, *rest = apply_command(env, cmd, data, info_keys)
+                conn.send(("ok", pack(obs), *rest))
             elif cmd == "attach":
                 name, layout = data
                 shm = shared_memory.SharedMemory(name=name)
@@ -304,3 +313,62 @@ class EnvProcess:
                 self.kill()
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
+
+
+class InlineEnv:
+    """``EnvProcess``'s protocol, run in the caller's thread (``worker_config.env_processes: false``).
+
+    For envs whose step costs microseconds (CartPole), where a pipe round trip and two context
+    switches per step cost more than the env. The command runs inside ``send_*``, so the answer is
+    ready before ``recv``; ``conn`` is None, which tells the collector not to wait for it. An
+    exception is answered as an ``EnvFailure`` and the env is rebuilt as usual, but a hang cannot be
+    interrupted and a crash of native code takes the worker with it (Ray then restarts the worker).
+    """
+
+    conn = None
+    pid = None
+
+    def __init__(self, env_fn: Callable[[], Any], *, info_keys: tuple[str, ...] = DEFAULT_INFO_KEYS) -> None:
+        self._env_fn, self._info_keys = env_fn, tuple(info_keys)
+        self._env: Any = None
+        self._answer: Any = None
+        self.pending: str | None = None
+
+    def send_reset(self, seed: int | None = None) -> None:
+        self._run("reset", seed)
+
+    def send_step(self, action: Any) -> None:
+        self._run("step", action)
+
+    def _run(self, cmd: str, data: Any) -> None:
+        assert self.pending is None, f"env command {cmd!r} sent while {self.pending!r} is pending"
+        self.pending = cmd
+        try:
+            if self._env is None:
+                self._env = self._env_fn()
+            obs, reward, terminated, truncated, info, final_obs = apply_command(self._env, cmd, data, self._info_keys)
+            # An env may reuse its observation arrays; the collector keeps them past the next step.
+            final_obs = None if final_obs is None else tree_map(np.array, final_obs)
+            self._answer = (tree_map(np.array, obs), reward, terminated, truncated, info, final_obs)
+        except Exception:  # noqa: BLE001 - answered as a failure; the collector rebuilds the env
+            self._answer = EnvFailure("error", traceback.format_exc())
+
+    def poll(self) -> bool:
+        return self.pending is not None
+
+    def recv(self) -> tuple[Any, float | None, bool, bool, dict, Any]:
+        answer, self._answer, self.pending = self._answer, None, None
+        if isinstance(answer, EnvFailure):
+            raise answer
+        return answer
+
+    def kill(self) -> None:
+        env, self._env = self._env, None
+        if env is not None:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - a failed env's close may fail too; it is dropped either way
+                pass
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.kill()

@@ -94,7 +94,7 @@ class RolloutManager:
                 to_send_queue_size=rc.to_send_queue_size, store_client=self._store, buffer=self._buffer,
                 stats=self._stats, logger_hub=logger_hub, manager=me, discount=config.train_config.discount,
                 step_timeout=wc.step_timeout, max_env_restarts=wc.max_env_restarts,
-                restart_interval=wc.restart_interval, device=device, video_fps=wc.video_fps,
+                restart_interval=wc.restart_interval, env_processes=wc.env_processes, device=device, video_fps=wc.video_fps,
                 video_upscale=wc.video_upscale, seed=None if config.seed is None else config.seed + 7 * i,
             )
             for i in range(rc.num_rollout_workers)

@@ -4,10 +4,12 @@
   latest weights), builds the envs, waits for the first weights, then steps forever. Finished
   fragments go into a queue of ``to_send_queue_size``; a full queue blocks collection, which is
   the back-pressure when the store or buffer falls behind.
-* **send**: writes each fragment to the store, then announces it with ``buffer.add_fragment``
-  (payload first, so the buffer never indexes a key that is not there yet).
+* **send**: writes fragments to the store, then announces them with ``buffer.add_fragments``
+  (payload first, so the buffer never indexes a key that is not there yet); fragments that queued
+  up meanwhile share one store write and one buffer call.
 * **fetch**: ``update_weights`` returns at once; this thread resolves the newest weights ref and
-  hands the dict to the collector, which swaps it in between two steps.
+  loads it into the collector's standby policy while the collect thread keeps stepping; the
+  collect thread swaps the two between batches.
 * **report**: every ``report_interval`` seconds sends env steps to the logging actor, finished
   episodes to the statistics actor, and encodes recorded videos.
 
@@ -18,7 +20,6 @@ manager, and through it the driver, sees the cause instead of a silent stall.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 import zlib
@@ -64,6 +65,39 @@ def as_run_failure(exc: BaseException, what: str) -> MineOnlineError:
     return error
 
 
+class SendQueue:
+    """Finished fragments between the collect and send threads. ``put_all`` blocks while
+    ``maxsize`` or more are waiting, then admits the fragments of one step together (so the bound
+    is soft by up to ``num_envs - 1``); ``take_all`` empties the queue, so the sender writes what
+    piled up in one call instead of one call per fragment."""
+
+    def __init__(self, *, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._items: list[dict] = []
+        self._cv = threading.Condition()
+
+    def put_all(self, items: list[dict], stop: threading.Event) -> None:
+        with self._cv:
+            while len(self._items) >= self.maxsize and not stop.is_set():
+                self._cv.wait(timeout=0.5)
+            self._items.extend(items)
+            self._cv.notify_all()
+
+    def take_all(self, *, timeout: float) -> list[dict]:
+        with self._cv:
+            if not self._items:
+                self._cv.wait(timeout=timeout)
+            items, self._items = self._items, []
+            self._cv.notify_all()
+        return items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def full(self) -> bool:
+        return len(self._items) >= self.maxsize
+
+
 class RolloutWorker:
     """Threaded Ray actor (the manager applies ``ray.remote`` with ``max_concurrency`` >= 4)."""
 
@@ -86,6 +120,7 @@ class RolloutWorker:
         step_timeout: float = 60.0,
         max_env_restarts: int = 100,
         restart_interval: float = 0.0,
+        env_processes: bool = True,
         device: str = "cpu",
         video_fps: int = 20,
         video_upscale: int = 1,
@@ -98,6 +133,7 @@ class RolloutWorker:
         self._collector_kwargs = dict(
             fragment_length=fragment_length, batch_size=batch_size, discount=discount, step_timeout=step_timeout,
             max_env_restarts=max_env_restarts, restart_interval=restart_interval, device=device, seed=seed,
+            env_processes=env_processes,
         )  # fmt: skip
         self._num_envs = num_envs
         self._store, self._buffer, self._stats, self._hub, self._manager = store_client, buffer, stats, logger_hub, manager
@@ -105,7 +141,7 @@ class RolloutWorker:
         self._report_interval = report_interval
         self.incarnation = incarnation
         self.collector = None
-        self._queue: queue.Queue[dict] = queue.Queue(maxsize=to_send_queue_size)
+        self._queue = SendQueue(maxsize=to_send_queue_size)
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._has_weights = threading.Event()
@@ -213,34 +249,32 @@ class RolloutWorker:
                 return
         while not self._stop.is_set():
             self.collector.step()
-            for frag in self.collector.pop_fragments():
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(frag, timeout=0.5)  # blocks while the sender is behind
-                        break
-                    except queue.Full:
-                        continue
+            frags = self.collector.pop_fragments()
+            if frags:
+                self._queue.put_all(frags, self._stop)  # blocks while the sender is behind
 
     def _send_loop(self) -> None:
         import ray
 
         in_flight: list = []
         while not self._stop.is_set():
-            try:
-                frag = self._queue.get(timeout=0.5)
-            except queue.Empty:
+            # Everything queued goes in one store write and one buffer call: with cheap envs,
+            # per-call costs (not bytes) are what keep the sender behind.
+            frags = self._queue.take_all(timeout=0.5)
+            if not frags:
                 continue
             t0 = time.perf_counter()
-            meta = fragment_meta(frag)
-            self._store.put(meta["key"], frag)
+            metas = [fragment_meta(frag) for frag in frags]
+            self._store.put_many([(meta["key"], frag) for meta, frag in zip(metas, frags)])
             t1 = time.perf_counter()
-            in_flight.append(self._buffer.add_fragment.remote(meta))
-            self._sent += 1
+            in_flight.append(self._buffer.add_fragments.remote(metas))
+            self._sent += len(frags)
             if len(in_flight) > 8:  # bound the calls in flight and surface a dead buffer
                 done, in_flight = ray.wait(in_flight, num_returns=len(in_flight) - 8)
                 ray.get(done)
-            self._timers.add("perf/store_put_ms", (t1 - t0) * 1e3)
-            self._timers.add("perf/buffer_add_ms", (time.perf_counter() - t1) * 1e3)
+            self._timers.add("perf/store_put_ms", (t1 - t0) * 1e3 / len(frags))
+            self._timers.add("perf/buffer_add_ms", (time.perf_counter() - t1) * 1e3 / len(frags))
+            self._timers.add("perf/send_batch", float(len(frags)))
 
     def _fetch_loop(self) -> None:
         import ray

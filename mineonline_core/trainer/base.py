@@ -15,7 +15,9 @@ GPU). The trainer object is pickled to each rank, so it holds only handles and c
 from __future__ import annotations
 
 import random
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -31,7 +33,7 @@ from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.trainer.sequence import unwrap
 
-_LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_pending_release")
+_LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_pending_release", "_prefetch")
 
 
 class TrainerOptions(BaseModel):
@@ -60,6 +62,7 @@ class BaseTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scaler: Any = None
         self._buffer = self._store = self._pending_release = None
+        self._prefetch: tuple[int, Future] | None = None  # (num_chunks, the next iteration's batch)
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.iteration, self.version = 0, 0
         self.learning_rate, self.rho = self.train_config.learning_rate, self.train_config.kl_divergence_coef_rho
@@ -261,10 +264,28 @@ class BaseTrainer:
         return metrics
 
     def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
-        """Sample chunks, read their payloads straight from the store, and add GAE columns."""
+        """This iteration's chunks, with GAE columns. The chunks of the next iteration are fetched
+        in the background while this one trains; GAE is not, because it needs the updated model."""
         tc = self.train_config
         start = time.perf_counter()
-        chunks = ray.get(self._buffer.sample.remote(num_chunks))
+        ahead, self._prefetch = self._prefetch, None
+        batch = ahead[1].result() if ahead is not None and ahead[0] == num_chunks else self.fetch_chunks(num_chunks)
+        fetched = time.perf_counter()
+        if self.iteration < tc.num_iterations:
+            # The next iteration trains at the version this one is about to publish: the buffer
+            # judges staleness against that, so fetching early never loosens max_staleness.
+            next_version = self.version + (1 if self.iteration > tc.vf_warmup else 0)
+            self._prefetch = (num_chunks, self._fetch_in_background(num_chunks, next_version))
+        batch = estimate_advantages(self.model, batch, version=self.version, context_length=tc.context_length,
+                                    discount=tc.discount, gae_lambda=tc.gae_lambda)  # fmt: skip
+        self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)  # what the loop waited for, not the fetch itself
+        self.perf["perf/gae_ms"] = 1e3 * (time.perf_counter() - fetched)
+        return batch
+
+    def fetch_chunks(self, num_chunks: int, for_version: int | None = None) -> dict:
+        """Sample chunks fresh enough for ``for_version`` and read their payloads straight from the store."""
+        start = time.perf_counter()
+        chunks = ray.get(self._buffer.sample.remote(num_chunks, for_version))
         payloads = self._store.get_many([key for chunk in chunks for key in chunk["keys"]])
         # Payloads are in this process now: the buffer may drop used-up or evicted ones.
         ray.get(self._buffer.release.remote([chunk["chunk_id"] for chunk in chunks]))
@@ -273,12 +294,22 @@ class BaseTrainer:
             grouped.append(payloads[offset : offset + len(chunk["keys"])])
             offset += len(chunk["keys"])
         batch = assemble_chunks(grouped, device=self.device)
-        fetched = time.perf_counter()
-        batch = estimate_advantages(self.model, batch, version=self.version, context_length=tc.context_length,
-                                    discount=tc.discount, gae_lambda=tc.gae_lambda)  # fmt: skip
-        self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)
-        self.perf["perf/gae_ms"] = 1e3 * (time.perf_counter() - fetched)
+        self.perf["perf/fetch_chunks_ms"] = 1e3 * (time.perf_counter() - start)
         return batch
+
+    def _fetch_in_background(self, num_chunks: int, for_version: int) -> Future:
+        future: Future = Future()
+
+        def work() -> None:
+            try:
+                future.set_result(self.fetch_chunks(num_chunks, for_version))
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the loop when it takes the batch
+                future.set_exception(exc)
+
+        # A daemon thread, not an executor: at a stop it may still wait in buffer.sample, and must
+        # not hold the rank's process open.
+        threading.Thread(target=work, name="mineonline-prefetch", daemon=True).start()
+        return future
 
     def broadcast_model_to_rollout_workers(self, new_version: bool) -> None:
         """Bump the version (every rank) and publish the weights (rank 0, without waiting)."""
