@@ -66,12 +66,15 @@ def env_config(workload: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def make_vector_env(workload: str, num_envs: int) -> Any:
-    """gymnasium's ``AsyncVectorEnv`` over shared memory, resetting in the same step (as mineonline's
-    env processes do), so a step always moves every env forward."""
+def make_vector_env(workload: str, num_envs: int, *, inline: bool = False) -> Any:
+    """gymnasium's ``AsyncVectorEnv`` over shared memory (``SyncVectorEnv`` in this process when
+    ``inline``), resetting in the same step (as mineonline's envs do), so a step always moves every
+    env forward."""
     import gymnasium as gym
 
     fn = env_generator(workload)
+    if inline:
+        return gym.vector.SyncVectorEnv([fn] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     return gym.vector.AsyncVectorEnv(
         [fn] * num_envs, shared_memory=True, context="forkserver",
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
@@ -244,7 +247,7 @@ def ppo_settings(workload: str) -> dict:
 
 
 def online_overrides(workload: str, *, iterations: int, run_name: str, output_dir: str, num_envs: int | None = None,
-                     batch_size: int | None = None, extra: dict | None = None) -> list[str]:  # fmt: skip
+                     batch_size: int | None = None, extra: dict | None = None, inline: bool = False) -> list[str]:  # fmt: skip
     """OmegaConf dotlist for ``mineonline_core.api.run`` with ``PPO_SETTINGS[workload]``."""
     s = ppo_settings(workload)
     num_envs = num_envs or s["num_envs"]
@@ -256,6 +259,7 @@ def online_overrides(workload: str, *, iterations: int, run_name: str, output_di
         "rollout_config.fragment_length": s["fragment_length"],
         "rollout_config.worker_config.num_envs": num_envs,
         "rollout_config.worker_config.batch_size": batch_size or num_envs,
+        "rollout_config.worker_config.env_processes": not inline,
         "rollout_config.replay_buffer_config.max_reuse": 1,
         "rollout_config.replay_buffer_config.max_staleness": 1,
         "rollout_config.replay_buffer_config.fragments_per_chunk": 1,

@@ -1,16 +1,17 @@
 """Weight broadcast: time to deliver a new state dict to N rollout workers vs one put + get.
 
-The path is mineonline's (``LOOP_API.md``): the trainer ``ray.put``s a CPU numpy state dict once,
-calls ``manager.update_weights.remote([ref], version)``; the manager forwards the *ref* (wrapped in a
-list, so Ray does not resolve it on the way) to every worker; each worker ``ray.get``s it, which on one
-node maps the object store's buffer without copying, and then copies it into its policy's tensors
-(``load_state_dict``). The actors here are stand-ins with exactly that path (a real policy of 248M
-parameters per worker would not fit this shared machine), so the figure is the transport's.
+The path is mineonline's (``BaseTrainer._publish_weights``): the trainer ``ray.put``s a CPU numpy
+state dict once and sends the *ref* (wrapped in a list, so Ray does not resolve it on the way) to
+every worker's ``update_weights`` and, without forwarding, to the manager's; each worker ``ray.get``s
+it, which on one node maps the object store's buffer without copying, and then copies it into its
+standby policy's tensors (``load_state_dict``, off the stepping thread). The actors here are stand-ins
+with exactly that path (a real policy of 248M parameters per worker would not fit this shared
+machine), so the figure is the transport's.
 
 Figures per (params, N), best of ``--repeats`` (medians beside): ``baseline_ms`` (one ``ray.put`` + ``ray.get`` of the same dict in the
 driver), ``deliver_ms`` (put → every worker holds the arrays), ``load_ms`` (the copy into the
 policy, measured in the worker), ``applied_ms`` (put → every worker acknowledged, load
-included, two actor calls included), ``ratio`` = deliver_ms / baseline_ms (target <= 1.5), and
+included), ``ratio`` = deliver_ms / baseline_ms (target <= 1.5), and
 ``zero_copy`` (the arrays the workers got are read-only views of the object store, not copies).
 
     python benchmarks/bench_broadcast.py --params 1e6,71e6,248e6 --workers 1,2,4
@@ -68,17 +69,16 @@ def make_actors(num_workers: int, num_params: int) -> tuple:
 
     @ray.remote(num_cpus=0)
     class Manager:
-        """Mimics ``RolloutManager.update_weights``: forwards the ref, never the bytes."""
+        """Mimics ``RolloutManager.update_weights(forward=False)``: records the ref, never the bytes."""
 
-        def __init__(self, workers: list) -> None:
-            self.workers = workers
+        def __init__(self) -> None:
+            self.latest = None
 
-        def update_weights(self, weights: list, version: int) -> list:
-            # The real manager returns at once; the stand-in waits for the acks so the driver can time.
-            return ray.get([w.update_weights.remote(weights, version) for w in self.workers])
+        def update_weights(self, weights: list, version: int) -> None:
+            self.latest = (weights, version)
 
     workers = [Worker.remote(num_params) for _ in range(num_workers)]
-    manager = Manager.remote(workers)
+    manager = Manager.remote()
     ray.get([w.__ray_ready__.remote() for w in workers] + [manager.__ray_ready__.remote()])
     return manager, workers
 
@@ -88,6 +88,7 @@ def measure(num_params: int, num_workers: int, repeats: int) -> dict:
 
     state = fake_state_dict(num_params)
     manager, workers = make_actors(num_workers, num_params)
+    everyone = [manager, *workers]
     baseline, deliver, applied, load, get, zero_copy = [], [], [], [], [], True
     try:
         for version in range(repeats):
@@ -99,7 +100,9 @@ def measure(num_params: int, num_workers: int, repeats: int) -> dict:
             # Wall clock (one machine): from before the put until the last worker holds the arrays.
             t0, wall0 = time.perf_counter(), time.time()
             ref = ray.put(state)
-            acks = ray.get(manager.update_weights.remote([ref], version))
+            calls = [w.update_weights.remote([ref], version) for w in workers]
+            manager.update_weights.remote([ref], version)
+            acks = ray.get(calls)  # the real trainer does not wait; the stand-in does, to time
             applied.append(1e3 * (time.perf_counter() - t0))
             deliver.append(1e3 * (max(a["got_at"] for a in acks) - wall0))
             del ref
@@ -107,7 +110,7 @@ def measure(num_params: int, num_workers: int, repeats: int) -> dict:
             get.append(max(a["get_ms"] for a in acks))
             zero_copy &= all(a["zero_copy"] for a in acks)
     finally:
-        for actor in [manager, *workers]:
+        for actor in everyone:
             ray.kill(actor)
     # The first repetition pays one-off costs (object store pages first touched) and load noise only
     # adds time: ``ratio`` compares the best of the repeats, the medians are reported beside it.

@@ -15,7 +15,7 @@ prints one JSON line; the parent prints the combined line. Figures per workload 
 Targets (issue 8): Crafter >= 1.5x SB3 and >= 1.0x plain; CartPole >= 1.0x SB3 and >= 1.0x plain.
 SB3 runs only when importable (``run_all.py --sb3`` installs it into ``.venv-bench/``).
 
-    python benchmarks/bench_e2e.py --workloads cartpole,crafter --iterations 20
+    python benchmarks/bench_e2e.py --workloads cartpole=40,cartpole-inline=40,crafter=8
 """
 
 from __future__ import annotations
@@ -80,14 +80,15 @@ def summarise_run(records: list[dict], *, chunk_steps: int, epochs: int) -> dict
     }  # fmt: skip
 
 
-def run_mineonline(workload: str, iterations: int, num_envs: int | None) -> dict:
+def run_mineonline(workload: str, iterations: int, num_envs: int | None, inline: bool) -> dict:
     from mineonline_core.api import run
 
     s = bl.ppo_settings(workload)
     chunk_steps = s["batch_size_per_gpu"] * s["batches_per_iteration"] * s["fragment_length"]
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         name = f"e2e-{workload}"
-        overrides = bl.online_overrides(workload, iterations=iterations + 1, run_name=name, output_dir=tmp, num_envs=num_envs)
+        overrides = bl.online_overrides(workload, iterations=iterations + 1, run_name=name, output_dir=tmp, num_envs=num_envs,
+                                        inline=inline)  # fmt: skip
         start = time.perf_counter()
         result = run({}, overrides, progress=False)
         total = time.perf_counter() - start
@@ -118,16 +119,19 @@ class _Sb3EnvFn:
         return _sb3_env(self.workload)
 
 
-def run_sb3(workload: str, iterations: int, num_envs: int | None) -> dict:
+def run_sb3(workload: str, iterations: int, num_envs: int | None, inline: bool) -> dict:
     """SB3 PPO (CartPole, MLP 64x64 tanh, separate torsos) or sb3-contrib RecurrentPPO (Crafter,
     NatureCNN + 256 embedding + an LSTM of 256: the closest SB3 has to our CNN + GRU)."""
     sys.path.insert(0, str(SB3_SITE))
     import torch
-    from stable_baselines3.common.vec_env import SubprocVecEnv
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     s = bl.ppo_settings(workload)
     n = num_envs or s["num_envs"]
-    envs = SubprocVecEnv([_Sb3EnvFn(workload)] * n, start_method="forkserver")
+    if inline:
+        envs = DummyVecEnv([_Sb3EnvFn(workload)] * n)
+    else:
+        envs = SubprocVecEnv([_Sb3EnvFn(workload)] * n, start_method="forkserver")
     common = dict(n_steps=s["fragment_length"], batch_size=s["batch_size_per_gpu"] * s["fragment_length"],
                   n_epochs=s["epochs_per_iteration"], learning_rate=s["learning_rate"], gamma=s["discount"],
                   gae_lambda=s["gae_lambda"], clip_range=s["ppo_clip"], ent_coef=s["entropy_bonus_coef"],
@@ -173,26 +177,27 @@ def sb3_available() -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def child(system: str, workload: str, iterations: int, num_envs: int | None) -> None:
+def child(system: str, workload: str, iterations: int, num_envs: int | None, inline: bool) -> None:
     import torch
 
     # One intra-op thread, as Ray gives each mineonline actor with num_cpus=1 (OMP_NUM_THREADS=1):
     # with more threads than free cores, OpenMP's spinning made a CartPole update 30x slower here.
     torch.set_num_threads(1)
     if system == "mineonline":
-        out = run_mineonline(workload, iterations, num_envs)
+        out = run_mineonline(workload, iterations, num_envs, inline)
     elif system == "plain":
         import plain_ppo
 
-        out = plain_ppo.run(workload, iterations=iterations, num_envs=num_envs)
+        out = plain_ppo.run(workload, iterations=iterations, num_envs=num_envs, inline=inline)
         out["env_steps_total"] = out["env_steps"]
     else:
-        out = run_sb3(workload, iterations, num_envs)
+        out = run_sb3(workload, iterations, num_envs, inline)
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def spawn(system: str, workload: str, iterations: int, num_envs: int | None, timeout: float) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--system", system, "--workloads", workload, "--iterations", str(iterations)]
+def spawn(system: str, workload: str, iterations: int, num_envs: int | None, timeout: float, inline: bool) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--system", system, "--workloads", workload, "--iterations", str(iterations),
+           *(["--inline"] if inline else [])]  # fmt: skip
     if num_envs:
         cmd += ["--num-envs", str(num_envs)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(bl.ROOT), os.environ.get("PYTHONPATH")])),
@@ -233,33 +238,41 @@ def spawn(system: str, workload: str, iterations: int, num_envs: int | None, tim
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="cartpole,crafter")
+    parser.add_argument("--workloads", default="cartpole=40,cartpole-inline=40,crafter",
+                        help="comma-separated NAME[-inline][=ITERATIONS]: -inline steps the envs in the stepping "
+                             "process (SyncVectorEnv, DummyVecEnv, env_processes=false) instead of subprocesses "
+                             "(AsyncVectorEnv, SubprocVecEnv, env_processes=true); ITERATIONS overrides --iterations")  # fmt: skip
     parser.add_argument("--systems", default="mineonline,plain,sb3")
     parser.add_argument("--iterations", type=int, default=10, help="measured iterations (one warm-up iteration is added)")
     parser.add_argument("--num-envs", type=int, default=None)
+    parser.add_argument("--inline", action="store_true", help=argparse.SUPPRESS)  # internal: the child's placement
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per system and workload")
     parser.add_argument("--system", help=argparse.SUPPRESS)  # internal: run one system in this process
-    parser.add_argument("--quick", action="store_true", help="CartPole, 2 iterations, mineonline and plain")
+    parser.add_argument("--quick", action="store_true", help="CartPole, 6 iterations, mineonline and plain")
     args = parser.parse_args()
     if args.system:
-        child(args.system, args.workloads, args.iterations, args.num_envs)
+        child(args.system, args.workloads, args.iterations, args.num_envs, args.inline)
         return
     if args.quick:
-        args.workloads, args.systems, args.iterations, args.num_envs = "cartpole", "mineonline,plain", 2, 2
+        args.workloads, args.systems, args.iterations, args.num_envs = "cartpole", "mineonline,plain", 6, 2
     systems = [s for s in args.systems.split(",") if s]
     if "sb3" in systems and not sb3_available():
         systems.remove("sb3")
         print("# SB3 not installed in .venv-bench/site: run `benchmarks/run_all.py --sb3` once", file=sys.stderr)
     results: dict = {}
-    for workload in [w for w in args.workloads.split(",") if w]:
-        row = {system: spawn(system, workload, args.iterations, args.num_envs, args.timeout) for system in systems}
+    for token in [w for w in args.workloads.split(",") if w]:
+        key, _, iterations = token.partition("=")
+        workload, inline = key.removesuffix("-inline"), key.endswith("-inline")
+        iterations = int(iterations or args.iterations)
+        row = {system: spawn(system, workload, iterations, args.num_envs, args.timeout, inline) for system in systems}
         for base in ("plain", "sb3"):
             mine, other = row.get("mineonline", {}), row.get(base, {})
             if "env_steps_per_s" in mine and "env_steps_per_s" in other:
                 row[f"env_steps_ratio_vs_{base}"] = mine["env_steps_per_s"] / other["env_steps_per_s"]
                 row[f"samples_ratio_vs_{base}"] = mine["samples_per_s"] / other["samples_per_s"]
-        results[workload] = row
-        print(f"# {workload}: {json.dumps(row)}", file=sys.stderr, flush=True)
+        row["iterations"] = iterations
+        results[key] = row
+        print(f"# {key}: {json.dumps(row)}", file=sys.stderr, flush=True)
     bl.emit("e2e", {"results": results}, iterations=args.iterations, systems=systems, quick=args.quick,
             targets={"crafter": {"vs_sb3": 1.5, "vs_plain": 1.0}, "cartpole": {"vs_sb3": 1.0, "vs_plain": 1.0}})  # fmt: skip
 

@@ -9,6 +9,11 @@ and the growth rate of each role's RSS over the second half of the run (MiB/min;
 
     python benchmarks/bench_memory.py --minutes 2          # the default
     python benchmarks/bench_memory.py --minutes 30         # the long check of issue 8
+    python benchmarks/bench_memory.py --minutes 4 --num-envs 4 --vpt 1x   # a VPT-1x-sized policy
+
+``--vpt 1x`` swaps the policy for OpenAI's VPT foundation-model-1x architecture (random weights, a
+head for Crafter's actions) and shrinks an iteration to one 64-step chunk, one epoch, so that a CPU
+learner finishes iterations within the run. Further OmegaConf overrides may follow the options.
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ ROLES = {
     "RolloutWorker": "rollout_worker", "RolloutManager": "rollout_manager", "ReplayBuffer": "replay_buffer",
     "StoreHost": "store_host", "EpisodeStatistics": "episode_statistics", "LoggerHub": "logger_hub",
     "RayTrainWorker": "trainer_rank", "TrainController": "train_controller",
+}  # fmt: skip
+
+
+# OpenAI's foundation-model-1x (``mineonline_vpt.configs``) at Crafter's 64x64 frames, trained on one
+# 64-step chunk per iteration so that a CPU learner (about 7 frames/s) completes iterations.
+VPT_1X = {
+    "policy_config": {"name": "vpt", "hidsize": 1024, "impala_width": 4, "n_recurrence_layers": 4, "attention_heads": 8,
+                      "attention_memory_size": 256, "timesteps": 128, "pointwise_ratio": 4},
+    "train_config.batch_size_per_gpu": 1, "train_config.batches_per_iteration": 1, "train_config.epochs_per_iteration": 1,
 }  # fmt: skip
 
 
@@ -91,6 +105,8 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between RSS samples")
     parser.add_argument("--num-envs", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="CartPole, 2 envs, 0.5 minutes, 2 s samples")
+    parser.add_argument("--vpt", choices=["1x"], default=None, help="a VPT-1x-sized policy (needs mineonline-vpt-policy)")
+    parser.add_argument("overrides", nargs="*", help="OmegaConf dotlist overrides, applied last")
     args = parser.parse_args()
     if args.quick:
         args.workload, args.minutes, args.interval, args.num_envs = "cartpole", 0.5, 2.0, 2
@@ -104,7 +120,9 @@ def main() -> None:
         name = f"memory-{args.workload}"
         overrides = bl.online_overrides(args.workload, iterations=10**6, run_name=name, output_dir=tmp, num_envs=args.num_envs,
                                         extra={"rollout_config.replay_buffer_config.max_reuse": 2,
-                                               "rollout_config.replay_buffer_config.max_staleness": 2})  # fmt: skip
+                                               "rollout_config.replay_buffer_config.max_staleness": 2,
+                                               **(VPT_1X if args.vpt else {})})  # fmt: skip
+        overrides += args.overrides
 
         def target() -> None:
             try:
@@ -143,7 +161,8 @@ def main() -> None:
         "process_count": {role: max((snap.get(role, {}).get("count", 0) for _, snap in series), default=0) for role in roles},
         "status": (outcome.get("result") or {}).get("status"),
     }  # fmt: skip
-    bl.emit("memory", figures, workload=args.workload, minutes=args.minutes, quick=args.quick, error=outcome.get("error"))
+    bl.emit("memory", figures, workload=args.workload, minutes=args.minutes, quick=args.quick, vpt=args.vpt,
+            overrides=args.overrides, error=outcome.get("error"))  # fmt: skip
 
 
 if __name__ == "__main__":

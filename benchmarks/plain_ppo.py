@@ -49,11 +49,11 @@ def gae(reward: np.ndarray, vpred: np.ndarray, terminated: np.ndarray, truncated
 
 
 class PlainPPO:
-    def __init__(self, workload: str, *, num_envs: int | None = None, seed: int = 0) -> None:
+    def __init__(self, workload: str, *, num_envs: int | None = None, seed: int = 0, inline: bool = False) -> None:
         self.workload, self.s = workload, bl.ppo_settings(workload)
         self.num_envs = num_envs or self.s["num_envs"]
         torch.manual_seed(seed)
-        self.envs = bl.make_vector_env(workload, self.num_envs)
+        self.envs = bl.make_vector_env(workload, self.num_envs, inline=inline)
         spaces = SimpleNamespace(observation_space=self.envs.single_observation_space, action_space=self.envs.single_action_space)
         self.policy = bl.build_policy(workload, spaces, use_normalized_vf=False)
         self.actor = bl.BatchedActor(self.policy, self.num_envs)
@@ -153,8 +153,8 @@ class PlainPPO:
         return self.learn(rollout)
 
 
-def run(workload: str, *, iterations: int, seed: int = 0, num_envs: int | None = None) -> dict:
-    ppo = PlainPPO(workload, num_envs=num_envs, seed=seed)
+def run(workload: str, *, iterations: int, seed: int = 0, num_envs: int | None = None, inline: bool = False) -> dict:
+    ppo = PlainPPO(workload, num_envs=num_envs, seed=seed, inline=inline)
     try:
         ppo.iterate()  # warm-up iteration: process start, first allocations; excluded from the rates
         steps0, samples0, time0 = ppo.env_steps, ppo.samples, dict(ppo.time)

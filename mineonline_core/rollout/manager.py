@@ -104,14 +104,15 @@ class RolloutManager:
 
     # -- weights and workers ------------------------------------------------------------------
 
-    def update_weights(self, weights: list, version: int) -> None:
-        """``weights[0]`` refers to a CPU state dict of numpy arrays. Returns at once."""
+    def update_weights(self, weights: list, version: int, forward: bool = True) -> None:
+        """``weights[0]`` refers to a CPU state dict of numpy arrays. Returns at once. ``forward=False``:
+        the trainer delivered them to the workers itself; only record them and tell the buffer."""
         with self._lock:
             if self._latest is not None and version < self._latest[1]:
                 return  # an older broadcast overtaken by a newer one
             self._latest = (weights, int(version))
         self._buffer.set_version.remote(int(version))
-        for worker in self._workers:
+        for worker in self._workers if forward else ():
             worker.update_weights.remote(weights, int(version))
 
     def register_worker(self, worker_id: int) -> tuple[int, tuple[list, int] | None]:

@@ -124,7 +124,7 @@ class RolloutWorker:
         device: str = "cpu",
         video_fps: int = 20,
         video_upscale: int = 1,
-        report_interval: float = 2.0,
+        report_interval: float = 0.5,  # the resolution of the env-step axis every metric is logged on
         seed: int | None = None,
         incarnation: int = 0,
     ) -> None:

@@ -33,7 +33,7 @@ from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.trainer.sequence import unwrap
 
-_LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_pending_release", "_prefetch")
+_LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch")
 
 
 class TrainerOptions(BaseModel):
@@ -62,6 +62,7 @@ class BaseTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scaler: Any = None
         self._buffer = self._store = self._pending_release = None
+        self._workers: list = []  # rollout worker handles (rank 0), for broadcasts without the manager's hop
         self._prefetch: tuple[int, Future] | None = None  # (num_chunks, the next iteration's batch)
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.iteration, self.version = 0, 0
@@ -236,6 +237,8 @@ class BaseTrainer:
     def _connect(self) -> None:
         manager = self.rollout_manager
         self._buffer, self._store = ray.get([manager.get_buffer.remote(), manager.get_store_client.remote()])
+        if self.rank == 0:
+            self._workers = ray.get(manager.get_workers.remote())
 
     def run_iteration(self, iteration: int) -> dict[str, float]:
         tc = self.train_config
@@ -320,7 +323,15 @@ class BaseTrainer:
 
     def _publish_weights(self) -> None:
         weights = {k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()}
-        self.rollout_manager.update_weights.remote([self._put_weights(weights)], self.version)
+        ref = self._put_weights(weights)
+        if not self._workers:
+            self.rollout_manager.update_weights.remote([ref], self.version)
+            return
+        # Straight to the workers: one actor hop between the put and each worker's get, not two. The
+        # manager still records the weights (for restarted workers) and tells the buffer the version.
+        for worker in self._workers:
+            worker.update_weights.remote([ref], self.version)
+        self.rollout_manager.update_weights.remote([ref], self.version, forward=False)
 
     def _put_weights(self, weights: dict[str, np.ndarray]) -> Any:
         # Owned by this rank (Ray >= 2.56 has no ``_owner``): workers fetch it while training runs.
