@@ -90,7 +90,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_stop(args: argparse.Namespace) -> int:
     from mineonline_core.lifecycle import stop_runs
 
-    return stop_runs(args.run, address=args.address)
+    if args.grace < 0:
+        print(f"error: --grace={args.grace} is negative. Fix: give the seconds to wait for the run's driver "
+              "to write its final checkpoint (default 30; longer for runs whose iteration takes longer).", file=sys.stderr)
+        return 2
+    return stop_runs(args.run, address=args.address, grace_s=args.grace)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     stop = sub.add_parser("stop", help="stop a run's actors cleanly")
     stop.add_argument("run", nargs="?", help="run name (default: every run)")
     stop.add_argument("--address", default="auto")
+    stop.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                      help="how long to wait for the run's driver to finish its iteration and write a final "
+                           "checkpoint before its actors are ended (default 30; a VPT iteration can take longer)")  # fmt: skip
     stop.set_defaults(func=_cmd_stop)
     return parser
 

@@ -273,6 +273,14 @@ def test_cli_unknown_trainer_name(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_cli_stop_with_a_negative_grace_names_the_option_and_starts_nothing(capsys) -> None:
+    from mineonline_core.cli import main
+
+    assert main(["stop", "some-run", "--grace", "-5"]) == 2
+    err = capsys.readouterr().err
+    assert "--grace=-5.0" in err and "Fix:" in err
+
+
 def test_unknown_component_names_list_the_choices() -> None:
     for override, wanted in (("rollout_config.replay_buffer_config.database_config.backend=lmbd", "lmdb"),
                              ("logger_config.loggers=[wandbb]", "wandb")):  # fmt: skip

@@ -185,7 +185,7 @@ def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) 
         version_seen = int(line.split("version=")[1].split()[0])
         assert version_seen >= 1
 
-        stopped = _cli("stop", "stop-me", "--address", ray_cluster)
+        stopped = _cli("stop", "stop-me", "--address", ray_cluster, "--grace", "90")
         assert stopped.returncode == 0, stopped.stderr[-2000:]
         assert "stop-me: stopped by its driver (final checkpoint written)" in stopped.stdout, stopped.stdout
         assert driver.wait(timeout=120) == 0
