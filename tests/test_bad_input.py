@@ -99,7 +99,7 @@ def _cartpole():
 
 
 def _policy():
-    from mineonline_core.rollout._testkit import TinyMLPPolicy
+    from mineonline_core.testing.kit import TinyMLPPolicy
 
     return TinyMLPPolicy(obs_dim=4, n_actions=2)
 

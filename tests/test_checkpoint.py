@@ -12,7 +12,7 @@ import torch
 
 from mineonline_core.errors import CheckpointError, ConfigError
 from mineonline_core.trainer import checkpoint as ckpt
-from mineonline_core.trainer._testkit import mlp_policy
+from mineonline_core.testing.kit import mlp_policy
 
 
 def _save(root: Path, iteration: int, policy=None, keep: int | None = None) -> Path:

@@ -13,7 +13,7 @@ import torch
 
 from mineonline_core import fragment as F
 from mineonline_core.errors import RunFailedError
-from mineonline_core.rollout import _testkit as tk
+from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.collector import FragmentCollector
 
 COLUMNS = {F.OBS, F.NEXT_OBS, F.ACTION, F.REWARD, F.TERMINATED, F.TRUNCATED, F.FIRST, F.LOGPROB, F.VPRED,
@@ -62,6 +62,7 @@ def replay(policy, frag: dict) -> tuple[np.ndarray, np.ndarray, list]:
 def test_fragment_columns_shapes_and_episode_boundaries(env_processes: bool) -> None:
     c = make([functools.partial(counting, i, image=True) for i in range(3)], T=4, batch_size=2, env_processes=env_processes)
     try:
+        c.warmup(timeout=120)  # as a worker does: an env process that starts late must not miss the window
         frags = c.collect(18)
     finally:
         c.close()

@@ -11,7 +11,7 @@ import pytest
 
 from mineonline_core import fragment as F
 from mineonline_core.config import load_config
-from mineonline_core.rollout import _testkit as tk
+from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.worker import RolloutWorker, fragment_checksum
 from mineonline_core.store import MemoryStore
 

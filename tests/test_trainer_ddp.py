@@ -7,7 +7,7 @@ import pytest
 import ray
 import torch
 
-from mineonline_core.trainer._testkit import cartpole, chunks_of, ddp_train_step, mlp_policy, rollout_fragments
+from mineonline_core.testing.kit import cartpole, chunks_of, ddp_train_step, mlp_policy, rollout_fragments
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 
 

@@ -10,7 +10,7 @@ import pytest
 from mineonline_core import fragment as F
 from mineonline_core.config import load_config
 from mineonline_core.store import MemoryStore
-from mineonline_core.trainer import _testkit as tk
+from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.base import BaseTrainer
 from mineonline_core.rollout.worker import fragment_meta
 

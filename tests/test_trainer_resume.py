@@ -11,7 +11,7 @@ import torch
 from mineonline_core.config import OnlineConfig
 from mineonline_core.errors import CheckpointError
 from mineonline_core.trainer import checkpoint as ckpt
-from mineonline_core.trainer._testkit import cartpole, chunks_of, mlp_policy, rollout_fragments
+from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout_fragments
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer
 

@@ -9,7 +9,7 @@ import torch
 from mineonline_core import fragment as F
 from mineonline_core.trainer.batch import assemble_chunks, denormalized_value, estimate_advantages
 from mineonline_core.trainer.sequence import forward_sequence, windows
-from mineonline_core.trainer._testkit import TinyImageEnv, cartpole, chunks_of, cnn_policy, mlp_policy, rollout_fragments
+from mineonline_core.testing.kit import TinyImageEnv, cartpole, chunks_of, cnn_policy, mlp_policy, rollout_fragments
 
 
 def test_windows_cover_the_sequence():

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from mineonline_core import fragment as F
-from mineonline_core.rollout import _testkit as tk
+from mineonline_core.testing import kit as tk
 from mineonline_core.testing.faults import stream_report
 
 T = 8

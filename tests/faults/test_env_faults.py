@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from mineonline_core import fragment as F
-from mineonline_core.rollout import _testkit as tk
+from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.collector import FragmentCollector
 from mineonline_core.testing.faults import FaultyEnvFactory, injected_faults, stream_report
 

@@ -7,7 +7,7 @@ import pickle
 import gymnasium as gym
 import pytest
 
-from mineonline_core.rollout import _testkit as tk
+from mineonline_core.testing import kit as tk
 from mineonline_core.testing.faults import FaultyEnvFactory, InjectedFault, injected_faults
 
 

@@ -13,7 +13,7 @@ from mineonline_core.errors import ConfigError
 from mineonline_core.policy import CategoricalHead
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer, ppo_loss
-from mineonline_core.trainer._testkit import TinyImageEnv, cartpole, chunks_of, cnn_policy, mlp_policy, rollout_fragments
+from mineonline_core.testing.kit import TinyImageEnv, cartpole, chunks_of, cnn_policy, mlp_policy, rollout_fragments
 
 HEAD = CategoricalHead(4, 3)
 
