@@ -89,6 +89,7 @@ def run_mineonline(workload: str, iterations: int, num_envs: int | None, inline:
         name = f"e2e-{workload}"
         overrides = bl.online_overrides(workload, iterations=iterations + 1, run_name=name, output_dir=tmp, num_envs=num_envs,
                                         inline=inline)  # fmt: skip
+        overrides += [o for o in os.environ.get("MINEONLINE_BENCH_OVERRIDES", "").split() if o]
         start = time.perf_counter()
         result = run({}, overrides, progress=False)
         total = time.perf_counter() - start

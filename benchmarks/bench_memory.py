@@ -19,6 +19,7 @@ learner finishes iterations within the run. Further OmegaConf overrides may foll
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -126,7 +127,8 @@ def main() -> None:
 
         def target() -> None:
             try:
-                outcome["result"] = run({}, overrides, progress=False)
+                with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the one JSON line
+                    outcome["result"] = run({}, overrides, progress=False)
             except BaseException as exc:  # noqa: BLE001 - reported in the JSON line
                 outcome["error"] = f"{type(exc).__name__}: {exc}"
 

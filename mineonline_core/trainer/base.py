@@ -14,6 +14,7 @@ GPU). The trainer object is pickled to each rank, so it holds only handles and c
 
 from __future__ import annotations
 
+import queue
 import random
 import threading
 import time
@@ -33,7 +34,8 @@ from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.trainer.sequence import unwrap
 
-_LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch")
+_LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
+         "_fetcher")
 
 
 class TrainerOptions(BaseModel):
@@ -64,6 +66,7 @@ class BaseTrainer:
         self._buffer = self._store = self._pending_release = None
         self._workers: list = []  # rollout worker handles (rank 0), for broadcasts without the manager's hop
         self._prefetch: tuple[int, Future] | None = None  # (num_chunks, the next iteration's batch)
+        self._fetcher: _Fetcher | None = None
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.iteration, self.version = 0, 0
         self.learning_rate, self.rho = self.train_config.learning_rate, self.train_config.kl_divergence_coef_rho
@@ -301,18 +304,9 @@ class BaseTrainer:
         return batch
 
     def _fetch_in_background(self, num_chunks: int, for_version: int) -> Future:
-        future: Future = Future()
-
-        def work() -> None:
-            try:
-                future.set_result(self.fetch_chunks(num_chunks, for_version))
-            except BaseException as exc:  # noqa: BLE001 - re-raised by the loop when it takes the batch
-                future.set_exception(exc)
-
-        # A daemon thread, not an executor: at a stop it may still wait in buffer.sample, and must
-        # not hold the rank's process open.
-        threading.Thread(target=work, name="mineonline-prefetch", daemon=True).start()
-        return future
+        if self._fetcher is None:
+            self._fetcher = _Fetcher()
+        return self._fetcher.submit(self.fetch_chunks, num_chunks, for_version)
 
     def broadcast_model_to_rollout_workers(self, new_version: bool) -> None:
         """Bump the version (every rank) and publish the weights (rank 0, without waiting)."""
@@ -356,6 +350,29 @@ class BaseTrainer:
             )  # fmt: skip
         self.on_checkpoint(path)
         return path
+
+
+class _Fetcher:
+    """One long-lived thread that runs the trainer's fetches ahead: one thread per iteration would
+    churn the allocator's per-thread arenas. A daemon, because at a stop it may still be waiting in
+    ``buffer.sample`` and must not hold the rank's process open."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="mineonline-prefetch", daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self._jobs.get()
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the loop when it takes the batch
+                future.set_exception(exc)
 
 
 def _seed_everything(seed: int) -> None:
