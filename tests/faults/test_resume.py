@@ -23,7 +23,7 @@ import yaml
 from mineonline_core.trainer.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
-ITERATIONS, SAVE_INTERVAL, MORE = 200, 1, 2  # the first run is killed long before 200
+ITERATIONS, SAVE_INTERVAL, MORE = 100_000, 1, 2  # the first run is killed or stopped long before the end
 
 CONFIG = {
     "run_name": "kill-resume", "seed": 0,
