@@ -87,8 +87,9 @@ class ReplayBufferConfig(Section):
     )
     max_staleness: int = setting(
         2,
-        "Largest model-version gap (current version minus the version that produced the data) "
-        "at which a chunk may still be sampled. 0 samples only on-policy data.",
+        "Largest model-version gap (the version a chunk is trained at minus the oldest version "
+        "that produced its steps) at which a chunk may still be sampled; the trainer's fetch-ahead "
+        "is held to it too. 0 samples only on-policy data.",
         ge=0,
     )
     fragments_per_report: int = setting(
