@@ -88,7 +88,6 @@ def measure(num_params: int, num_workers: int, repeats: int) -> dict:
 
     state = fake_state_dict(num_params)
     manager, workers = make_actors(num_workers, num_params)
-    everyone = [manager, *workers]
     baseline, deliver, applied, load, get, zero_copy = [], [], [], [], [], True
     try:
         for version in range(-1, repeats):  # version -1 is an untimed warm-up round
@@ -114,7 +113,7 @@ def measure(num_params: int, num_workers: int, repeats: int) -> dict:
                 # size touched for the first time, the actors' first get): not what a run sees.
                 baseline, deliver, applied, load, get = [], [], [], [], []
     finally:
-        for actor in everyone:
+        for actor in [manager, *workers]:
             ray.kill(actor)
     # Load noise only adds time: ``ratio`` compares the best of the repeats, the medians beside it.
     b, d = float(np.min(baseline)), float(np.min(deliver))

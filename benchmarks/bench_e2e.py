@@ -14,6 +14,9 @@ prints one JSON line; the parent prints the combined line. Figures per workload 
 
 Targets (issue 8): Crafter >= 1.5x SB3 and >= 1.0x plain; CartPole >= 1.0x SB3 and >= 1.0x plain.
 SB3 runs only when importable (``run_all.py --sb3`` installs it into ``.venv-bench/``).
+``MINEONLINE_BENCH_OVERRIDES`` (space-separated dotlist items) is appended to mineonline's overrides,
+to try a rollout layout against the same baselines, e.g.
+``rollout_config.num_rollout_workers=2 rollout_config.worker_config.num_envs=4``.
 
     python benchmarks/bench_e2e.py --workloads cartpole=40,cartpole-inline=40,crafter=8
 """

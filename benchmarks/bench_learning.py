@@ -83,22 +83,6 @@ def _last_metric(run_dir: Path, key: str) -> float | None:
     return value
 
 
-def memory_figures(series: list[tuple[float, dict]]) -> dict:
-    """Peak RSS and second-half growth per role, as ``bench_memory`` reports them."""
-    from bench_memory import slope_mib_per_min
-
-    roles = sorted({role for _, snap in series for role in snap})
-    times = [t for t, _ in series]
-    return {
-        "peak_rss_mib": {role: round(max(snap.get(role, {}).get("peak_mib", 0.0) for _, snap in series), 1) for role in roles},
-        "growth_mib_per_min": {role: slope_mib_per_min(times, [snap.get(role, {}).get("rss_mib", 0.0) for _, snap in series])
-                               for role in roles},
-        "first_last_rss_mib": {role: [round(series[0][1].get(role, {}).get("rss_mib", 0.0), 1),
-                                      round(series[-1][1].get(role, {}).get("rss_mib", 0.0), 1)] for role in roles},
-        "minutes": round((times[-1] - times[0]) / 60, 1) if times else 0.0,
-    }  # fmt: skip
-
-
 def run_one(source: str, seed: int, out: str, *, target: float | None, budget: int, overrides: list[str],
             memory_interval: float | None = None) -> dict:
     from mineonline_core.api import run
@@ -124,7 +108,9 @@ def run_one(source: str, seed: int, out: str, *, target: float | None, budget: i
     if score is not None:
         row["final_crafter_score"] = score
     if seen.get("memory"):
-        row["memory"] = memory_figures(seen["memory"])
+        from bench_memory import summarise
+
+        row["memory"] = summarise(seen["memory"])
     if target is not None:
         reached = _first_reach(run_dir, target, 20)
         row["steps_to_target"] = reached if reached is not None and reached <= budget else None

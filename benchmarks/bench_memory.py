@@ -99,6 +99,24 @@ def slope_mib_per_min(times: list[float], values: list[float]) -> float | None:
     return float(np.polyfit(t / 60.0, v, 1)[0])
 
 
+def summarise(series: list[tuple[float, dict]], peaks: dict[str, float] | None = None) -> dict:
+    """Per role: peak RSS (``VmHWM``, also over ``peaks`` seen before the series began), growth over
+    the second half, the RSS series and the largest process count."""
+    roles = sorted({role for _, snap in series for role in snap})
+    times = [t for t, _ in series]
+
+    def column(role: str, key: str) -> list[float]:
+        return [snap.get(role, {}).get(key, 0.0) for _, snap in series]
+
+    return {
+        "peak_rss_mib": {role: round(max([(peaks or {}).get(role, 0.0), *column(role, "peak_mib")]), 1) for role in roles},
+        "growth_mib_per_min": {role: slope_mib_per_min(times, column(role, "rss_mib")) for role in roles},
+        "series": {"t_s": [round(t, 1) for t in times], **{role: [round(v, 1) for v in column(role, "rss_mib")] for role in roles}},
+        "process_count": {role: int(max(column(role, "count"), default=0)) for role in roles},
+        "minutes": round((times[-1] - times[0]) / 60, 1) if times else 0.0,
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=bl.WORKLOADS, default="crafter")
@@ -153,16 +171,7 @@ def main() -> None:
             if now > 60 * args.minutes + 600:
                 outcome.setdefault("error", "the run did not stop within 10 minutes of the stop request")
                 break
-    roles = sorted({role for _, snap in series for role in snap})
-    times = [t for t, _ in series]
-    figures = {
-        "peak_rss_mib": {role: round(peaks.get(role, 0.0), 1) for role in roles},
-        "growth_mib_per_min": {role: slope_mib_per_min(times, [snap.get(role, {}).get("rss_mib", 0.0) for _, snap in series]) for role in roles},
-        "series": {"t_s": [round(t, 1) for t in times],
-                   **{role: [round(snap.get(role, {}).get("rss_mib", 0.0), 1) for _, snap in series] for role in roles}},
-        "process_count": {role: max((snap.get(role, {}).get("count", 0) for _, snap in series), default=0) for role in roles},
-        "status": (outcome.get("result") or {}).get("status"),
-    }  # fmt: skip
+    figures = {**summarise(series, peaks), "status": (outcome.get("result") or {}).get("status")}
     bl.emit("memory", figures, workload=args.workload, minutes=args.minutes, quick=args.quick, vpt=args.vpt,
             overrides=args.overrides, error=outcome.get("error"))  # fmt: skip
 

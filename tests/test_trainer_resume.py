@@ -20,7 +20,7 @@ class _Remote:
     def __init__(self, sink: list) -> None:
         self.sink = sink
 
-    def remote(self, *args):
+    def remote(self, *args, **kwargs):
         self.sink.append(args)
 
 

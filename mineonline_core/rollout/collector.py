@@ -281,9 +281,8 @@ class FragmentCollector:
         if not busy:
             time.sleep(timeout)
             return
-        inline = [s for s in busy if s.proc.conn is None]
-        if inline:  # answered already, inside send_step
-            for slot in inline:
+        if not self.env_processes:  # inline envs answered already, inside send_step
+            for slot in busy:
                 self._receive(slot)
             return
         by_conn = {id(s.proc.conn): s for s in busy}

@@ -320,13 +320,9 @@ class InlineEnv:
 
     For envs whose step costs microseconds (CartPole), where a pipe round trip and two context
     switches per step cost more than the env. The command runs inside ``send_*``, so the answer is
-    ready before ``recv``; ``conn`` is None, which tells the collector not to wait for it. An
-    exception is answered as an ``EnvFailure`` and the env is rebuilt as usual, but a hang cannot be
+    ready before ``recv`` and there is no pipe to wait on. An exception is answered as an ``EnvFailure`` and the env is rebuilt as usual, but a hang cannot be
     interrupted and a crash of native code takes the worker with it (Ray then restarts the worker).
     """
-
-    conn = None
-    pid = None
 
     def __init__(self, env_fn: Callable[[], Any], *, info_keys: tuple[str, ...] = DEFAULT_INFO_KEYS) -> None:
         self._env_fn, self._info_keys = env_fn, tuple(info_keys)
@@ -352,9 +348,6 @@ class InlineEnv:
             self._answer = (tree_map(np.array, obs), reward, terminated, truncated, info, final_obs)
         except Exception:  # noqa: BLE001 - answered as a failure; the collector rebuilds the env
             self._answer = EnvFailure("error", traceback.format_exc())
-
-    def poll(self) -> bool:
-        return self.pending is not None
 
     def recv(self) -> tuple[Any, float | None, bool, bool, dict, Any]:
         answer, self._answer, self.pending = self._answer, None, None

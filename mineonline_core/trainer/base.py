@@ -318,14 +318,12 @@ class BaseTrainer:
     def _publish_weights(self) -> None:
         weights = {k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()}
         ref = self._put_weights(weights)
-        if not self._workers:
-            self.rollout_manager.update_weights.remote([ref], self.version)
-            return
-        # Straight to the workers: one actor hop between the put and each worker's get, not two. The
-        # manager still records the weights (for restarted workers) and tells the buffer the version.
+        # Straight to the workers this rank knows: one actor hop between the put and each worker's
+        # get, not two. The manager records the weights (for restarted workers), tells the buffer
+        # the version, and forwards them only when this rank has no worker handles.
         for worker in self._workers:
             worker.update_weights.remote([ref], self.version)
-        self.rollout_manager.update_weights.remote([ref], self.version, forward=False)
+        self.rollout_manager.update_weights.remote([ref], self.version, forward=not self._workers)
 
     def _put_weights(self, weights: dict[str, np.ndarray]) -> Any:
         # Owned by this rank (Ray >= 2.56 has no ``_owner``): workers fetch it while training runs.
