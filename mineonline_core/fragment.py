@@ -16,6 +16,7 @@ dict (a tree, see ``mineonline_core.tree``) with these keys; T is ``fragment_len
 ``bootstrap``      float32 (T,): at truncated steps, the behaviour value of the final
                    observation (the value of the last observation for a crash); 0 elsewhere
 ``state_in``       the recurrent state before step 0, batch size 1 (None when feed-forward)
+``ref_state_in``   the KL reference policy's own recurrent state before step 0 (None without one)
 ``episode_id``     int64 (T,): a per-stream episode counter
 ``version``        int64 (T,): the model version that chose each action
 ``stream``         str: ``"{worker_id}.{incarnation}.{env_id}"``, one per env per worker life
@@ -41,6 +42,7 @@ LOGPROB = "logprob"
 VPRED = "vpred"
 BOOTSTRAP = "bootstrap"
 STATE_IN = "state_in"
+REF_STATE_IN = "ref_state_in"
 EPISODE_ID = "episode_id"
 VERSION = "version"
 STREAM = "stream"

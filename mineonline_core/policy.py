@@ -168,3 +168,15 @@ def state_dict_mismatch(module: nn.Module, state: dict, *, limit: int = 8) -> st
     parts = [f"{what}: {listing(keys)}" for what, keys in
              (("missing keys", missing), ("unexpected keys", unexpected), ("mis-shaped keys", misshaped)) if keys]  # fmt: skip
     return "; ".join(parts) or None
+
+
+@torch.no_grad()
+def zero_value_head(head: nn.Module, *, keep_normalizer: bool = False) -> None:
+    """``zero_initial_vf``: zero every parameter of ``head``, its normaliser's running statistics
+    included (MineStudio's meaning), or, with ``keep_normalizer``, only what ``reset_parameters``
+    zeroes (the output layer), so the first values are the normaliser's mean."""
+    if keep_normalizer:
+        head.reset_parameters()
+        return
+    for param in head.parameters():
+        param.zero_()

@@ -17,7 +17,7 @@ from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.collector import FragmentCollector
 
 COLUMNS = {F.OBS, F.NEXT_OBS, F.ACTION, F.REWARD, F.TERMINATED, F.TRUNCATED, F.FIRST, F.LOGPROB, F.VPRED,
-           F.BOOTSTRAP, F.STATE_IN, F.EPISODE_ID, F.VERSION, F.STREAM, F.INDEX, F.WORKER_ID, F.ENV_ID}  # fmt: skip
+           F.BOOTSTRAP, F.STATE_IN, F.REF_STATE_IN, F.EPISODE_ID, F.VERSION, F.STREAM, F.INDEX, F.WORKER_ID, F.ENV_ID}  # fmt: skip
 
 
 counting, time_limited, faulty = tk.counting, tk.time_limited_counting, tk.faulty_counting
@@ -268,3 +268,21 @@ def test_env_factory_that_cannot_be_unpickled_fails_at_once_with_the_fix() -> No
         c = make([_unimportable_env], policy=tk.TinyMLPPolicy(), batch_size=1)
         c.collect(1)
     assert "ModuleNotFoundError" in str(info.value)
+
+
+@pytest.mark.parametrize("env_processes", [False, True])
+def test_a_failed_reset_after_a_terminal_keeps_the_terminal_step(env_processes):
+    """B1: the step that ended the episode happened; only the automatic reset after it failed."""
+    c = make([functools.partial(tk.counting_failing_reset, 0)], batch_size=1, T=6, backoff_base=0.0,
+             env_processes=env_processes)  # fmt: skip
+    try:
+        frags = c.collect(2)
+        records = c.episode_records()
+    finally:
+        c.close()
+    reward, term, trunc = chain(frags, F.REWARD), chain(frags, F.TERMINATED), chain(frags, F.TRUNCATED)
+    assert reward.tolist() == [1, 1, 10] * 4
+    assert term.tolist() == [False, False, True] * 4 and not trunc.any()
+    assert chain(frags, F.FIRST).tolist() == [True, False, False] * 4
+    assert [r["return"] for r in records] == [12.0] * 4 and not any(r["truncated"] for r in records)
+    assert c.env_failures == 4 and c.env_restarts >= 3

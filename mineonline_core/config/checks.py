@@ -95,3 +95,26 @@ def check_resources(cfg: OnlineConfig, available: Mapping[str, float]) -> None:
                 f"(fractions are allowed), or add nodes with more {resource}s."
             )
     _raise(problems, "not enough resources in the Ray cluster")
+
+
+# Keys MineStudio's online trainer accepts and reads nowhere (or that configure machinery mineonline
+# does not have): accepted so that its configs load unchanged, and reported when set.
+_MINESTUDIO_ONLY = {
+    "num_readers": "mineonline reads chunks straight from the replay store on the trainer's fetch thread",
+    "num_cpus_per_reader": "mineonline starts no reader actors",
+    "enable_ref_update": "MineStudio's PPOTrainer reads it nowhere; set ref_update_at_checkpoint: true "
+    "to refresh the KL reference at every checkpoint",
+    "fix_decoder": "MineStudio's online trainer reads it nowhere; set freeze_pi_head: true to freeze "
+    "the action decoder",
+}
+
+
+def minestudio_only_warnings(cfg: OnlineConfig) -> list[str]:
+    """One line per MineStudio-only ``train_config`` key the config sets, saying it has no effect."""
+    tc = cfg.train_config
+    out = []
+    for key, why in _MINESTUDIO_ONLY.items():
+        default = type(tc).model_fields[key].default
+        if key in tc.model_fields_set and getattr(tc, key) != default:
+            out.append(f"train_config.{key}: {getattr(tc, key)!r} has no effect ({why}).")
+    return out

@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import inspect
 import itertools
+import logging
 import os
 import pathlib
 import sys
@@ -20,10 +21,12 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from mineonline_core.config.checks import check_consistency
+from mineonline_core.config.checks import check_consistency, minestudio_only_warnings
 from mineonline_core.config.messages import Loc, show, validate_online_config
 from mineonline_core.config.online import OnlineConfig
 from mineonline_core.errors import ConfigError
+
+log = logging.getLogger("mineonline")
 
 _module_counter = itertools.count()
 
@@ -52,6 +55,8 @@ def load_config(
     data, origins = apply_overrides(raw, overrides)
     loaded.config = validate_online_config(data, origins=origins, source=label)
     check_consistency(loaded.config)
+    for message in minestudio_only_warnings(loaded.config):
+        log.warning(message)
     return loaded
 
 

@@ -28,9 +28,16 @@ class TrainConfig(Section):
     )
     vf_warmup: int = setting(
         0,
-        "First iterations in which only the value function is trained; 0 trains the policy "
-        "from the start.",
+        "First iterations trained on the value loss plus the KL to the reference (weight 1), "
+        "without broadcasting the weights; every parameter is updated, as in MineStudio "
+        "(see vf_warmup_value_head_only). 0 trains the policy from the start.",
         ge=0,
+    )
+    vf_warmup_value_head_only: bool = Field(
+        False,
+        description="mineonline's warm-up: during vf_warmup update only the value head's parameters, "
+        "so the policy the rollout workers run stays the policy being trained. MineStudio has no "
+        "such option (its warm-up updates every parameter).",
     )
     learning_rate: float = setting(2e-5, "Initial learning rate of the AdamW optimiser.", gt=0)
     anneal_lr_linearly: bool = Field(
@@ -74,14 +81,24 @@ class TrainConfig(Section):
     )
     max_grad_norm: float = setting(5.0, "Global gradient L2 norm above which it is clipped.", gt=0)
     zero_initial_vf: bool = Field(
-        True, description="Zero the value head's last layer at start so early values are ~0."
+        True,
+        description="Zero every parameter of the value head at start, its normaliser's running "
+        "statistics included, as MineStudio does (see zero_initial_vf_keep_normalizer).",
+    )
+    zero_initial_vf_keep_normalizer: bool = Field(
+        False,
+        description="mineonline's zero_initial_vf: zero only the value head's output layer and keep "
+        "the normaliser's statistics (a pretrained head then starts at its return scale). "
+        "MineStudio has no such option.",
     )
     ppo_policy_coef: float = setting(1.0, "Weight of the clipped policy loss.", ge=0)
     ppo_vf_coef: float = setting(0.5, "Weight of the value loss.", ge=0)
     kl_divergence_coef_rho: float = setting(
         0.0,
-        "Initial weight of the KL penalty towards the frozen reference (pretrained) policy; "
-        "0 disables it (MineStudio's cow example: 0.2).",
+        "Initial weight of the penalty KL(policy || reference), the reference being the frozen "
+        "initial (pretrained) policy run with its own recurrent state; the same direction as "
+        "MineStudio 1.1 (before May 2025 MineStudio took KL(reference || policy)). 0 disables it "
+        "(MineStudio's cow example: 0.2).",
         ge=0,
     )
     entropy_bonus_coef: float = setting(0.0, "Weight of the entropy bonus.", ge=0)
@@ -92,15 +109,36 @@ class TrainConfig(Section):
         50.0, "Log-probability ratios are clamped to +-this before exp, for stability.", gt=0
     )
     normalize_advantage_full_batch: bool = Field(
-        True, description="Normalise advantages over an iteration's whole batch, not per batch."
+        True,
+        description="Normalise advantages over an iteration's whole batch (every rank); false "
+        "leaves them unnormalised, as in MineStudio (see normalize_advantage_per_minibatch).",
+    )
+    normalize_advantage_per_minibatch: bool = Field(
+        False,
+        description="mineonline option: normalise advantages within each micro-batch of "
+        "batch_size_per_gpu chunks (applied after the full-batch normalisation, if any). With "
+        "batch_size_per_gpu: 1 and advantages of one sign this removes most of the policy gradient.",
     )
     use_normalized_vf: bool = Field(
         True, description="Train the value head on running-normalised returns."
     )
     # --- data loading -------------------------------------------------------------------------
-    num_readers: int = setting(4, "Parallel readers fetching chunks from the replay store.", ge=1)
-    num_cpus_per_reader: float = setting(0.1, "CPUs reserved for each reader.", gt=0)
-    prefetch_batches: int = setting(2, "Batches prepared ahead of the optimiser.", ge=0)
+    num_readers: int = setting(
+        4,
+        "MineStudio-only, accepted and ignored with a warning: MineStudio's pool of reader actors. "
+        "mineonline's trainer reads chunks straight from the replay store on its fetch thread.",
+        ge=1,
+    )
+    num_cpus_per_reader: float = setting(
+        0.1, "MineStudio-only, accepted and ignored with a warning: CPUs of each MineStudio reader.", gt=0
+    )
+    prefetch_batches: int = setting(
+        1,
+        "Iterations of chunks fetched ahead while the current one trains, each held to max_staleness "
+        "at the version it will be trained at; 0 fetches on demand. (MineStudio: batches its readers "
+        "prefetch.)",
+        ge=0,
+    )
     # --- checkpoints, videos, resume ----------------------------------------------------------
     save_interval: int = setting(10, "Iterations between checkpoints.", ge=1)
     keep_interval: int = setting(
@@ -114,10 +152,22 @@ class TrainConfig(Section):
     )
     enable_ref_update: bool = Field(
         False,
-        description="Periodically copy the trained weights into the KL reference policy.",
+        description="MineStudio-only, accepted and ignored with a warning: MineStudio's PPOTrainer "
+        "reads it nowhere (its PPOBCTrainer copies the policy into the reference whenever a batch's "
+        "reward sum is a new best). See ref_update_at_checkpoint.",
+    )
+    ref_update_at_checkpoint: bool = Field(
+        False,
+        description="mineonline option: copy the trained weights into the KL reference at every "
+        "checkpoint (and on resume); rollout workers receive the new reference with the next broadcast.",
     )
     fix_decoder: bool = Field(
-        False, description="Freeze the policy's action decoder (heads) during training."
+        False,
+        description="MineStudio-only, accepted and ignored with a warning: MineStudio's online trainer "
+        "reads it nowhere. See freeze_pi_head.",
+    )
+    freeze_pi_head: bool = Field(
+        False, description="mineonline option: freeze the policy's action decoder (pi_head) during training."
     )
     resume: str | None = Field(
         None,

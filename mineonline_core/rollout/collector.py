@@ -13,9 +13,17 @@ Episode ends, the three ways (DESIGN §5.2, §5.5):
 * the env raised, hung past ``step_timeout`` or its process died: the in-flight step is closed as
   truncated with ``bootstrap = vpred`` of that step (the last value we have), the episode is
   reported as truncated and the env is rebuilt after an exponential back-off. Other envs go on.
+  When the step itself succeeded and ended the episode and only the automatic reset after it
+  failed, the step is kept as it happened (its reward, ``terminated`` and final observation) and
+  then the env is rebuilt.
 
 After any episode end the env's recurrent state is replaced by ``policy.initial_state(1)`` and the
 next step carries ``first=True`` (the policy resets there too, so training reproduces rollout).
+
+With a KL reference policy (``set_reference``), every batch also runs the reference over the same
+observations with its own recurrent state, reset at the same episode ends; each fragment records
+that state at its start as ``ref_state_in``, so training can run the reference over a chunk exactly
+as it would have run through the whole episode (DESIGN §5.4).
 """
 
 from __future__ import annotations
@@ -98,6 +106,9 @@ class FragmentCollector:
         self.policy = policy.to(device).eval()
         self._standby = copy.deepcopy(self.policy)  # loaded by set_weights, swapped in by step
         self._standby_version: int | None = None  # set once the standby holds complete weights
+        self.reference: torch.nn.Module | None = None
+        self._pending_reference: torch.nn.Module | None = None  # loaded by set_reference, swapped in by step
+        self.ref_state: Any = None
         self._load_lock = threading.Lock()  # one loader at a time
         self.env_processes = env_processes
         self.env_fns = list(env_fns)
@@ -141,6 +152,18 @@ class FragmentCollector:
             standby.load_state_dict(tensors)
             with self._lock:
                 self._standby_version = int(version)
+
+    def set_reference(self, state_dict: dict[str, Any]) -> None:
+        """Load the KL reference policy's weights (on the caller's thread); the next ``step`` starts
+        running it. A reference that replaces another keeps the recurrent states reached so far."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
+            tensors = {k: torch.as_tensor(v) for k, v in state_dict.items()}
+        with self._load_lock:
+            reference = copy.deepcopy(self._standby).eval().requires_grad_(False)
+            reference.load_state_dict(tensors)
+            with self._lock:
+                self._pending_reference = reference
 
     def step(self) -> int:
         """Wait for ready envs, run one batched forward, send the actions. Returns the batch size."""
@@ -297,6 +320,10 @@ class FragmentCollector:
         try:
             obs, reward, terminated, truncated, info, final_obs = slot.proc.recv()
         except EnvFailure as exc:
+            if exc.step is not None and slot.pending_t is not None:
+                # Only the reset after an episode end failed: the step itself stands as it happened.
+                reward, terminated, truncated, info, final_obs = exc.step
+                self._complete_step(slot, reward, terminated, truncated and not terminated, info, final_obs, None)
             self._on_failure(slot, exc)
             return
         now = time.monotonic()
@@ -305,14 +332,27 @@ class FragmentCollector:
             slot.obs, slot.first = obs, True
             self._ready.append(slot.env_id)
             return
-        self.timers.add("perf/env_step_ms", (now - slot.sent_at) * 1e3)
-        self.env_steps += 1
         slot.failures_in_row = 0
+        recycle = self.restart_interval > 0 and now - slot.started_at >= self.restart_interval
+        trunc = (truncated or recycle) and not terminated
+        self._complete_step(slot, reward, terminated, trunc, info, final_obs, obs)
+        if recycle:
+            slot.proc.close(timeout=5.0)
+            self._start_env(slot, now)
+            return
+        if terminated or trunc:
+            slot.task = (info.get("reset_info") or {}).get("task", slot.task)
+        slot.obs = obs
+        self._ready.append(slot.env_id)
+
+    def _complete_step(self, slot: _Slot, reward: float, terminated: bool, trunc: bool, info: dict,
+                       final_obs: Any, obs: Any) -> None:  # fmt: skip
+        """Write the env's answer to the step in flight; close the episode when it ended."""
+        self.timers.add("perf/env_step_ms", (time.monotonic() - slot.sent_at) * 1e3)
+        self.env_steps += 1
         b, t = slot.builder, slot.pending_t
         slot.pending_t = None
         self._add_reward(slot, reward)
-        recycle = self.restart_interval > 0 and now - slot.started_at >= self.restart_interval
-        trunc = (truncated or recycle) and not terminated
         b.complete(t, reward=reward, terminated=terminated, truncated=trunc)
         if terminated or trunc:
             end_obs = final_obs if final_obs is not None else obs
@@ -324,14 +364,6 @@ class FragmentCollector:
         elif t == self.fragment_length - 1:
             b.set_next_obs(obs)
         self._maybe_emit(slot, b)
-        if recycle:
-            slot.proc.close(timeout=5.0)
-            self._start_env(slot, now)
-            return
-        if terminated or trunc:
-            slot.task = (info.get("reset_info") or {}).get("task", slot.task)
-        slot.obs = obs
-        self._ready.append(slot.env_id)
 
     def _add_reward(self, slot: _Slot, reward: float) -> None:
         slot.ep_return += reward
@@ -363,6 +395,8 @@ class FragmentCollector:
         slot.first = True
         if self._init_row is not None:
             tree_map(lambda full, init: full[slot.env_id : slot.env_id + 1].copy_(init), self.state, self._init_row)
+            if self.ref_state is not None:
+                tree_map(lambda full, init: full[slot.env_id : slot.env_id + 1].copy_(init), self.ref_state, self._init_row)
 
     # -- inference ----------------------------------------------------------------------------
 
@@ -387,6 +421,7 @@ class FragmentCollector:
         vpred = self.policy.value_head.denormalize(latents["vpred"]).reshape(n + len(values))
         if self.state is not None and n:
             tree_map(lambda full, new: full.index_copy_(0, idx, new[:n].to(full.dtype)), self.state, state_out)
+        ref_np = self._step_reference(obs, first, idx, n) if self.reference is not None and n else None
         action_np, logprob_np, vpred_np = to_numpy(action), logprob.float().cpu().numpy(), vpred.float().cpu().numpy()
         state_np = to_numpy(state_sel) if state_sel is not None else None
         t1 = time.perf_counter()
@@ -407,6 +442,8 @@ class FragmentCollector:
             act = tree_map(lambda a: a[j, 0], action_np)
             if slot.builder.n == 0:
                 slot.builder.state_in = tree_map(lambda s: s[j : j + 1].copy(), state_np)
+                if ref_np is not None:
+                    slot.builder.ref_state_in = tree_map(lambda s: s[j : j + 1].copy(), ref_np)
             slot.pending_t = slot.builder.record(
                 obs=slot.obs, action=act, logprob=logprob_np[j], vpred=vpred_np[j], first=slot.first,
                 version=self.version, episode_id=slot.episode_id,
@@ -421,6 +458,15 @@ class FragmentCollector:
                 self._on_failure(slot, exc)
         self.timers.add("perf/record_ms", (time.perf_counter() - t1) * 1e3)
 
+    def _step_reference(self, obs: Any, first: torch.Tensor, idx: torch.Tensor, n: int) -> Any:
+        """Run the reference over the batch's first ``n`` rows; returns its states before the step."""
+        if self.ref_state is None:
+            return None
+        ref_sel = tree_map(lambda s: s.index_select(0, idx), self.ref_state)
+        _, ref_out = self.reference(input=tree_map(lambda x: x[:n], obs), state_in=ref_sel, context={"first": first[:n]})
+        tree_map(lambda full, new: full.index_copy_(0, idx, new.to(full.dtype)), self.ref_state, ref_out)
+        return to_numpy(ref_sel)
+
     def _maybe_emit(self, slot: _Slot, b: FragmentBuilder) -> None:
         if not b.complete_fragment():
             return
@@ -432,6 +478,13 @@ class FragmentCollector:
         self.timers.add("perf/fragment_ms", (time.perf_counter() - t0) * 1e3)
 
     def _swap_weights(self) -> None:
+        with self._lock:
+            reference, self._pending_reference = self._pending_reference, None
+        if reference is not None:
+            self.reference = reference
+            if self.ref_state is None:
+                with torch.no_grad():
+                    self.ref_state = to_torch(reference.initial_state(len(self._slots)), self.device)
         with self._lock:
             version, self._standby_version = self._standby_version, None
             if version is None:

@@ -13,6 +13,8 @@ travels pickled; the parent then allocates one shared-memory block sized from it
 child to write later observations there, so a step moves only a few scalars through the pipe.
 When an episode ends the child resets at once (one round trip instead of two): the final
 observation travels pickled (episode ends are rare) and the reset observation goes to shared memory.
+If that reset raises, the answer is ``("reset_error", traceback, reward, terminated, truncated, info,
+final_obs)``: the step itself happened, and its reward, end flag and final observation must survive.
 """
 
 from __future__ import annotations
@@ -39,9 +41,20 @@ class EnvFailure(Exception):
     """The env raised, hung or its process died: ``kind`` is "error", "timeout" or "died"; "fatal"
     when the env factory cannot even be unpickled in the env process (rebuilding cannot help)."""
 
-    def __init__(self, kind: str, detail: str) -> None:
+    def __init__(self, kind: str, detail: str, step: tuple | None = None) -> None:
         super().__init__(f"env {kind}: {detail}")
         self.kind, self.detail = kind, detail
+        # The step that ended the episode when only the reset after it failed:
+        # ``(reward, terminated, truncated, info, final_obs)``.
+        self.step = step
+
+
+class ResetFailed(Exception):
+    """The reset after an episode-ending step raised; ``step`` is that step's answer."""
+
+    def __init__(self, step: tuple) -> None:
+        super().__init__("the reset after an episode end failed")
+        self.step = step
 
 
 def default_context() -> mp.context.BaseContext:
@@ -117,7 +130,10 @@ def apply_command(env: Any, cmd: str, data: Any, info_keys: tuple[str, ...]) -> 
     final_obs, info = None, keep(info)
     if terminated or truncated:
         final_obs = obs
-        obs, reset_info = env.reset()
+        try:
+            obs, reset_info = env.reset()
+        except Exception as exc:
+            raise ResetFailed((float(reward), bool(terminated), bool(truncated), info, final_obs)) from exc
         info = {**info, "reset_info": keep(reset_info)}
     return obs, float(reward), bool(terminated), bool(truncated), info, final_obs
 
@@ -165,6 +181,8 @@ def _child_main(conn: connection.Connection, env_fn_bytes: bytes, info_keys: tup
                 conn.send(("ok", None, None, False, False, {}, None))
             elif cmd == "close":
                 break
+        except ResetFailed as failed:
+            conn.send(("reset_error", traceback.format_exc(), *failed.step))
         except BaseException:  # noqa: BLE001 - any env failure is reported, then the parent rebuilds
             conn.send(("error", traceback.format_exc(), None, None, None, None, None))
     views = None
@@ -247,6 +265,8 @@ class EnvProcess:
             self.pending = None
         if status in ("error", "fatal"):
             raise EnvFailure(status, obs)
+        if status == "reset_error":
+            raise EnvFailure("error", obs, step=(reward, terminated, truncated, info, final_obs))
         if obs is None:
             it = iter(self._views)
             obs = tree_map(lambda _: next(it).copy(), self._template)
@@ -346,6 +366,10 @@ class InlineEnv:
             # An env may reuse its observation arrays; the collector keeps them past the next step.
             final_obs = None if final_obs is None else tree_map(np.array, final_obs)
             self._answer = (tree_map(np.array, obs), reward, terminated, truncated, info, final_obs)
+        except ResetFailed as failed:
+            reward, terminated, truncated, info, final_obs = failed.step
+            step = (reward, terminated, truncated, info, tree_map(np.array, final_obs))
+            self._answer = EnvFailure("error", traceback.format_exc(), step=step)
         except Exception:  # noqa: BLE001 - answered as a failure; the collector rebuilds the env
             self._answer = EnvFailure("error", traceback.format_exc())
 

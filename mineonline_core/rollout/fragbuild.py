@@ -32,6 +32,7 @@ class FragmentBuilder:
         self.obs: Any = None
         self.action: Any = None
         self.state_in: Any = None
+        self.ref_state_in: Any = None
         self.next_obs: Any = None
         self.reward = np.zeros(length, np.float32)
         self.logprob = np.zeros(length, np.float32)
@@ -85,6 +86,7 @@ class FragmentBuilder:
             F.VPRED: self.vpred,
             F.BOOTSTRAP: self.bootstrap,
             F.STATE_IN: self.state_in,
+            F.REF_STATE_IN: self.ref_state_in,
             F.EPISODE_ID: self.episode_id,
             F.VERSION: self.version,
             F.STREAM: self.stream,

@@ -52,7 +52,8 @@ class RolloutManager:
         db = bc.database_config
         self._hub, self._report_interval = logger_hub, report_interval
         self._latest: tuple[list, int] | None = None
-        self._incarnations: dict[int, int] = {}
+        self._incarnations: dict[int, int] = {}  # restarts in this run, per worker
+        self._first_incarnation: dict[int, int] = {}  # per worker: past every stream in a resumed store
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._stop_requested = False
@@ -80,6 +81,8 @@ class RolloutManager:
         if resume and store_cls.persistent:
             rebuilt = ray.get(self._buffer.rebuild_from_store.remote())
             log.info("replay buffer rebuilt %d chunks from %s", rebuilt, path)
+            # New streams must not reuse a stored stream's keys: a put would overwrite its payloads.
+            self._first_incarnation = first_free_incarnations(self._store.keys())
         me = ray.get_runtime_context().current_actor
         device = "cuda" if rc.num_gpus_per_worker > 0 else "cpu"
         worker_cls = ray.remote(RolloutWorker)
@@ -118,11 +121,11 @@ class RolloutManager:
     def register_worker(self, worker_id: int) -> tuple[int, tuple[list, int] | None]:
         """Called by each worker life: its incarnation number and the latest weights (or None)."""
         with self._lock:
-            incarnation = self._incarnations.get(worker_id, -1) + 1
-            self._incarnations[worker_id] = incarnation
-            if incarnation:
-                log.warning("rollout worker %d restarted (life %d); sending it the latest weights", worker_id, incarnation)
-            return incarnation, self._latest
+            restarts = self._incarnations.get(worker_id, -1) + 1
+            self._incarnations[worker_id] = restarts
+            if restarts:
+                log.warning("rollout worker %d restarted (life %d); sending it the latest weights", worker_id, restarts)
+            return self._first_incarnation.get(worker_id, 0) + restarts, self._latest
 
     def record_videos(self) -> None:
         for worker in self._workers:
@@ -278,6 +281,18 @@ class RolloutManager:
         if self._error is None:
             log.error("%s: %s", what, exc)
             self._error = exc if isinstance(exc, RunFailedError) else RunFailedError(f"{what}: {exc}")
+
+
+def first_free_incarnations(keys: list[str]) -> dict[int, int]:
+    """Per worker id, one past the highest incarnation among stored fragment keys
+    (``"{worker_id}.{incarnation}.{env_id}.{index}"``, see ``fragment.fragment_key``)."""
+    out: dict[int, int] = {}
+    for key in keys:
+        parts = key.split(".")
+        if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit():
+            worker_id, incarnation = int(parts[0]), int(parts[1])
+            out[worker_id] = max(out.get(worker_id, 0), incarnation + 1)
+    return out
 
 
 def start_rolloutmanager(

@@ -162,7 +162,8 @@ class RolloutWorker:
     # -- actor methods ------------------------------------------------------------------------
 
     def update_weights(self, weights: list, version: int) -> None:
-        """``weights[0]`` refers to a CPU state dict of numpy arrays. Returns at once."""
+        """``weights[0]`` refers to a CPU state dict of numpy arrays, ``weights[1]`` (when the
+        trainer has a KL reference policy) to the reference's. Returns at once."""
         self.health()
         with self._weights_cv:
             if self._latest_weights is None or version >= self._latest_weights[1]:
@@ -279,7 +280,7 @@ class RolloutWorker:
     def _fetch_loop(self) -> None:
         import ray
 
-        version_loaded = None
+        version_loaded, reference_loaded = None, None
         while not self._stop.is_set():
             with self._weights_cv:
                 while not self._stop.is_set() and (self._latest_weights is None or self._latest_weights[1] == version_loaded):
@@ -291,6 +292,9 @@ class RolloutWorker:
             while not self._built.wait(timeout=0.5):  # the collect thread is still building the policy
                 if self._stop.is_set():
                     return
+            if len(refs) > 1 and refs[1].hex() != reference_loaded:
+                self.collector.set_reference(ray.get(refs[1]))  # before the weights: no fragment lacks it
+                reference_loaded = refs[1].hex()
             self.collector.set_weights(state_dict, version)
             version_loaded = version
             self._has_weights.set()

@@ -80,6 +80,7 @@ class FaultyEnv(gym.Wrapper):
         seed: int = 0,
         step_error_rate: float = 0.0,
         reset_error_rate: float = 0.0,
+        reset_error_after_end: bool = False,
         raise_at_step: int | None = None,
         hang_at_step: int | None = None,
         hang_s: float = 3600.0,
@@ -93,6 +94,7 @@ class FaultyEnv(gym.Wrapper):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{key}={rate}: a probability per call, in [0, 1]")
         self.step_error_rate, self.reset_error_rate = step_error_rate, reset_error_rate
+        self.reset_error_after_end = reset_error_after_end  # every reset but a life's first one raises
         self.raise_at_step, self.hang_at_step, self.kill_at_step = raise_at_step, hang_at_step, kill_at_step
         self.hang_s, self.state_dir, self.guard_pid = hang_s, state_dir, guard_pid
         self.life = _claim_life(state_dir)
@@ -105,6 +107,9 @@ class FaultyEnv(gym.Wrapper):
             Path(self.state_dir, f"fault-{kind}-{self.life}-{self.steps}").touch()
 
     def reset(self, **kwargs: Any) -> Any:
+        if self.reset_error_after_end and self.steps:
+            self._mark("reset_error")
+            raise InjectedFault(f"injected reset fault after an episode end (life {self.life}, step {self.steps})")
         if self.reset_error_rate and self.rng.random() < self.reset_error_rate:
             self._mark("reset_error")
             raise InjectedFault(f"injected reset fault (life {self.life}, after step {self.steps})")

@@ -37,8 +37,10 @@ class CountingEnv(gym.Env):
     or runs on until a ``TimeLimit`` wrapper truncates it. ``image=True`` adds a small RGB frame.
     """
 
-    def __init__(self, *, tag: float = 0.0, episode_len: int = 10, terminate: bool = True, image: bool = False) -> None:
+    def __init__(self, *, tag: float = 0.0, episode_len: int = 10, terminate: bool = True, image: bool = False,
+                 final_reward: float = 1.0) -> None:  # fmt: skip
         self.tag, self.episode_len, self.terminate, self.image = tag, episode_len, terminate, image
+        self.final_reward = final_reward  # the reward of an episode's terminal step
         spaces = {"obs": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)}
         if image:
             spaces["image"] = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
@@ -61,7 +63,7 @@ class CountingEnv(gym.Env):
         self.t += 1
         done = self.terminate and self.t >= self.episode_len
         info = {"achievements": {"counted": 1}} if done else {}
-        return self._obs(), 1.0, done, False, info
+        return self._obs(), self.final_reward if done else 1.0, done, False, info
 
 
 def cartpole(max_steps: int = 500) -> gym.Env:
@@ -128,6 +130,14 @@ def counting(tag: int, episode_len: int = 6, image: bool = False) -> gym.Env:
 
 def time_limited_counting(tag: int, limit: int = 5) -> gym.Env:
     return gym.wrappers.TimeLimit(CountingEnv(tag=tag, terminate=False), max_episode_steps=limit)
+
+
+def counting_failing_reset(tag: int, episode_len: int = 3, final_reward: float = 10.0) -> gym.Env:
+    """Episodes of ``episode_len`` steps ending in a terminal step worth ``final_reward``; every reset
+    after an episode end raises (the env's first reset works, so a rebuilt env starts)."""
+    from mineonline_core.testing.faults import FaultyEnv
+
+    return FaultyEnv(CountingEnv(tag=tag, episode_len=episode_len, final_reward=final_reward), reset_error_after_end=True)
 
 
 def faulty_counting(tag: int, episode_len: int = 50, *, at_steps: tuple[int, ...] = (), mode: str = "raise",

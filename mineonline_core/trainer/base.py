@@ -14,10 +14,12 @@ GPU). The trainer object is pickled to each rank, so it holds only handles and c
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -30,12 +32,16 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from mineonline_core.errors import RunFailedError, find_user_error
+from mineonline_core.rollout.worker import fragment_checksum
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
+from mineonline_core.policy import zero_value_head
 from mineonline_core.trainer.sequence import unwrap
 
+log = logging.getLogger(__name__)
+
 _LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
-         "_fetcher")
+         "_fetcher", "reference", "_reference_ref")
 
 
 class TrainerOptions(BaseModel):
@@ -65,7 +71,12 @@ class BaseTrainer:
         self.scaler: Any = None
         self._buffer = self._store = self._pending_release = None
         self._workers: list = []  # rollout worker handles (rank 0), for broadcasts without the manager's hop
-        self._prefetch: tuple[int, Future] | None = None  # (num_chunks, the next iteration's batch)
+        self._prefetch: deque[tuple[int, int, Future]] = deque()  # (iteration, num_chunks, its batch)
+        self.corrupt_fragments = 0
+        # A KL reference policy, if the algorithm has one: rollout runs it beside the behaviour
+        # policy so that each fragment records the reference's own recurrent state (DESIGN §5.4).
+        self.reference: nn.Module | None = None
+        self._reference_ref: Any = None  # the reference's weights in the object store, once put
         self._fetcher: _Fetcher | None = None
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.iteration, self.version = 0, 0
@@ -77,6 +88,7 @@ class BaseTrainer:
         state = self.__dict__.copy()
         for key in _LIVE:
             state[key] = None
+        state["_prefetch"] = deque()
         return state
 
     # -- to implement -------------------------------------------------------------------------
@@ -106,6 +118,18 @@ class BaseTrainer:
         if not tc.anneal_lr_linearly:
             return tc.learning_rate
         return tc.learning_rate * (1.0 - (iteration - 1) / tc.num_iterations)
+
+    def apply_optimizer_settings(self, optimizer: torch.optim.Optimizer, iteration: int) -> None:
+        """Set the config's learning rate (at ``iteration``), weight decay and epsilon on every param
+        group that has them: called after an optimiser state is loaded on resume."""
+        tc = self.train_config
+        values = {"lr": self.learning_rate_at(iteration), "weight_decay": tc.weight_decay, "eps": tc.adam_eps}
+        for group in optimizer.param_groups:
+            for key, value in values.items():
+                if key in group:
+                    group[key] = value
+                    if key == "lr" and "initial_lr" in group:
+                        group["initial_lr"] = tc.learning_rate
 
     def rho_at(self, iteration: int) -> float:
         tc = self.train_config
@@ -179,7 +203,7 @@ class BaseTrainer:
         torch.manual_seed(seed)  # the same initial weights (and KL reference) on every rank
         policy = self.policy_generator()
         if tc.zero_initial_vf:
-            policy.value_head.reset_parameters()
+            zero_value_head(policy.value_head, keep_normalizer=tc.zero_initial_vf_keep_normalizer)
         resume = ckpt.load_checkpoint(tc.resume) if tc.resume else None
         if resume is not None:
             ckpt.check_compatible(policy, resume["model"], source=str(resume["path"]))
@@ -199,6 +223,8 @@ class BaseTrainer:
         self.iteration, self.version = int(state["iteration"]), int(state["version"])
         if self.train_config.resume_optimizer:
             self.optimizer.load_state_dict(resume["optimizer"])
+            # The loaded state carries the checkpoint's hyperparameters; the config's win.
+            self.apply_optimizer_settings(self.optimizer, self.iteration + 1)
             if resume["scaler"] and self.scaler.is_enabled():
                 self.scaler.load_state_dict(resume["scaler"])
         ckpt.set_rng_state(state["rng"])  # rank 0's generators; the other ranks re-derive their own
@@ -270,18 +296,25 @@ class BaseTrainer:
         return metrics
 
     def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
-        """This iteration's chunks, with GAE columns. The chunks of the next iteration are fetched
-        in the background while this one trains; GAE is not, because it needs the updated model."""
+        """This iteration's chunks, with GAE columns. The chunks of the next ``prefetch_batches``
+        iterations are fetched in the background while this one trains; GAE is not, because it
+        needs the updated model."""
         tc = self.train_config
         start = time.perf_counter()
-        ahead, self._prefetch = self._prefetch, None
-        batch = ahead[1].result() if ahead is not None and ahead[0] == num_chunks else self.fetch_chunks(num_chunks)
+        ahead = self._prefetch
+        if ahead and ahead[0][:2] == (self.iteration, num_chunks):
+            batch = ahead.popleft()[2].result()
+        else:
+            ahead.clear()  # fetched for another iteration or size; the chunks are simply not trained on
+            # Judged at this rank's version, not the buffer's: after a resume the buffer starts at 0.
+            batch = self.fetch_chunks(num_chunks, self.version)
         fetched = time.perf_counter()
-        if self.iteration < tc.num_iterations:
-            # The next iteration trains at the version this one is about to publish: the buffer
-            # judges staleness against that, so fetching early never loosens max_staleness.
-            next_version = self.version + (1 if self.iteration > tc.vf_warmup else 0)
-            self._prefetch = (num_chunks, self._fetch_in_background(num_chunks, next_version))
+        last = ahead[-1][0] if ahead else self.iteration
+        for iteration in range(last + 1, min(self.iteration + tc.prefetch_batches, tc.num_iterations) + 1):
+            # Iteration j trains at the version the iterations before it will have published: the
+            # buffer judges staleness against that, so fetching early never loosens max_staleness.
+            bumps = sum(1 for k in range(self.iteration, iteration) if k > tc.vf_warmup)
+            ahead.append((iteration, num_chunks, self._fetch_in_background(num_chunks, self.version + bumps)))
         batch = estimate_advantages(self.model, batch, version=self.version, context_length=tc.context_length,
                                     discount=tc.discount, gae_lambda=tc.gae_lambda)  # fmt: skip
         self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)  # what the loop waited for, not the fetch itself
@@ -289,18 +322,30 @@ class BaseTrainer:
         return batch
 
     def fetch_chunks(self, num_chunks: int, for_version: int | None = None) -> dict:
-        """Sample chunks fresh enough for ``for_version`` and read their payloads straight from the store."""
+        """Sample chunks fresh enough for ``for_version`` and read their payloads straight from the
+        store. A chunk with a fragment whose checksum does not match is dropped (counted in
+        ``trainer/corrupt_fragments``, logged) and another is sampled in its place."""
         start = time.perf_counter()
-        chunks = ray.get(self._buffer.sample.remote(num_chunks, for_version))
-        payloads = self._store.get_many([key for chunk in chunks for key in chunk["keys"]])
-        # Payloads are in this process now: the buffer may drop used-up or evicted ones.
-        ray.get(self._buffer.release.remote([chunk["chunk_id"] for chunk in chunks]))
-        grouped, offset = [], 0
-        for chunk in chunks:
-            grouped.append(payloads[offset : offset + len(chunk["keys"])])
-            offset += len(chunk["keys"])
+        grouped: list[list[dict]] = []
+        while len(grouped) < num_chunks:
+            chunks = ray.get(self._buffer.sample.remote(num_chunks - len(grouped), for_version))
+            payloads = self._store.get_many([key for chunk in chunks for key in chunk["keys"]])
+            # Payloads are in this process now: the buffer may drop used-up or evicted ones.
+            ray.get(self._buffer.release.remote([chunk["chunk_id"] for chunk in chunks]))
+            offset = 0
+            for chunk in chunks:
+                fragments = payloads[offset : offset + len(chunk["keys"])]
+                offset += len(chunk["keys"])
+                bad = [key for key, frag, crc in zip(chunk["keys"], fragments, chunk["checksums"])
+                       if fragment_checksum(key, frag) != crc]  # fmt: skip
+                if bad:
+                    self.corrupt_fragments += len(bad)
+                    log.warning("dropped chunk %s: fragments %s do not match their checksums", chunk["chunk_id"], bad)
+                    continue
+                grouped.append(fragments)
         batch = assemble_chunks(grouped, device=self.device)
         self.perf["perf/fetch_chunks_ms"] = 1e3 * (time.perf_counter() - start)
+        self.perf["trainer/corrupt_fragments"] = float(self.corrupt_fragments)
         return batch
 
     def _fetch_in_background(self, num_chunks: int, for_version: int) -> Future:
@@ -315,15 +360,23 @@ class BaseTrainer:
         if self.rank == 0:
             self._publish_weights()
 
+    def reference_changed(self) -> None:
+        """The reference's weights changed: the next broadcast sends them to the rollout workers."""
+        self._reference_ref = None
+
     def _publish_weights(self) -> None:
         weights = {k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()}
-        ref = self._put_weights(weights)
+        refs = [self._put_weights(weights)]
+        if self.reference is not None:
+            if self._reference_ref is None:
+                self._reference_ref = self._put_weights({k: v.detach().cpu().numpy() for k, v in self.reference.state_dict().items()})
+            refs.append(self._reference_ref)
         # Straight to the workers this rank knows: one actor hop between the put and each worker's
         # get, not two. The manager records the weights (for restarted workers), tells the buffer
         # the version, and forwards them only when this rank has no worker handles.
         for worker in self._workers:
-            worker.update_weights.remote([ref], self.version)
-        self.rollout_manager.update_weights.remote([ref], self.version, forward=not self._workers)
+            worker.update_weights.remote(refs, self.version)
+        self.rollout_manager.update_weights.remote(refs, self.version, forward=not self._workers)
 
     def _put_weights(self, weights: dict[str, np.ndarray]) -> Any:
         # Owned by this rank (Ray >= 2.56 has no ``_owner``): workers fetch it while training runs.

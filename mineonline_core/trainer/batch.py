@@ -27,12 +27,14 @@ def assemble_chunks(chunks: list[list[dict]], *, device: torch.device | str = "c
         seq = {c: tree_cat([f[c] for f in fragments], axis=0) for c in F.STEP_COLUMNS}
         seq[F.NEXT_OBS] = fragments[-1][F.NEXT_OBS]
         seq[F.STATE_IN] = fragments[0][F.STATE_IN]
+        seq[F.REF_STATE_IN] = fragments[0].get(F.REF_STATE_IN)
         sequences.append(seq)
     batch = {c: tree_stack([s[c] for s in sequences], axis=0) for c in (*F.STEP_COLUMNS,)}
     # Each fragment's next_obs leaves are (1, ...): stacked they are (N, 1, ...), one time step.
     batch[F.NEXT_OBS] = tree_stack([s[F.NEXT_OBS] for s in sequences], axis=0)
-    states = [s[F.STATE_IN] for s in sequences]
-    batch[F.STATE_IN] = None if states[0] is None else tree_cat([tree_map(np.asarray, s) for s in states], axis=0)
+    for column in (F.STATE_IN, F.REF_STATE_IN):
+        states = [s[column] for s in sequences]
+        batch[column] = None if any(s is None for s in states) else tree_cat([tree_map(np.asarray, s) for s in states], axis=0)
     return to_torch(batch, device)
 
 

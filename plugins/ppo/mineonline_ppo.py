@@ -14,15 +14,20 @@ Definitions of the options whose meaning MineStudio leaves open:
 * **ratio**: taken against the stored *behaviour* log-prob, so stale data is importance-corrected.
 * **clip_vloss**: the new value may move at most ``ppo_clip`` (in normalised units) away from the
   behaviour value, as in the PPO2 baselines.
-* **KL penalty**: ``rho * KL(pi_theta || pi_ref)``, with ``pi_ref`` a frozen copy from
-  ``policy_generator()`` run over the same chunks with its own recurrent state, started from each
-  chunk's ``state_in``. ``rho = kl_divergence_coef_rho * coef_rho_decay ** (iteration - 1)``; at 0
-  the reference is never built.
-* **enable_ref_update**: the reference is refreshed to the current weights at every checkpoint (so
-  a resumed run rebuilds it from the checkpoint's weights).
-* **fix_decoder**: the parameters of ``pi_head`` (the action decoder) are frozen.
-* **vf_warmup**: in the first ``vf_warmup`` iterations only ``value_head`` parameters are updated, the
-  policy is unchanged, so no new version is broadcast.
+* **KL penalty**: ``rho * KL(pi_theta || pi_ref)`` (MineStudio 1.1's order too), with ``pi_ref`` a
+  frozen copy from ``policy_generator()`` run over the same chunks with its own recurrent state:
+  rollout runs the reference beside the behaviour policy and stores its state at each fragment
+  start (``ref_state_in``). ``rho = kl_divergence_coef_rho * coef_rho_decay ** (iteration - 1)``;
+  at 0 the reference is never built.
+* **vf_warmup** (MineStudio's meaning): in the first ``vf_warmup`` iterations the loss is the value
+  loss plus the KL at weight 1, every parameter is trained, and no new version is broadcast.
+  ``vf_warmup_value_head_only`` updates only ``value_head`` parameters instead, so the policy the
+  workers run is the policy being trained.
+* **normalize_advantage_full_batch** (MineStudio's meaning): ``false`` leaves advantages as they are;
+  ``normalize_advantage_per_minibatch`` normalises each micro-batch instead.
+* **fix_decoder**, **enable_ref_update**: read by nothing in MineStudio's PPOTrainer, so they do
+  nothing here either (a warning says so); ``freeze_pi_head`` freezes the action decoder and
+  ``ref_update_at_checkpoint`` refreshes the reference to the current weights at every checkpoint.
 * **use_normalized_vf**: the value head's running normaliser is updated with the iteration's returns
   (gathered from every rank) and the head regresses the normalised returns.
 """
@@ -39,7 +44,7 @@ from torch import nn
 
 import mineonline_core
 from mineonline_core import fragment as F
-from mineonline_core.errors import ConfigError
+from mineonline_core.errors import ConfigError, RunFailedError
 from mineonline_core.trainer.base import BaseTrainer
 from mineonline_core.trainer.sequence import detach_state, slice_time, squeeze_value, windows
 from mineonline_core.tree import tree_index, tree_map
@@ -65,7 +70,7 @@ def ppo_loss(
     policy_coef: float,
     vf_coef: float,
     entropy_coef: float,
-    value_only: bool = False,
+    warmup: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO objective (to minimise) over a window; values are in the head's normalised units."""
     # Clipped surrogate, eq. (7), with the ratio to the behaviour policy that collected the data.
@@ -83,10 +88,13 @@ def ppo_loss(
     entropy = pi_head.entropy(pi_logits).mean()
     kl_ref = pi_head.kl_divergence(pi_logits, ref_logits).mean() if ref_logits is not None else torch.zeros(())
     # Eq. (9): policy and entropy terms, plus the KL penalty towards the reference policy.
-    policy_terms = policy_coef * policy_loss - entropy_coef * entropy + rho * kl_ref
-    # Value-only warm-up keeps the policy terms in the graph at weight 0, so that DDP still sees a
-    # gradient for every parameter; the optimiser step then skips everything but the value head.
-    loss = vf_coef * value_loss + (0.0 if value_only else 1.0) * policy_terms
+    policy_terms = policy_coef * policy_loss - entropy_coef * entropy
+    if warmup:
+        # MineStudio's vf_warmup objective: the value loss plus the KL to the reference at weight 1.
+        # The policy terms stay in the graph at weight 0, so that DDP sees a gradient for every parameter.
+        loss = vf_coef * value_loss + kl_ref + 0.0 * policy_terms
+    else:
+        loss = vf_coef * value_loss + policy_terms + rho * kl_ref
     with torch.no_grad():
         stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(), "kl_ref": kl_ref.detach(),
                  "approx_kl": ((ratio - 1) - log_ratio).mean(), "clipfrac": ((ratio - 1).abs() > clip).float().mean()}  # fmt: skip
@@ -105,10 +113,10 @@ class PPOTrainer(BaseTrainer):
     def check_policy(self, policy: nn.Module) -> None:
         """Options that mean nothing for this policy are rejected with the key and the fix."""
         tc = self.train_config
-        if tc.fix_decoder and not list(getattr(policy, "pi_head", nn.Module()).parameters()):
+        if tc.freeze_pi_head and not list(getattr(policy, "pi_head", nn.Module()).parameters()):
             raise ConfigError(
-                "train_config.fix_decoder: true freezes the policy's action decoder (pi_head), but "
-                f"{type(policy).__name__} has no pi_head parameters. Set fix_decoder: false."
+                "train_config.freeze_pi_head: true freezes the policy's action decoder (pi_head), but "
+                f"{type(policy).__name__} has no pi_head parameters. Set freeze_pi_head: false."
             )
         if tc.use_normalized_vf and not hasattr(getattr(policy, "value_head", None), "update_normalizer"):
             raise ConfigError(
@@ -119,7 +127,7 @@ class PPOTrainer(BaseTrainer):
     def setup_model_and_optimizer(self, policy: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
         tc = self.train_config
         self.check_policy(policy)
-        if tc.fix_decoder:
+        if tc.freeze_pi_head:
             for param in policy.pi_head.parameters():
                 param.requires_grad_(False)
         self.reference = None
@@ -131,12 +139,13 @@ class PPOTrainer(BaseTrainer):
         return policy, optimizer
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
-        if self.reference is not None and self.train_config.enable_ref_update:
+        if self.reference is not None and self.train_config.ref_update_at_checkpoint:
             self.reference.load_state_dict(self.policy.state_dict())
 
     def on_checkpoint(self, path: Any) -> None:
-        if self.reference is not None and self.train_config.enable_ref_update:
+        if self.reference is not None and self.train_config.ref_update_at_checkpoint:
             self.reference.load_state_dict(self.policy.state_dict())
+            self.reference_changed()
 
     # -- one iteration --------------------------------------------------------------------------
 
@@ -144,7 +153,8 @@ class PPOTrainer(BaseTrainer):
         tc, policy = self.train_config, self.policy
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate
-        value_only = self.iteration <= tc.vf_warmup
+        warmup = self.iteration <= tc.vf_warmup
+        value_only = warmup and tc.vf_warmup_value_head_only
         if tc.use_normalized_vf:
             policy.value_head.update_normalizer(self._all_gather(batch[F.RETURN]))
         with torch.no_grad():
@@ -159,16 +169,17 @@ class PPOTrainer(BaseTrainer):
         totals: dict[str, float] = {k: 0.0 for k in METRICS}
         grad_norms: list[float] = []
         for _ in range(tc.epochs_per_iteration):
+            order = torch.randperm(n, device=advantage.device)  # new minibatches every epoch
             for b in range(num_batches):
-                rows = slice(b * per_batch, (b + 1) * per_batch)
+                rows = order[b * per_batch : (b + 1) * per_batch]
                 group_start = (b // accum) * accum
                 step_now = (b + 1) % accum == 0 or b == num_batches - 1
                 adv = advantage[rows]
-                if not tc.normalize_advantage_full_batch:
+                if tc.normalize_advantage_per_minibatch:
                     adv = (adv - adv.mean()) / (adv.std(correction=0) + 1e-8)
                 stats = self._backward(batch, rows, adv, value_target[rows], behaviour_vpred[rows],
                                        sync=step_now, scale=1.0 / min(accum, num_batches - group_start),
-                                       value_only=value_only)  # fmt: skip
+                                       warmup=warmup)  # fmt: skip
                 for k in METRICS:
                     totals[k] += stats[k]
                 if step_now:
@@ -179,15 +190,25 @@ class PPOTrainer(BaseTrainer):
         returns, values = batch[F.RETURN], batch[F.VALUE]
         metrics["trainer/explained_variance"] = float(1 - (returns - values).var() / returns.var().clamp(min=1e-8))
         metrics["trainer/value_only"] = float(value_only)
+        metrics["trainer/vf_warmup"] = float(warmup)
         return metrics
 
-    def _backward(self, batch: dict, rows: slice, advantage: torch.Tensor, value_target: torch.Tensor,
-                  behaviour_vpred: torch.Tensor, *, sync: bool, scale: float, value_only: bool) -> dict[str, float]:  # fmt: skip
+    def _backward(self, batch: dict, rows: torch.Tensor, advantage: torch.Tensor, value_target: torch.Tensor,
+                  behaviour_vpred: torch.Tensor, *, sync: bool, scale: float, warmup: bool) -> dict[str, float]:  # fmt: skip
         """Forward/backward one micro-batch window by window; gradients accumulate in ``.grad``."""
         tc = self.train_config
         obs = tree_index(batch[F.OBS], rows)
         first, action = batch[F.FIRST][rows], tree_index(batch[F.ACTION], rows)
-        state = ref_state = tree_index(batch[F.STATE_IN], rows)
+        state = tree_index(batch[F.STATE_IN], rows)
+        # The reference carries its own recurrent state, recorded by rollout at each fragment start (§5.4).
+        ref_state = tree_index(batch[F.REF_STATE_IN], rows) if batch.get(F.REF_STATE_IN) is not None else None
+        use_reference = self.reference is not None and (self.rho > 0 or warmup)
+        if use_reference and ref_state is None and state is not None:
+            raise RunFailedError(
+                "The KL reference policy is recurrent but these chunks carry no reference state (ref_state_in): "
+                "they were collected without the reference (a replay store from a run with "
+                "kl_divergence_coef_rho: 0). Start with a fresh replay store (database_config.path)."
+            )
         length = first.shape[1]
         spans = windows(length, tc.context_length)
         totals = {k: 0.0 for k in METRICS}
@@ -202,7 +223,7 @@ class PPOTrainer(BaseTrainer):
                 with torch.autocast(self.device.type, dtype=amp_dtype, enabled=tc.use_amp):
                     latents, state_out = self.model(input=window_obs, state_in=state, context=context)
                     ref_logits = None
-                    if self.reference is not None and self.rho > 0:
+                    if use_reference:
                         with torch.no_grad():
                             ref_latents, ref_state = self.reference(input=window_obs, state_in=ref_state, context=context)
                         ref_logits = _float(ref_latents["pi_logits"])
@@ -213,7 +234,7 @@ class PPOTrainer(BaseTrainer):
                     advantage=advantage[:, window], value_target=value_target[:, window], ref_logits=ref_logits,
                     rho=self.rho, clip=tc.ppo_clip, log_ratio_range=tc.log_ratio_range, clip_vloss=tc.clip_vloss,
                     policy_coef=tc.ppo_policy_coef, vf_coef=tc.ppo_vf_coef, entropy_coef=tc.entropy_bonus_coef,
-                    value_only=value_only,
+                    warmup=warmup,
                 )  # fmt: skip
                 weight = (window.stop - window.start) / length
                 self.scaler.scale(loss * weight * scale).backward()
