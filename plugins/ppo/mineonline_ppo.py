@@ -49,7 +49,7 @@ from mineonline_core.trainer.base import BaseTrainer
 from mineonline_core.trainer.sequence import detach_state, slice_time, squeeze_value, windows
 from mineonline_core.tree import tree_index, tree_map
 
-METRICS = ("policy_loss", "value_loss", "entropy", "kl_ref", "approx_kl", "clipfrac")
+METRICS = ("policy_loss", "value_loss", "entropy", "kl_ref", "approx_kl", "clipfrac", "ratio_deviation")
 
 
 def ppo_loss(
@@ -97,7 +97,8 @@ def ppo_loss(
         loss = vf_coef * value_loss + policy_terms + rho * kl_ref
     with torch.no_grad():
         stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(), "kl_ref": kl_ref.detach(),
-                 "approx_kl": ((ratio - 1) - log_ratio).mean(), "clipfrac": ((ratio - 1).abs() > clip).float().mean()}  # fmt: skip
+                 "approx_kl": ((ratio - 1) - log_ratio).mean(), "clipfrac": ((ratio - 1).abs() > clip).float().mean(),
+                 "ratio_deviation": (ratio - 1).abs().max()}  # fmt: skip
     return loss, stats
 
 

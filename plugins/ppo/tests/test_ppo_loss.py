@@ -126,8 +126,25 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
         assert torch.allclose(pa, pb, atol=1e-6), (name, (pa - pb).abs().max())
 
 
-def test_vf_warmup_updates_only_the_value_head(tmp_path):
-    trainer = make_trainer(tmp_path, vf_warmup=1, weight_decay=0.1)
+def test_vf_warmup_minestudio_meaning_trains_everything_on_value_loss_and_kl(tmp_path):
+    trainer = make_trainer(tmp_path, vf_warmup=1, kl_divergence_coef_rho=0.5)
+    trainer.iteration = 1
+    trainer.policy.actor[0].weight.data.add_(0.5)  # the reference differs, so the KL pulls the actor
+    before = params(trainer.policy)
+    metrics = trainer.train(make_batch(trainer))
+    moved = changed(before, trainer.policy)
+    assert metrics["trainer/vf_warmup"] == 1.0 and metrics["trainer/kl_ref"] > 0
+    assert {"actor.0.weight", "value_head.linear.weight"} <= moved and not metrics["trainer/value_only"]
+    # The policy terms weigh 0: with the KL gone too, only the value loss moves anything.
+    plain = make_trainer(tmp_path, vf_warmup=1, weight_decay=0.0, entropy_bonus_coef=0.1)
+    plain.iteration = 1
+    before = params(plain.policy)
+    plain.train(make_batch(plain))
+    assert not any(k.startswith(("actor.", "pi_head.")) for k in changed(before, plain.policy))
+
+
+def test_vf_warmup_value_head_only_updates_only_the_value_head(tmp_path):
+    trainer = make_trainer(tmp_path, vf_warmup=1, vf_warmup_value_head_only=True, weight_decay=0.1)
     trainer.iteration = 1
     before = params(trainer.policy)
     trainer.train(make_batch(trainer))
@@ -135,25 +152,41 @@ def test_vf_warmup_updates_only_the_value_head(tmp_path):
     assert moved and all(k.startswith("value_head.") for k in moved), moved
 
 
-def test_fix_decoder_freezes_pi_head(tmp_path):
-    trainer = make_trainer(tmp_path, fix_decoder=True)
+def test_freeze_pi_head_freezes_it_and_fix_decoder_alone_does_not(tmp_path):
+    trainer = make_trainer(tmp_path, freeze_pi_head=True)
     trainer.iteration = 1
     before = params(trainer.policy)
     trainer.train(make_batch(trainer))
     moved = changed(before, trainer.policy)
     assert moved and not any(k.startswith("pi_head.") for k in moved)
+    minestudio = make_trainer(tmp_path, fix_decoder=True)
+    minestudio.iteration = 1
+    before = params(minestudio.policy)
+    minestudio.train(make_batch(minestudio))
+    assert any(k.startswith("pi_head.") for k in changed(before, minestudio.policy))
 
     class NoDecoder(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.value_head = mlp_policy().value_head
 
-    with pytest.raises(ConfigError, match="fix_decoder"):
-        make_trainer(tmp_path, policy_fn=NoDecoder, fix_decoder=True, zero_initial_vf=False)
+    with pytest.raises(ConfigError, match="freeze_pi_head"):
+        make_trainer(tmp_path, policy_fn=NoDecoder, freeze_pi_head=True, zero_initial_vf=False)
 
 
-def test_kl_reference_and_enable_ref_update(tmp_path):
-    trainer = make_trainer(tmp_path, kl_divergence_coef_rho=0.5, enable_ref_update=True)
+def test_minestudio_only_keys_are_accepted_and_reported(caplog):
+    from mineonline_core.config import load_config
+
+    with caplog.at_level("WARNING", logger="mineonline"):
+        load_config({"train_config": {"fix_decoder": True, "enable_ref_update": True, "num_readers": 8,
+                                      "num_cpus_per_reader": 0.1}})  # fmt: skip
+    for key in ("fix_decoder", "enable_ref_update", "num_readers"):
+        assert f"train_config.{key}" in caplog.text and "has no effect" in caplog.text
+    assert "num_cpus_per_reader" not in caplog.text  # set to its default: nothing to say
+
+
+def test_kl_reference_and_ref_update_at_checkpoint(tmp_path):
+    trainer = make_trainer(tmp_path, kl_divergence_coef_rho=0.5, ref_update_at_checkpoint=True)
     ref = trainer.reference
     assert ref is not None and not any(p.requires_grad for p in ref.parameters())
     # The reference starts as policy_generator()'s weights, i.e. the initial policy (value head aside).
@@ -169,6 +202,51 @@ def test_kl_reference_and_enable_ref_update(tmp_path):
     trainer.save_checkpoint()  # a checkpoint refreshes the reference
     assert torch.equal(ref.actor[0].weight, trainer.policy.actor[0].weight)
     assert trainer.rho_at(3) == pytest.approx(0.5 * 0.9995**2)
+    # enable_ref_update alone (MineStudio's PPOTrainer reads it nowhere) keeps the reference.
+    minestudio = make_trainer(tmp_path, kl_divergence_coef_rho=0.5, enable_ref_update=True)
+    minestudio.iteration, minestudio.rho = 1, minestudio.rho_at(1)
+    minestudio.train(make_batch(minestudio))
+    minestudio.save_checkpoint()
+    assert not torch.equal(minestudio.reference.actor[0].weight, minestudio.policy.actor[0].weight)
+
+
+def test_normalize_advantage_full_batch_false_leaves_advantages_alone(tmp_path):
+    """B4: one chunk per micro-batch, advantages all +1: MineStudio trains on them as they are."""
+    batch = None
+    for per_minibatch, expected in ((False, -1.0), (True, 0.0)):
+        trainer = make_trainer(tmp_path, normalize_advantage_full_batch=False, batch_size_per_gpu=1,
+                               batches_per_iteration=4, gradient_accumulation=4,
+                               normalize_advantage_per_minibatch=per_minibatch)  # fmt: skip
+        trainer.iteration = 1
+        batch = batch if batch is not None else make_batch(trainer)
+        batch[F.ADVANTAGE] = torch.ones_like(batch[F.ADVANTAGE])
+        metrics = trainer.train(copy.deepcopy(batch))
+        assert metrics["trainer/policy_loss"] == pytest.approx(expected, abs=1e-5)  # ratio 1 on the one step
+
+
+def test_minibatches_are_reshuffled_every_epoch(tmp_path):
+    trainer = make_trainer(tmp_path, epochs_per_iteration=3, batch_size_per_gpu=1, batches_per_iteration=4,
+                           gradient_accumulation=4)  # fmt: skip
+    trainer.iteration = 1
+    seen, backward = [], trainer._backward
+    trainer._backward = lambda batch, rows, *a, **kw: seen.append(rows.tolist()) or backward(batch, rows, *a, **kw)
+    trainer.train(make_batch(trainer))
+    epochs = [sum(seen[i : i + 4], []) for i in range(0, 12, 4)]
+    assert all(sorted(e) == [0, 1, 2, 3] for e in epochs)  # every chunk once per epoch
+    assert len({tuple(e) for e in epochs}) > 1, epochs
+
+
+def test_zero_initial_vf_meanings(tmp_path):
+    def pretrained_head():
+        policy = mlp_policy()
+        policy.value_head.update_normalizer(torch.full((8,), 5.0))
+        return policy
+
+    minestudio = make_trainer(tmp_path, policy_fn=pretrained_head, zero_initial_vf=True)
+    assert all(not p.any() for p in minestudio.policy.value_head.parameters())  # statistics too
+    ours = make_trainer(tmp_path, policy_fn=pretrained_head, zero_initial_vf=True, zero_initial_vf_keep_normalizer=True)
+    assert not ours.policy.value_head.linear.weight.any()
+    assert ours.policy.value_head.normalizer.mean_var()[0].item() == pytest.approx(5.0)
 
 
 def test_normalized_vf_updates_the_normaliser(tmp_path):

@@ -1,0 +1,138 @@
+"""DESIGN §5.1, §5.3 and §5.4 through the real trainer, on fragments from the real collector.
+
+Recurrent policies (the core's GRU and a small VPT), ``batch_size_per_gpu > 1``, ``context_length``
+shorter than a fragment and episodes that end inside chunks: the first optimisation step on
+version-0 data sees ratio 1 and KL 0 to an identical reference; on stale data the ratio is taken
+against the stored behaviour log-probs; a drifted reference runs with its own recurrent state,
+carried from each episode's start. ``tests/mutations`` reintroduces each defect and checks that
+these tests fail on it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from mineonline_core import fragment as F
+from mineonline_core.config import OnlineConfig
+from mineonline_core.rollout.collector import FragmentCollector
+from mineonline_core.testing import kit as tk
+from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
+from mineonline_core.trainer.sequence import forward_sequence
+from mineonline_core.tree import tree_index
+from mineonline_ppo import PPOTrainer
+
+FRAGMENT, CONTEXT, PER_CHUNK = 8, 5, 2
+
+
+def vpt_policy(seed: int = 0) -> torch.nn.Module:
+    from mineonline_vpt import VPTPolicy
+
+    torch.manual_seed(seed)
+    small = {"hidsize": 32, "impala_chans": [8, 16, 16], "n_recurrence_layers": 2, "attention_heads": 4,
+             "attention_memory_size": 10, "timesteps": 4}  # fmt: skip
+    obs = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)})
+    return VPTPolicy.build(small, observation_space=obs, action_space=gym.spaces.Discrete(3))
+
+
+POLICIES = {"gru": tk.cnn_policy, "vpt": vpt_policy}
+
+
+def make_trainer(tmp_path, policy_fn, **train) -> PPOTrainer:
+    train = {"num_iterations": 5, "batches_per_iteration": 2, "batch_size_per_gpu": 2, "gradient_accumulation": 2,
+             "context_length": CONTEXT, "learning_rate": 1e-3, "discount": 0.9, "zero_initial_vf": False, **train}  # fmt: skip
+    config = OnlineConfig(train_config=train, rollout_config={"fragment_length": FRAGMENT,
+                          "replay_buffer_config": {"fragments_per_chunk": PER_CHUNK}})  # fmt: skip
+    trainer = PPOTrainer(rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config,
+                         run_dir=str(tmp_path))  # fmt: skip
+    trainer.setup_rank(local=True)
+    trainer.iteration, trainer.rho = 1, trainer.rho_at(1)
+    return trainer
+
+
+def collect(behaviour: torch.nn.Module, reference: torch.nn.Module | None, *, num_envs: int = 4,
+            fragments_per_env: int = 4, mean_length: int = 11) -> list[list[dict]]:  # fmt: skip
+    """Chunks of ``PER_CHUNK`` consecutive fragments per env, from a ``FragmentCollector`` over
+    inline ``TinyImageEnv``s whose episodes end at random (inside fragments and chunks)."""
+    envs = [functools.partial(tk.TinyImageEnv, seed=i, mean_length=mean_length) for i in range(num_envs)]
+    collector = FragmentCollector(policy=copy.deepcopy(behaviour), env_fns=envs, fragment_length=FRAGMENT,
+                                  batch_size=num_envs, env_processes=False, seed=0)  # fmt: skip
+    if reference is not None:
+        collector.set_reference(reference.state_dict())
+    try:
+        frags = collector.collect(num_envs * fragments_per_env)
+    finally:
+        collector.close()
+    streams: dict[str, list[dict]] = {}
+    for frag in sorted(frags, key=lambda f: (f[F.STREAM], f[F.INDEX])):
+        streams.setdefault(frag[F.STREAM], []).append(frag)
+    return tk.chunks_of(streams, PER_CHUNK)
+
+
+def batch_of(trainer: PPOTrainer, chunks: list[list[dict]]) -> dict:
+    return estimate_advantages(trainer.model, assemble_chunks(chunks), version=0, context_length=CONTEXT,
+                               discount=0.9, gae_lambda=0.95)  # fmt: skip
+
+
+def drift(policy: torch.nn.Module, scale: float = 0.3, seed: int = 1) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in policy.parameters():
+            param.add_(scale * torch.randn(param.shape, generator=generator))
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_first_step_on_version0_data_is_on_policy_and_kl_to_an_identical_reference_is_0(tmp_path, name):
+    trainer = make_trainer(tmp_path, POLICIES[name], kl_divergence_coef_rho=0.5, batches_per_iteration=2,
+                           gradient_accumulation=2)  # fmt: skip
+    chunks = collect(trainer.policy, trainer.reference, num_envs=2)
+    batch = batch_of(trainer, chunks)
+    first = batch[F.FIRST]
+    assert first.shape == (4, PER_CHUNK * FRAGMENT) and first[:, 1:].any() and not first[:, 0].all()  # resets inside chunks
+    # Two micro-batches of two chunks, one optimiser step after both.
+    metrics = trainer.train(batch)
+    assert metrics["trainer/ratio_deviation"] < 1e-5
+    assert metrics["trainer/approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["trainer/kl_ref"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["trainer/clipfrac"] == 0.0 and metrics["trainer/grad_norm"] > 0
+
+
+def test_stale_data_ratio_is_taken_against_the_stored_behaviour_logprob(tmp_path):
+    trainer = make_trainer(tmp_path, tk.cnn_policy, batches_per_iteration=4, gradient_accumulation=4)
+    behaviour = copy.deepcopy(trainer.policy)
+    drift(behaviour, 0.05)
+    batch = batch_of(trainer, collect(behaviour, None))
+    with torch.no_grad():
+        latents, _ = forward_sequence(trainer.policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=CONTEXT)
+        log_ratio = trainer.policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"]) - batch[F.LOGPROB]
+    expected = ((log_ratio.exp() - 1) - log_ratio).mean().item()
+    assert expected > 1e-3
+    metrics = trainer.train(batch)
+    assert metrics["trainer/approx_kl"] == pytest.approx(expected, rel=1e-3)
+
+
+def test_drifted_reference_carries_its_own_state_from_each_episode_start(tmp_path):
+    """B3: chunks that start mid-episode; the exact KL runs both policies over whole streams."""
+    trainer = make_trainer(tmp_path, tk.cnn_policy, kl_divergence_coef_rho=0.5, batches_per_iteration=1,
+                           batch_size_per_gpu=4, gradient_accumulation=1)  # fmt: skip
+    drift(trainer.reference, 0.05)
+    chunks = collect(trainer.policy, trainer.reference, fragments_per_env=4, mean_length=40)
+    streams = [chunks[i : i + 2] for i in range(0, len(chunks), 2)]  # per env: fragments 0-1, then 2-3
+    whole = batch_of(trainer, [a + b for a, b in streams])
+    later = batch_of(trainer, [b for _, b in streams])
+    assert whole[F.FIRST][:, 0].all() and not later[F.FIRST][:, 0].all()  # the later chunks start mid-episode
+    # Exact: both policies over each env's whole stream from its start, then the KL on the later chunk.
+    with torch.no_grad():
+        pi, _ = forward_sequence(trainer.policy, whole[F.OBS], whole[F.STATE_IN], whole[F.FIRST], context_length=1)
+        ref, _ = forward_sequence(trainer.reference, whole[F.OBS], trainer.reference.initial_state(4), whole[F.FIRST],
+                                  context_length=1)  # fmt: skip
+        kl = trainer.policy.pi_head.kl_divergence(pi["pi_logits"], ref["pi_logits"])
+    exact = kl.reshape(4, -1)[:, PER_CHUNK * FRAGMENT :].mean().item()
+    assert exact > 1e-3
+    metrics = trainer.train(later)
+    assert metrics["trainer/kl_ref"] == pytest.approx(exact, rel=1e-4)
