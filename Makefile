@@ -6,7 +6,7 @@ PLUGINS := $(sort $(wildcard plugins/*))
 STAMP := $(VENV)/.installed
 export WANDB_MODE ?= offline
 
-.PHONY: install demo test test-faults bench docs clean-runs
+.PHONY: install demo test test-faults mutations bench docs clean-runs
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,6 +26,11 @@ demo: install
 
 test: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
+	$(PY) tests/mutations/run_mutations.py
+
+# Reintroduce each known defect (tests/mutations/run_mutations.py) and check the tests catch it.
+mutations: install
+	$(PY) tests/mutations/run_mutations.py
 
 test-faults: install
 	WANDB_MODE=disabled $(PY) -m pytest -q tests/faults

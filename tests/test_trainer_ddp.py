@@ -1,5 +1,7 @@
 """DDP: 2 CPU ranks (Ray Train, gloo, fractional CPUs) make the same update as 1 rank on the same
-global batch, with global advantage normalisation and the value normaliser fed from every rank."""
+global batch, with global advantage normalisation and the value normaliser fed from every rank.
+One optimiser step per epoch: minibatches are reshuffled every epoch, and a step over all of them
+does not depend on how they were cut."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def test_two_ranks_equal_one_rank(tmp_path, ray_local):
     batch_path = tmp_path / "batch.pt"
     torch.save(batch, batch_path)
     common = {"learning_rate": 1e-2, "adam_eps": 1.0, "max_grad_norm": 0.5, "batches_per_iteration": 2,
-              "gradient_accumulation": 1, "context_length": 4, "epochs_per_iteration": 2, "entropy_bonus_coef": 0.01}  # fmt: skip
+              "gradient_accumulation": 2, "context_length": 4, "epochs_per_iteration": 2, "entropy_bonus_coef": 0.01}  # fmt: skip
     # The single-rank reference runs the same code in-process (no DDP wrapper, no process group).
     ddp_train_step({"trainer_cls": "mineonline_ppo:PPOTrainer", "online": {"train_config": {**common, "batch_size_per_gpu": 4}},
                     "batch_path": str(batch_path), "out_path": str(tmp_path / "one.pt"), "run_dir": str(tmp_path), "local": True})

@@ -34,15 +34,15 @@ def fragment(stream: str, index: int, version: int) -> dict:
     return frag
 
 
-def test_next_chunks_are_fetched_during_training_and_never_staler_than_allowed(local_ray, tmp_path) -> None:
-    ray = local_ray
+def setup(ray, tmp_path, *, max_staleness: int = 0, **train):
+    """A trainer reading from a real ``ReplayBuffer`` actor and store; returns it, ``add`` and the store."""
     from mineonline_core.rollout.buffer import ReplayBuffer
     from mineonline_core.storehost import StoreClient, start_store_host
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
     buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
-        store_client=store, max_chunks=16, max_reuse=1, max_staleness=0)  # fmt: skip
+        store_client=store, max_chunks=16, max_reuse=1, max_staleness=max_staleness)  # fmt: skip
 
     def add(stream: str, index: int, version: int) -> None:
         frag = fragment(stream, index, version)
@@ -55,24 +55,31 @@ def test_next_chunks_are_fetched_during_training_and_never_staler_than_allowed(l
         "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]}, "logger_config": {"loggers": []},
         "rollout_config": {"fragment_length": 8},
         "train_config": {"num_iterations": 3, "vf_warmup": 0, "batch_size_per_gpu": 1, "batches_per_iteration": 1,
-                         "context_length": 8, "gradient_accumulation": 1},
+                         "context_length": 8, "gradient_accumulation": 1, **train},
     }).config  # fmt: skip
     trainer = RecordingTrainer(rollout_manager=None, policy_generator=tk.mlp_policy, env_generator=tk.cartpole,
                                config=config, run_dir=str(tmp_path / "run"))  # fmt: skip
     trainer.setup_rank(local=True)
     trainer._buffer, trainer._store = buffer, store
+    return trainer, add, store
+
+
+def test_next_chunks_are_fetched_during_training_and_never_staler_than_allowed(local_ray, tmp_path) -> None:
+    ray = local_ray
+    trainer, add, _ = setup(ray, tmp_path)
+    buffer = trainer._buffer
 
     add("a", 0, version=0)
     trainer.iteration = 1
     first = trainer.fetch_fragments_and_estimate_advantages(1)
     assert first["version"].unique().tolist() == [0]
-    ahead = trainer._prefetch
-    assert ahead is not None  # asked for while iteration 1 trains, for version 1
+    (ahead,) = trainer._prefetch  # asked for while iteration 1 trains, for version 1
+    assert ahead[:2] == (2, 1)
     add("b", 0, version=0)  # fresh now, but one version too old for iteration 2: never served to it
     add("c", 0, version=1)
     trainer.version, trainer.iteration = 1, 2  # iteration 1 published version 1
     second = trainer.fetch_fragments_and_estimate_advantages(1)
-    assert ahead[1].done()
+    assert ahead[2].done()
     assert second["version"].unique().tolist() == [1]
     assert second["staleness"].max().item() == 0
     trainer.version, trainer.iteration = 2, 3
@@ -80,6 +87,52 @@ def test_next_chunks_are_fetched_during_training_and_never_staler_than_allowed(l
     add("d", 0, version=2)
     third = trainer.fetch_fragments_and_estimate_advantages(1)
     assert third["version"].unique().tolist() == [2]
-    assert trainer._prefetch is None  # the last iteration fetches nothing ahead
+    assert not trainer._prefetch  # the last iteration fetches nothing ahead
     stats = ray.get(buffer.stats.remote())
     assert stats["replay/chunks_served"] == 3 and np.isclose(stats["replay/version"], 2)
+
+
+def test_prefetch_batches_is_the_fetch_ahead_depth(local_ray, tmp_path) -> None:
+    trainer, add, _ = setup(local_ray, tmp_path, prefetch_batches=2, num_iterations=4, max_staleness=2)
+    add("a", 0, version=0)
+    trainer.iteration = 1
+    trainer.fetch_fragments_and_estimate_advantages(1)
+    # Iterations 2 and 3, judged at the versions iterations 1 and 2 will have published.
+    assert [entry[:2] for entry in trainer._prefetch] == [(2, 1), (3, 1)]
+    add("b", 0, version=0)
+    add("c", 0, version=1)
+    assert trainer._prefetch[0][2].result(timeout=60)["version"].unique().tolist() == [0]
+    assert trainer._prefetch[1][2].result(timeout=60)["version"].unique().tolist() == [1]
+
+
+def test_the_first_fetch_after_a_resume_honours_max_staleness(local_ray, tmp_path) -> None:
+    """The buffer is rebuilt at version 0; the trainer resumed at version 5 must not train on
+    version-0 data with max_staleness 1 (the fetch waits for fresh data instead)."""
+    import concurrent.futures
+
+    trainer, add, _ = setup(local_ray, tmp_path, max_staleness=1, prefetch_batches=0)
+    add("old", 0, version=0)
+    add("new", 0, version=5)
+    trainer.iteration, trainer.version = 1, 5
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(trainer.fetch_fragments_and_estimate_advantages, 2)
+        done, _ = concurrent.futures.wait([future], timeout=3)
+        assert not done  # a stale chunk would have been served at once
+        add("newer", 0, version=5)
+        batch = future.result(timeout=60)
+    assert batch["version"].unique().tolist() == [5]
+
+
+def test_a_fragment_whose_checksum_does_not_match_is_dropped_and_counted(local_ray, tmp_path) -> None:
+    trainer, add, store = setup(local_ray, tmp_path, prefetch_batches=0, max_staleness=5)
+    add("a", 0, version=0)
+    key = F.fragment_key("a", 0)
+    # Another stream's payload written over this key (what reused stream keys did on resume).
+    other = fragment("x", 7, version=3)
+    other.update({F.STREAM: "a", F.INDEX: 0})
+    store.put(key, other)
+    add("b", 0, version=0)
+    trainer.iteration = 1
+    batch = trainer.fetch_fragments_and_estimate_advantages(1)
+    assert trainer.corrupt_fragments == 1 and trainer.perf["trainer/corrupt_fragments"] == 1.0
+    assert batch["version"].unique().tolist() == [0]

@@ -102,3 +102,14 @@ def test_bad_resume_fails_before_training(tmp_path, chunks):
     with pytest.raises(CheckpointError, match="mis-shaped keys"):
         FixedDataPPO(rollout_manager=None, policy_generator=lambda: mlp_policy(hidden=8), env_generator=None,
                      config=OnlineConfig(train_config={"resume": str(tmp_path / "a" / "ckpt")}), run_dir=str(tmp_path)).preflight()  # fmt: skip
+
+
+def test_resume_applies_the_configs_optimiser_settings(tmp_path, chunks):
+    """B5: the loaded optimiser state carries the checkpoint's hyperparameters; the config's win."""
+    full, _ = make(tmp_path / "a", chunks, num_iterations=2, weight_decay=0.04, adam_eps=1e-8)
+    run(full)
+    resumed, _ = make(tmp_path / "b", chunks, num_iterations=4, resume=str(tmp_path / "a" / "ckpt"), weight_decay=0.1,
+                      adam_eps=1e-5, learning_rate=3e-3, anneal_lr_linearly=False)  # fmt: skip
+    (group,) = resumed.optimizer.param_groups
+    assert (group["weight_decay"], group["eps"], group["lr"]) == (0.1, 1e-5, 3e-3)
+    assert resumed.optimizer.state_dict()["state"][0]["step"] == full.optimizer.state_dict()["state"][0]["step"]
