@@ -10,6 +10,15 @@ Termination and truncation are kept apart (DESIGN §5.2):
 
 A chunk is ``fragments_per_chunk`` consecutive fragments of one env already concatenated along time,
 so chaining fragments needs nothing more than running the recursion over the whole length.
+
+Why the truncation bootstrap is the *behaviour* value while every other value is recomputed with the
+current model: recomputing it needs the final observation and the recurrent state reached at that
+step. The state exists only inside the trainer's windowed forward, and the observation would be an
+extra full observation per truncation in every fragment (Minecraft frames dominate a fragment's
+size). The mismatch is confined to one step per truncated episode, its size is bounded by how far
+the value function moved in at most ``max_staleness`` versions, and ``bootstrap`` is stored
+denormalised, so a change of the value normaliser does not shift it. It is the same approximation
+PPO makes with the behaviour ``vpred`` it clips the value loss around.
 """
 
 from __future__ import annotations
