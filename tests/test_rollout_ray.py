@@ -212,3 +212,47 @@ def test_recorded_episode_is_encoded_and_sent_with_env_steps(local_ray) -> None:
     assert key == "rollout/video" and mp4[4:8] == b"ftyp" and len(mp4) > 1000
     steps = sum(c[1][0] for c in hub.calls if c[0] == "add_env_steps")
     assert 12 <= steps <= worker.collector.env_steps
+
+
+def test_worker_records_the_reference_policys_own_state_at_each_fragment_start(local_ray) -> None:
+    """§5.4 on the rollout side: the broadcast's second ref is the KL reference; each fragment's
+    ``ref_state_in`` is the reference's state after running over the stream from its start."""
+    ray = local_ray
+    import torch
+
+    from mineonline_core.rollout.buffer import ReplayBuffer
+    from mineonline_core.storehost import StoreClient, start_store_host
+    from mineonline_core.tree import tree_stack
+
+    host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
+    store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
+    buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
+        store_client=store, max_chunks=1000, max_reuse=1, max_staleness=100)  # fmt: skip
+    policy_fn = functools.partial(tk.TinyGRUPolicy, 3, 2)
+    torch.manual_seed(0)
+    behaviour = {k: v.numpy() for k, v in policy_fn().state_dict().items()}
+    torch.manual_seed(1)
+    reference = policy_fn()
+    worker = RolloutWorker(worker_id=0, policy_generator=policy_fn, env_generator=functools.partial(tk.counting, 0, 5),
+                           num_envs=2, batch_size=2, fragment_length=4, to_send_queue_size=4, store_client=store,
+                           buffer=buffer, env_processes=False)  # fmt: skip
+    try:
+        worker.update_weights([ray.put(behaviour), ray.put({k: v.numpy() for k, v in reference.state_dict().items()})], 1)
+        deadline = time.monotonic() + 60
+        while len(store.keys()) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        worker.health()
+    finally:
+        worker.shutdown()
+    keys = sorted(store.keys())
+    frags = dict(zip(keys, store.get_many(keys)))
+    for stream in ("0.0.0", "0.0.1"):
+        chain = [frags[k] for k in keys if k.startswith(stream + ".")]
+        assert [f[F.INDEX] for f in chain] == list(range(len(chain))) and len(chain) >= 2
+        state = reference.initial_state(1)
+        with torch.no_grad():
+            for frag in chain:
+                np.testing.assert_allclose(frag[F.REF_STATE_IN][0], state[0].numpy(), atol=1e-6, err_msg=f"{stream} {frag[F.INDEX]} {frag[F.FIRST]} {frag[F.OBS]}")
+                obs = {"obs": torch.as_tensor(tree_stack([frag[F.OBS]["obs"]]))}
+                _, state = reference(input=obs, state_in=state, context={"first": torch.as_tensor(frag[F.FIRST])[None]})
+        assert not np.allclose(chain[1][F.REF_STATE_IN][0], chain[1][F.STATE_IN][0])  # its own state, not the policy's

@@ -24,7 +24,7 @@ CONFIG = {
     "train_config": {
         "num_workers": 2, "num_cpus_per_worker": 0.5, "num_iterations": 4, "vf_warmup": 1, "batch_size_per_gpu": 2,
         "batches_per_iteration": 2, "gradient_accumulation": 1, "context_length": 16, "save_interval": 2,
-        "keep_interval": 2, "record_video_interval": 0, "learning_rate": 1e-3,
+        "keep_interval": 2, "record_video_interval": 0, "learning_rate": 1e-3, "kl_divergence_coef_rho": 0.1,
     },
     "logger_config": {"loggers": []},
 }  # fmt: skip
@@ -51,7 +51,9 @@ def test_full_loop_smoke(tmp_path, ray_local):
     assert [r["trainer/iteration"] for r in train] == [1, 2, 3, 4]
     assert [r["trainer/version"] for r in train] == [0, 1, 2, 3]
     assert all(0 <= r["trainer/staleness_mean"] <= 3 for r in train)
-    assert all(r["trainer/value_only"] == (r["trainer/iteration"] == 1) for r in train)
+    assert all(r["trainer/vf_warmup"] == (r["trainer/iteration"] == 1) for r in train)
+    # KL on: broadcasts carry the reference too, and a worker that failed to load it fails the run.
+    assert all(r["trainer/kl_ref"] >= 0 for r in train)
     saved = ckpt.list_checkpoints(tmp_path / "e2e" / "checkpoints")
     assert [i for i, _ in saved] == [2, 4]
     state = ckpt.load_checkpoint(saved[-1][1])
