@@ -13,6 +13,8 @@ Episode ends, the three ways (DESIGN §5.2, §5.5):
 * the env raised, hung past ``step_timeout`` or its process died: the in-flight step is closed as
   truncated with ``bootstrap = vpred`` of that step (the last value we have), the episode is
   reported as truncated and the env is rebuilt after an exponential back-off. Other envs go on.
+* the env answered a NaN or infinite reward or observation: the same, except that the env is
+  reset instead of rebuilt (``mineonline_core.finite``); the bad values never enter a fragment.
 
 After any episode end the env's recurrent state is replaced by ``policy.initial_state(1)`` and the
 next step carries ``first=True`` (the policy resets there too, so training reproduces rollout).
@@ -32,6 +34,7 @@ from typing import Any, Callable
 import torch
 
 from mineonline_core.errors import RunFailedError
+from mineonline_core.finite import env_answer_problem
 from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, InlineEnv, default_context
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
 from mineonline_core.tree import to_numpy, to_torch, tree_map, tree_stack
@@ -118,7 +121,7 @@ class FragmentCollector:
         self._records: list[dict] = []
         self.timers = Timers()
         self.video = VideoRecorder()
-        self.env_steps = self.env_restarts = self.env_failures = self.fragments_done = 0
+        self.env_steps = self.env_restarts = self.env_failures = self.env_nonfinite = self.fragments_done = 0
         with torch.no_grad():
             self._init_row = to_torch(policy.initial_state(1), self.device)
             self.state = to_torch(policy.initial_state(len(env_fns)), self.device)
@@ -191,6 +194,7 @@ class FragmentCollector:
             "rollout/env_steps": float(self.env_steps),
             "rollout/env_restarts": float(self.env_restarts),
             "rollout/env_failures": float(self.env_failures),
+            "rollout/env_nonfinite": float(self.env_nonfinite),
             "rollout/fragments": float(self.fragments_done),
             "rollout/model_version": float(self.version),
             **self.timers.drain(),
@@ -227,25 +231,46 @@ class FragmentCollector:
                 f"that the env process cannot import."
             )
         now = time.monotonic()
+        log.warning("worker %d env %d failed (%s); rebuilding. %s", self.worker_id, slot.env_id, exc.kind, exc.detail)
+        self._fail_step(slot, exc.detail)
+        slot.proc.kill()
+        slot.proc, slot.obs, slot.pending_t = None, None, None
+        delay = min(self.backoff_base * 2 ** (slot.failures_in_row - 1), self.backoff_max)
+        slot.restart_at = now + delay
+
+    def _on_nonfinite(self, slot: _Slot, problem: str) -> None:
+        """A NaN or infinity in the env's answer: the step failed, but the env process is sound, so
+        it is reset rather than rebuilt. The bad values never reach a fragment."""
+        self.env_nonfinite += 1
+        log.warning("worker %d env %d: %s; the step counts as failed, its episode is closed as truncated and "
+                    "the env is reset", self.worker_id, slot.env_id, problem)  # fmt: skip
+        self._fail_step(slot, problem)
+        slot.obs, slot.pending_t = None, None
+        slot.sent_at = time.monotonic()
+        slot.deadline = slot.sent_at + self.startup_timeout
+        try:
+            slot.proc.send_reset(None)
+        except EnvFailure as exc:
+            self._on_failure(slot, exc)
+
+    def _fail_step(self, slot: _Slot, detail: str) -> None:
+        """Count a failure and close the step in flight (if any) as truncated."""
         self.env_failures += 1
         slot.failures_in_row += 1
-        log.warning("worker %d env %d failed (%s); rebuilding. %s", self.worker_id, slot.env_id, exc.kind, exc.detail)
         if slot.pending_t is not None:
             b, t = slot.builder, slot.pending_t
+            slot.pending_t = None
             b.complete(t, reward=0.0, terminated=False, truncated=True)
             b.bootstrap[t] = b.vpred[t]  # the last value we have stands in for the lost future
             self._end_episode(slot, truncated=True, final_obs=b.obs_at(t))
             self._maybe_emit(slot, b)
-        slot.proc.kill()
-        slot.proc, slot.obs, slot.pending_t = None, None, None
         if slot.failures_in_row > self.max_env_restarts:
+            self.close()
             raise RunFailedError(
                 f"Rollout worker {self.worker_id}: env {slot.env_id} failed {slot.failures_in_row} times in a "
                 f"row (rollout_config.worker_config.max_env_restarts={self.max_env_restarts}). Last failure: "
-                f"{exc.detail}\nFix the env, or raise max_env_restarts if failures are expected."
+                f"{detail}\nFix the env, or raise max_env_restarts if failures are expected."
             )
-        delay = min(self.backoff_base * 2 ** (slot.failures_in_row - 1), self.backoff_max)
-        slot.restart_at = now + delay
 
     # -- gathering ready envs -----------------------------------------------------------------
 
@@ -298,6 +323,10 @@ class FragmentCollector:
             obs, reward, terminated, truncated, info, final_obs = slot.proc.recv()
         except EnvFailure as exc:
             self._on_failure(slot, exc)
+            return
+        problem = env_answer_problem(reward, obs, final_obs)
+        if problem is not None:
+            self._on_nonfinite(slot, problem)
             return
         now = time.monotonic()
         if slot.pending_t is None:  # the answer to a fresh process's reset

@@ -30,12 +30,13 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from mineonline_core.errors import RunFailedError, find_user_error
+from mineonline_core.finite import UpdateGuard, require_finite
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.trainer.sequence import unwrap
 
 _LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
-         "_fetcher")
+         "_fetcher", "update_guard")
 
 
 class TrainerOptions(BaseModel):
@@ -63,6 +64,7 @@ class BaseTrainer:
         self.policy: nn.Module | None = None  # the bare policy (heads, value normaliser)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scaler: Any = None
+        self.update_guard: UpdateGuard | None = None  # skips optimiser steps with non-finite values
         self._buffer = self._store = self._pending_release = None
         self._workers: list = []  # rollout worker handles (rank 0), for broadcasts without the manager's hop
         self._prefetch: tuple[int, Future] | None = None  # (num_chunks, the next iteration's batch)
@@ -190,6 +192,7 @@ class BaseTrainer:
         self.model = ray.train.torch.prepare_model(model, move_to_device=False) if self.world_size > 1 else model
         cuda_amp = tc.use_amp and self.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=cuda_amp)
+        self.update_guard = UpdateGuard(max_consecutive=tc.max_skipped_updates)
         _seed_everything(seed + 1000 * self.rank + 1)
         if resume is not None:
             self._restore(resume)
@@ -247,6 +250,7 @@ class BaseTrainer:
         tc = self.train_config
         self.iteration = iteration
         self.learning_rate, self.rho = self.learning_rate_at(iteration), self.rho_at(iteration)
+        self.update_guard.skipped_iteration = 0
         batch = self.fetch_fragments_and_estimate_advantages(tc.batches_per_iteration * tc.batch_size_per_gpu)
         start = time.perf_counter()
         metrics = self.train(batch)
@@ -259,7 +263,9 @@ class BaseTrainer:
         metrics = {**metrics, **self.perf, "trainer/iteration": iteration, "trainer/version": self.version,
                    "trainer/learning_rate": self.learning_rate, "trainer/rho": self.rho,
                    "trainer/samples_per_s": steps / max(self.perf["perf/train_ms"] / 1e3, 1e-9),
-                   "trainer/staleness_mean": float(batch["staleness"].mean())}  # fmt: skip
+                   "trainer/staleness_mean": float(batch["staleness"].mean()),
+                   "trainer/skipped_updates": float(self.update_guard.skipped_iteration),
+                   "trainer/skipped_updates_total": float(self.update_guard.skipped_total)}  # fmt: skip
         self.last_metrics = metrics
         if self.rank == 0:
             self._log(metrics, batch)
@@ -315,8 +321,25 @@ class BaseTrainer:
         if self.rank == 0:
             self._publish_weights()
 
+    def update_is_finite(self, *, grad_norm: float, loss_terms: dict[str, float]) -> bool:
+        """Call between ``clip_grad_norm_`` and ``optimizer.step``: False means skip this step (and
+        zero the gradients). Every rank takes the same decision; ``max_skipped_updates`` skips in a
+        row raise ``RunFailedError`` naming the loss terms and parameters that went non-finite."""
+        finite = bool(np.isfinite(grad_norm)) and all(np.isfinite(float(v)) for v in loss_terms.values())
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                flag = torch.tensor([1.0 if finite else 0.0], device=self.device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # one rank's NaN loss skips the step everywhere
+                finite = bool(flag.item() > 0)
+        named = ((name, p.grad) for name, p in unwrap(self.model).named_parameters())
+        return self.update_guard.check(finite=finite, loss_terms=loss_terms, named_grads=named, grad_norm=grad_norm,
+                                       where=f"trainer rank {self.rank}, iteration {self.iteration}")  # fmt: skip
+
     def _publish_weights(self) -> None:
         weights = {k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()}
+        require_finite(weights, what="broadcast to the rollout workers")
         ref = self._put_weights(weights)
         # Straight to the workers this rank knows: one actor hop between the put and each worker's
         # get, not two. The manager records the weights (for restarted workers), tells the buffer
@@ -340,8 +363,10 @@ class BaseTrainer:
         """Rank 0 writes the checkpoint of the current iteration; every rank then runs ``on_checkpoint``."""
         path = None
         if self.rank == 0:
+            model_state = unwrap(self.model).state_dict()
+            require_finite(model_state, what="checkpointed")
             path = ckpt.save_checkpoint(
-                self.save_dir, iteration=self.iteration, model_state=unwrap(self.model).state_dict(),
+                self.save_dir, iteration=self.iteration, model_state=model_state,
                 optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
                 trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate, "extra": self.trainer_state()},
                 config_yaml=self.whole_config, keep_interval=self.train_config.keep_interval,

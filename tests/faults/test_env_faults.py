@@ -141,3 +141,29 @@ def test_reset_faults_are_retried_until_the_env_comes_up(tmp_path) -> None:
     report = stream_report(frags)
     assert_clean_streams_untouched(frags, report)
     assert report["0.0.0"]["steps"] >= T and report["0.0.0"]["truncated"] == 0  # no episode was running yet
+
+
+@pytest.mark.parametrize("kind", ["nan_reward", "nan_obs"])
+def test_nonfinite_answers_never_reach_a_fragment(tmp_path, caplog, kind: str) -> None:
+    """The issue's case: an env answers a NaN reward (or observation) on 1% of its steps."""
+    faulty = FaultyEnvFactory(counting(0.0), seed=3, state_dir=str(tmp_path), **{f"{kind}_rate": 0.01})
+    with caplog.at_level("WARNING", logger="mineonline_core.rollout.collector"):
+        collector, frags, records, _ = run(faulty, fragments=60, faulty_fragments=60, step_timeout=30.0)
+    injected = injected_faults(tmp_path)[kind]
+    assert injected >= 2
+    for frag in frags:
+        for column in (F.REWARD, F.LOGPROB, F.VPRED, F.BOOTSTRAP):
+            assert np.all(np.isfinite(frag[column])), (column, frag[F.STREAM])
+        assert np.all(np.isfinite(frag[F.OBS]["obs"])) and np.all(np.isfinite(frag[F.NEXT_OBS]["obs"]))
+    assert collector.env_nonfinite in (injected, injected - 1)  # one may still be in flight at the end
+    assert collector.env_failures == collector.env_nonfinite and collector.env_restarts == 0  # reset, not rebuilt
+    assert collector.metrics()["rollout/env_nonfinite"] == collector.env_nonfinite
+    report = stream_report(frags)
+    assert_clean_streams_untouched(frags, report)
+    trunc = assert_faulty_stream_consistent(frags, report)
+    assert int(trunc.sum()) == collector.env_nonfinite  # each bad step closed its episode as truncated
+    key = "reward is nan" if kind == "nan_reward" else "observation key 'obs'"
+    lines = [r.getMessage() for r in caplog.records if "worker 0 env 0:" in r.getMessage() and key in r.getMessage()]
+    assert len(lines) == collector.env_nonfinite, [r.getMessage() for r in caplog.records][:5]
+    print(f"FIGURE env {kind} at 1%: {injected} injected, {collector.env_nonfinite} steps failed and reset, "
+          f"0 non-finite values in {len(frags)} fragments")
