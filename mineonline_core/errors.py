@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import TypeVar
+
+
+E = TypeVar("E", bound=BaseException)
 
 
 class MineOnlineError(Exception):
@@ -49,6 +53,11 @@ def find_user_error(exc: BaseException) -> MineOnlineError | None:
     actor or a Ray Train rank and reaches the driver wrapped several times; the user must see its
     message, not the wrappers' tracebacks.
     """
+    return find_cause(exc, MineOnlineError)
+
+
+def find_cause(exc: BaseException, cls: type[E]) -> E | None:
+    """The first exception of class ``cls`` in ``exc``'s chain of causes and wrapped errors."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -56,7 +65,7 @@ def find_user_error(exc: BaseException) -> MineOnlineError | None:
         if err is None or id(err) in seen:
             continue
         seen.add(id(err))
-        if isinstance(err, MineOnlineError):
+        if isinstance(err, cls):
             return err
         todo += [err.__cause__, err.__context__, getattr(err, "cause", None)]
         for value in vars(err).values() if hasattr(err, "__dict__") else ():

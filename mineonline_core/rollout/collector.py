@@ -38,6 +38,7 @@ from mineonline_core.finite import env_answer_problem
 from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, InlineEnv, default_context
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
 from mineonline_core.tree import to_numpy, to_torch, tree_map, tree_stack
+from mineonline_core.watchdog import RestartBudget
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class FragmentCollector:
         discount: float = 0.99,
         step_timeout: float = 60.0,
         max_env_restarts: int = 100,
+        max_env_rebuilds: int = 200,
+        restart_window: float = 600.0,
         worker_id: int = 0,
         incarnation: int = 0,
         device: str | torch.device = "cpu",
@@ -106,6 +109,8 @@ class FragmentCollector:
         self.env_fns = list(env_fns)
         self.fragment_length, self.batch_size, self.discount = fragment_length, batch_size, discount
         self.step_timeout, self.max_env_restarts = step_timeout, max_env_restarts
+        self._rebuilds = RestartBudget(cap=max_env_rebuilds, window=restart_window)
+        self._last_failure = ""
         # Building a simulator (Minecraft) can take far longer than a step: its own, longer limit.
         self.startup_timeout = startup_timeout if startup_timeout is not None else max(step_timeout, 120.0)
         self.worker_id, self.incarnation, self.device = worker_id, incarnation, torch.device(device)
@@ -212,6 +217,14 @@ class FragmentCollector:
         seed = None if self.seed is None else self.seed + 1000 * self.worker_id + slot.env_id + 7919 * slot.builds
         if slot.builds:
             self.env_restarts += 1
+            if slot.failures_in_row and self._rebuilds.add():  # restart_interval recycling is not a failure
+                self.close()
+                raise RunFailedError(
+                    f"Rollout worker {self.worker_id}: its envs were rebuilt {self._rebuilds.count()} times within "
+                    f"{self._rebuilds.span():.0f}s (rollout_config.worker_config.max_env_rebuilds={self._rebuilds.cap} "
+                    f"per rollout_config.restart_window={self._rebuilds.window:g}s). Last failure: {self._last_failure}\n"
+                    f"Fix the env, or raise max_env_rebuilds if failures are expected."
+                )
         slot.builds += 1
         env_fn = self.env_fns[slot.env_id]
         slot.proc = EnvProcess(env_fn, ctx=self._ctx) if self.env_processes else InlineEnv(env_fn)
@@ -257,6 +270,7 @@ class FragmentCollector:
         """Count a failure and close the step in flight (if any) as truncated."""
         self.env_failures += 1
         slot.failures_in_row += 1
+        self._last_failure = f"env {slot.env_id}: {detail}"
         if slot.pending_t is not None:
             b, t = slot.builder, slot.pending_t
             slot.pending_t = None

@@ -14,6 +14,7 @@ GPU). The trainer object is pickled to each rank, so it holds only handles and c
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import threading
@@ -32,8 +33,12 @@ from torch import nn
 from mineonline_core.errors import RunFailedError, find_user_error
 from mineonline_core.finite import UpdateGuard, require_finite
 from mineonline_core.trainer import checkpoint as ckpt
+from mineonline_core.trainer import recovery
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.trainer.sequence import unwrap
+
+log = logging.getLogger(__name__)
+SAMPLE_WAIT_S = 30.0  # how often a trainer waiting for chunks says why
 
 _LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
          "_fetcher", "update_guard")
@@ -71,6 +76,8 @@ class BaseTrainer:
         self._fetcher: _Fetcher | None = None
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.iteration, self.version = 0, 0
+        self._fit_started: float | None = None  # set by fit(): checkpoints written since are this run's
+        self.restarts = 0  # times fit() restarted the ranks after one died
         self.learning_rate, self.rho = self.train_config.learning_rate, self.train_config.kl_divergence_coef_rho
         self.perf: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
@@ -132,17 +139,26 @@ class BaseTrainer:
         tc = self.train_config
         use_gpu = tc.num_gpus_per_worker > 0
         resources = {"CPU": tc.num_cpus_per_worker, **({"GPU": tc.num_gpus_per_worker} if use_gpu else {})}
-        trainer = TorchTrainer(
-            self._train_func,
-            scaling_config=ScalingConfig(num_workers=tc.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
-            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-            run_config=RunConfig(storage_path=str(Path(self.run_dir) / "ray_train"), name="train"),
-        )
-        try:
-            result = trainer.fit()
-        except Exception as exc:
-            raise find_user_error(exc) or RunFailedError(f"Training failed on a Ray Train worker: {exc}") from exc
-        return self._final_metrics(result)
+        self._fit_started, self.restarts = time.time(), 0
+        while True:  # one Ray Train run per attempt; see trainer/recovery.py for why not FailureConfig
+            trainer = TorchTrainer(
+                self._train_func,
+                scaling_config=ScalingConfig(num_workers=tc.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
+                torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+                run_config=RunConfig(storage_path=str(Path(self.run_dir) / "ray_train"), name=f"train-{self.restarts}"),
+            )  # fmt: skip
+            try:
+                return self._final_metrics(trainer.fit())
+            except Exception as exc:
+                user_error = find_user_error(exc)
+                if user_error is not None:
+                    raise user_error from exc
+                if not recovery.is_rank_death(exc) or self.restarts >= tc.max_trainer_restarts:
+                    limit = f" after {self.restarts} restart(s) (train_config.max_trainer_restarts={tc.max_trainer_restarts})"
+                    raise RunFailedError(f"Training failed on a Ray Train worker{limit}: {exc}") from exc
+                self.restarts += 1
+                log.warning("a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
+                            str(exc).strip().splitlines()[-1][:200], self.restarts, tc.max_trainer_restarts)  # fmt: skip
 
     def _final_metrics(self, result: Any) -> dict:
         """The last iteration's metrics plus ``iteration`` and ``version`` (the run's end point)."""
@@ -182,7 +198,8 @@ class BaseTrainer:
         policy = self.policy_generator()
         if tc.zero_initial_vf:
             policy.value_head.reset_parameters()
-        resume = ckpt.load_checkpoint(tc.resume) if tc.resume else None
+        own = recovery.own_checkpoint(self.save_dir, self._fit_started)  # this run's progress, after a restart
+        resume = ckpt.load_checkpoint(own or tc.resume) if (own or tc.resume) else None
         if resume is not None:
             ckpt.check_compatible(policy, resume["model"], source=str(resume["path"]))
             policy.load_state_dict(resume["model"])
@@ -214,6 +231,7 @@ class BaseTrainer:
 
         self.setup_rank()
         self._connect()
+        self.version = recovery.rejoin_version(self.rollout_manager, self.version)
         if self.rank == 0:
             self._publish_weights()  # rollout waits for the first weights
         tc = self.train_config
@@ -265,7 +283,8 @@ class BaseTrainer:
                    "trainer/samples_per_s": steps / max(self.perf["perf/train_ms"] / 1e3, 1e-9),
                    "trainer/staleness_mean": float(batch["staleness"].mean()),
                    "trainer/skipped_updates": float(self.update_guard.skipped_iteration),
-                   "trainer/skipped_updates_total": float(self.update_guard.skipped_total)}  # fmt: skip
+                   "trainer/skipped_updates_total": float(self.update_guard.skipped_total),
+                   "trainer/restarts": float(self.restarts)}  # fmt: skip
         self.last_metrics = metrics
         if self.rank == 0:
             self._log(metrics, batch)
@@ -297,7 +316,7 @@ class BaseTrainer:
     def fetch_chunks(self, num_chunks: int, for_version: int | None = None) -> dict:
         """Sample chunks fresh enough for ``for_version`` and read their payloads straight from the store."""
         start = time.perf_counter()
-        chunks = ray.get(self._buffer.sample.remote(num_chunks, for_version))
+        chunks = self._sample(num_chunks, for_version)
         payloads = self._store.get_many([key for chunk in chunks for key in chunk["keys"]])
         # Payloads are in this process now: the buffer may drop used-up or evicted ones.
         ray.get(self._buffer.release.remote([chunk["chunk_id"] for chunk in chunks]))
@@ -308,6 +327,29 @@ class BaseTrainer:
         batch = assemble_chunks(grouped, device=self.device)
         self.perf["perf/fetch_chunks_ms"] = 1e3 * (time.perf_counter() - start)
         return batch
+
+    def _sample(self, num_chunks: int, for_version: int | None) -> list[dict]:
+        """``buffer.sample`` in slices of ``SAMPLE_WAIT_S``: between slices the wait is logged with
+        the buffer's reason and the rollout side's health checked; after ``progress_timeout`` it fails."""
+        from mineonline_core.rollout.buffer import SampleTimeout
+
+        limit = float(getattr(self.config, "progress_timeout", 0.0) or 0.0)
+        waited = 0.0
+        while True:
+            wait = SAMPLE_WAIT_S if not limit else max(min(SAMPLE_WAIT_S, limit - waited), 0.1)
+            try:
+                return ray.get(self._buffer.sample.remote(num_chunks, for_version, wait))
+            except SampleTimeout as exc:  # Ray's wrapper is also an instance of the actor's exception
+                waited += wait
+                reason = str(getattr(exc, "cause", exc))
+            if hasattr(self.rollout_manager, "health"):
+                ray.get(self.rollout_manager.health.remote())  # a failed rollout side is the cause: raise it
+            if limit and waited >= limit:
+                raise RunFailedError(
+                    f"trainer rank {self.rank}: no batch of {num_chunks} chunks for iteration {self.iteration + 1} "
+                    f"within progress_timeout={limit:g}s: {reason}"
+                )
+            log.warning("trainer rank %d has waited %.0fs for %d chunks: %s", self.rank, waited, num_chunks, reason)
 
     def _fetch_in_background(self, num_chunks: int, for_version: int) -> Future:
         if self._fetcher is None:

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from mineonline_core import fragment as F
+from mineonline_core.errors import RunFailedError
 from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.collector import FragmentCollector
 from mineonline_core.testing.faults import FaultyEnvFactory, injected_faults, stream_report
@@ -167,3 +168,16 @@ def test_nonfinite_answers_never_reach_a_fragment(tmp_path, caplog, kind: str) -
     assert len(lines) == collector.env_nonfinite, [r.getMessage() for r in caplog.records][:5]
     print(f"FIGURE env {kind} at 1%: {injected} injected, {collector.env_nonfinite} steps failed and reset, "
           f"0 non-finite values in {len(frags)} fragments")
+
+
+def test_env_rebuilds_are_capped_per_window(tmp_path) -> None:
+    """An env that fails at every start (and any crash loop) ends the run, naming the cap and the last failure."""
+    faulty = FaultyEnvFactory(counting(0.0), reset_error_rate=1.0, state_dir=str(tmp_path))
+    started = time.monotonic()
+    with pytest.raises(RunFailedError) as failure:
+        run(faulty, fragments=1000, faulty_fragments=1, step_timeout=30.0, max_env_rebuilds=5, restart_window=60.0)
+    message = str(failure.value)
+    assert "rebuilt 6 times" in message and "max_env_rebuilds=5 per rollout_config.restart_window=60s" in message
+    assert "env 0:" in message and "injected reset fault" in message
+    assert injected_faults(tmp_path)["lives"] == 6  # the first build and 5 rebuilds, then the sixth rebuild is refused
+    print(f"FIGURE env failing at every start: run failed after {time.monotonic() - started:.1f}s and 5 rebuilds")
