@@ -240,27 +240,31 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
     from mineonline_core.watchdog import ProgressWatchdog, stall_report
 
     outcome: dict[str, Any] = {}
+    # Not thread.join/is_alive: on Python < 3.12 a KeyboardInterrupt inside join() marks the thread as
+    # stopped while it still runs (bpo-45274), and the run was torn down before its final checkpoint.
+    done = threading.Event()
 
     def fit() -> None:
         try:
             outcome["result"] = trainer.fit()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread below
             outcome["error"] = exc
+        finally:
+            done.set()
 
-    thread = threading.Thread(target=fit, name="mineonline-trainer", daemon=True)
-    thread.start()
+    threading.Thread(target=fit, name="mineonline-trainer", daemon=True).start()
     display = Progress(cfg.train_config.num_iterations, enabled=progress)
     watchdog = ProgressWatchdog(timeout=cfg.progress_timeout)
     stopping = False
     try:
-        while thread.is_alive():
+        while not done.is_set():
             try:
-                thread.join(timeout=1.0)
+                done.wait(timeout=1.0)
                 latest = _checked(hub.latest, "logging actor (LoggerHub)")
                 display.update(latest)
                 _checked(manager.health, "rollout manager (RolloutManager)")
                 stalled = watchdog.stalled(latest)
-                if stalled and thread.is_alive():
+                if stalled and not done.is_set():
                     raise stall_report(manager, stalled)
             except KeyboardInterrupt:
                 if stopping:

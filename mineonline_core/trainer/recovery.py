@@ -18,17 +18,18 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from mineonline_core.errors import find_cause
+from mineonline_core.errors import iter_causes
 from mineonline_core.trainer import checkpoint as ckpt
 
 log = logging.getLogger(__name__)
 
 
 def is_rank_death(exc: BaseException) -> bool:
-    """Whether a failed Ray Train attempt ended because a rank's process died."""
+    """Whether a failed Ray Train attempt ended because a rank's process died (not because the training
+    function raised, even an actor error of its own, such as a replay buffer killed at shutdown)."""
     import ray
 
-    return find_cause(exc, ray.exceptions.RayActorError) is not None
+    return any(isinstance(err, ray.exceptions.RayActorError) and "RayTrainWorker" in str(err) for err in iter_causes(exc))
 
 
 def own_checkpoint(save_dir: Path, since: float | None) -> Path | None:
