@@ -20,6 +20,7 @@ from mineonline_core.config import LoadedConfig, OnlineConfig, check_resources, 
 from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
 from mineonline_core.plugins import PluginManager, get_plugin_manager
 from mineonline_core.resolve import ResolvedRun, resolve
+from mineonline_core.watchdog import sigterm_as_ctrl_c
 
 log = logging.getLogger("mineonline")
 NAMESPACE = "mineonline"
@@ -199,6 +200,7 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     started_ray = not ray.is_initialized()
     init_ray(address)
     status, result, manager, hub = "failed", {}, None, None
+    restore_sigterm = sigterm_as_ctrl_c()  # a preempted run stops like Ctrl-C: final checkpoint, clean exit
     try:
         check_resources(cfg, ray.cluster_resources())
         hub = _start_hub(resolved)
@@ -219,6 +221,7 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
             pm.hook.mineonline_run_finish(config=cfg, run_dir=str(run_dir), status=status)
         except Exception:  # noqa: BLE001 - documented: a finish hook cannot change the outcome
             log.exception("a mineonline_run_finish hook failed")
+        restore_sigterm()
     result["status"], result["run_dir"] = status, str(run_dir)
     if result["summary"]:
         from mineonline_core.console import print_summary
@@ -234,30 +237,40 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
     import ray
 
     from mineonline_core.console import Progress
+    from mineonline_core.watchdog import ProgressWatchdog, stall_report
 
     outcome: dict[str, Any] = {}
+    # Not thread.join/is_alive: on Python < 3.12 a KeyboardInterrupt inside join() marks the thread as
+    # stopped while it still runs (bpo-45274), and the run was torn down before its final checkpoint.
+    done = threading.Event()
 
     def fit() -> None:
         try:
             outcome["result"] = trainer.fit()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread below
             outcome["error"] = exc
+        finally:
+            done.set()
 
-    thread = threading.Thread(target=fit, name="mineonline-trainer", daemon=True)
-    thread.start()
+    threading.Thread(target=fit, name="mineonline-trainer", daemon=True).start()
     display = Progress(cfg.train_config.num_iterations, enabled=progress)
+    watchdog = ProgressWatchdog(timeout=cfg.progress_timeout)
     stopping = False
     try:
-        while thread.is_alive():
+        while not done.is_set():
             try:
-                thread.join(timeout=1.0)
-                display.update(_checked(hub.latest, "logging actor (LoggerHub)"))
+                done.wait(timeout=1.0)
+                latest = _checked(hub.latest, "logging actor (LoggerHub)")
+                display.update(latest)
                 _checked(manager.health, "rollout manager (RolloutManager)")
+                stalled = watchdog.stalled(latest)
+                if stalled and not done.is_set():
+                    raise stall_report(manager, stalled)
             except KeyboardInterrupt:
                 if stopping:
                     raise
                 stopping = True
-                print("\nstopping: finishing the iteration and writing a final checkpoint (Ctrl-C again to abort)")
+                print("\nstopping: finishing the iteration and writing a final checkpoint (Ctrl-C or SIGTERM again to abort)")
                 manager.request_stop.remote()
     finally:
         display.close()

@@ -7,7 +7,11 @@ wrong, under which config key, with which value, and how to fix it.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+
+E = TypeVar("E", bound=BaseException)
 
 
 class MineOnlineError(Exception):
@@ -49,6 +53,16 @@ def find_user_error(exc: BaseException) -> MineOnlineError | None:
     actor or a Ray Train rank and reaches the driver wrapped several times; the user must see its
     message, not the wrappers' tracebacks.
     """
+    return find_cause(exc, MineOnlineError)
+
+
+def find_cause(exc: BaseException, cls: type[E]) -> E | None:
+    """The first exception of class ``cls`` in ``exc``'s chain of causes and wrapped errors."""
+    return next((err for err in iter_causes(exc) if isinstance(err, cls)), None)
+
+
+def iter_causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, its causes and contexts, and the errors Ray's wrappers hold (``cause``, attributes, dicts)."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -56,12 +70,10 @@ def find_user_error(exc: BaseException) -> MineOnlineError | None:
         if err is None or id(err) in seen:
             continue
         seen.add(id(err))
-        if isinstance(err, MineOnlineError):
-            return err
+        yield err
         todo += [err.__cause__, err.__context__, getattr(err, "cause", None)]
         for value in vars(err).values() if hasattr(err, "__dict__") else ():
             if isinstance(value, BaseException):
                 todo.append(value)
             elif isinstance(value, dict):
                 todo += [v for v in value.values() if isinstance(v, BaseException)]
-    return None

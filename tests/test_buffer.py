@@ -236,3 +236,25 @@ def test_rebuild_from_store_restores_chunks_and_drops_stale_and_partial_data() -
     assert sorted(old.store.keys()) == [F.fragment_key("s", i) for i in range(4)]
     chunk = fresh._chunks["s.000000000"]
     assert chunk.version == 3 and chunk.checksums[0] == fragment_meta(make_fragment("s", 0, 3))["checksum"]
+
+
+def test_sample_times_out_and_says_why_no_chunk_is_eligible() -> None:
+    from mineonline_core.rollout.buffer import SampleTimeout
+
+    async def go():
+        h = Harness(max_staleness=1, fragments_per_chunk=2)
+        with pytest.raises(SampleTimeout, match="No rollout worker delivered a fragment"):
+            await h.buffer.sample(1, timeout=0.05)
+        for i in range(4):
+            await h.add("s", i, version=0)
+        await h.add("t", 0, version=3)  # half a chunk
+        await h.buffer.set_version(1)
+        with pytest.raises(SampleTimeout) as slow:
+            await h.buffer.sample(3, for_version=2, timeout=0.05)
+        assert (await h.buffer.sample(2, timeout=1.0))  # the lock is free again after a timeout
+        return str(slow.value)
+
+    message = run(go())
+    assert "0 of the 3 chunks asked for are eligible at model version 2" in message
+    assert "2 chunks (2 too stale for max_staleness=1" in message and "1 fragments wait in partial chunks" in message
+    assert "raise rollout_config.replay_buffer_config.max_staleness" in message

@@ -51,7 +51,9 @@ class ReinforceTrainer(mineonline_core.BaseTrainer):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)
-        self.optimizer.step()
+        terms = {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy.item()}
+        if self.update_is_finite(grad_norm=grad_norm.item(), loss_terms=terms):  # a NaN step is skipped, counted
+            self.optimizer.step()
         return {"trainer/policy_loss": policy_loss.item(), "trainer/value_loss": value_loss.item(),
                 "trainer/entropy": entropy.item(), "trainer/grad_norm": grad_norm.item()}  # fmt: skip
 

@@ -86,6 +86,13 @@ class OnlineConfig(Section):
     seed: int = setting(
         0, "Seed of every random generator; each env and worker derives its own from it.", ge=0
     )
+    progress_timeout: float = setting(
+        900.0,
+        "Seconds without a new env step or without a new training iteration after which the "
+        "run fails, naming the last error of every actor and why the replay buffer serves no "
+        "chunk; also how long the trainer waits for chunks. 0 disables the watchdog.",
+        ge=0,
+    )
     rollout_config: RolloutConfig = Field(
         default_factory=RolloutConfig, description="Experience collection."
     )

@@ -38,7 +38,14 @@ class WorkerConfig(Section):
     )
     max_env_restarts: int = setting(
         100,
-        "Env rebuilds (after crashes or hangs) one worker tolerates before the run fails.",
+        "Failures in a row of one env (crashes, hangs, non-finite answers; a successful step "
+        "ends the row) before the run fails.",
+        ge=0,
+    )
+    max_env_rebuilds: int = setting(
+        200,
+        "Env rebuilds (after crashes or hangs, all envs of one worker together) tolerated "
+        "within rollout_config.restart_window seconds before the run fails.",
         ge=0,
     )
     video_upscale: int = setting(
@@ -135,6 +142,18 @@ class RolloutConfig(Section):
         "in one step are queued together); the sender writes everything queued in one store write "
         "and one buffer call. Raise it when workers wait on the buffer.",
         ge=1,
+    )
+    max_worker_restarts: int = setting(
+        10,
+        "Restarts of rollout workers (all together; Ray restarts a dead worker) tolerated within "
+        "restart_window seconds before the run fails with each worker's last error, like RLlib's "
+        "max_num_env_runner_restarts.",
+        ge=0,
+    )
+    restart_window: float = setting(
+        600.0,
+        "Seconds over which max_worker_restarts and worker_config.max_env_rebuilds are counted.",
+        gt=0,
     )
     worker_config: WorkerConfig = Field(
         default_factory=WorkerConfig, description="Per-worker env settings."

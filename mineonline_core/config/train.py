@@ -80,6 +80,13 @@ class TrainConfig(Section):
         False, description="Clip the value loss around the behaviour value, like the ratio."
     )
     max_grad_norm: float = setting(5.0, "Global gradient L2 norm above which it is clipped.", gt=0)
+    max_skipped_updates: int = setting(
+        10,
+        "Optimiser steps in a row whose loss or gradients hold a NaN or infinity (each one is "
+        "skipped and counted in trainer/skipped_updates) before the run fails with what went "
+        "non-finite and where.",
+        ge=1,
+    )
     zero_initial_vf: bool = Field(
         True,
         description="Zero every parameter of the value head at start, its normaliser's running "
@@ -181,6 +188,12 @@ class TrainConfig(Section):
         "checkpoints",
         description="Checkpoint directory; relative paths are under the run directory. "
         "null means the default.",
+    )
+    max_trainer_restarts: int = setting(
+        2,
+        "Times a dead train worker (rank) is restarted, each time from the latest checkpoint "
+        "of this run, before the run fails; 0 fails at the first death.",
+        ge=0,
     )
     use_amp: bool = Field(
         False, description="Train with automatic mixed precision (bf16/fp16 autocast) on GPU."

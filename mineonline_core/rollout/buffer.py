@@ -22,9 +22,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from mineonline_core.errors import ConfigError
+from mineonline_core.errors import ConfigError, MineOnlineError
 
 log = logging.getLogger(__name__)
+
+
+class SampleTimeout(MineOnlineError):
+    """``sample`` found too few eligible chunks within its timeout; the message says why."""
 
 
 @dataclass
@@ -154,12 +158,13 @@ class ReplayBuffer:
 
     # -- the trainer --------------------------------------------------------------------------
 
-    async def sample(self, num_chunks: int, for_version: int | None = None) -> list[dict]:
+    async def sample(self, num_chunks: int, for_version: int | None = None, timeout: float | None = None) -> list[dict]:
         """Wait until ``num_chunks`` chunks are eligible, then serve the freshest (least reused first).
 
         ``for_version``: the version the trainer will train these chunks at, when it fetches ahead of
         its own broadcast; staleness is then judged against it, so prefetching never trains on a chunk
-        more than ``max_staleness`` versions old."""
+        more than ``max_staleness`` versions old. ``timeout``: seconds to wait at most, then raise
+        ``SampleTimeout`` with ``explain``'s account of why no chunk is eligible."""
         if num_chunks > self.max_chunks:
             raise ConfigError(
                 f"The trainer asks for {num_chunks} chunks per iteration but the replay buffer holds at most "
@@ -168,7 +173,10 @@ class ReplayBuffer:
             )
         cond = self._condition()
         async with cond:
-            await cond.wait_for(lambda: self._num_eligible(for_version) >= num_chunks)
+            try:
+                await asyncio.wait_for(cond.wait_for(lambda: self._num_eligible(for_version) >= num_chunks), timeout)
+            except asyncio.TimeoutError:
+                raise SampleTimeout(f"after {timeout:.0f}s: {self.explain(num_chunks, for_version)}") from None
             eligible = [c for c in self._chunks.values() if self._eligible(c, for_version)]
             eligible.sort(key=lambda c: (-c.version, c.reuse, c.seq))
             served = eligible[:num_chunks]
@@ -196,6 +204,24 @@ class ReplayBuffer:
                 del self._draining[chunk_id]
                 doomed += chunk.keys
         await self._delete(doomed)
+
+    def explain(self, num_chunks: int, for_version: int | None = None) -> str:
+        """Why fewer than ``num_chunks`` chunks are eligible now, with the key that governs each reason."""
+        at = max(self.version, for_version or 0)
+        chunks = list(self._chunks.values())
+        stale = sum(1 for c in chunks if self._stale(c.version, for_version))
+        used = sum(1 for c in chunks if c.reuse >= self.max_reuse)
+        partial = sum(len(p.metas) for p in self._pending.values())
+        text = (f"{self._num_eligible(for_version)} of the {num_chunks} chunks asked for are eligible at model version {at}; "
+                f"the buffer holds {len(chunks)} chunks ({stale} too stale for max_staleness={self.max_staleness}, {used} "
+                f"used up by max_reuse={self.max_reuse}), {partial} fragments wait in partial chunks of "
+                f"fragments_per_chunk={self.fragments_per_chunk}, {self.counters['fragments_added']} fragments received "
+                f"in all ({self.counters['dropped_stale']} dropped stale, {self.counters['dropped_gap']} dropped at gaps)")  # fmt: skip
+        if not self.counters["fragments_added"]:
+            return text + ". No rollout worker delivered a fragment: see the rollout workers' errors."
+        if stale and stale >= len(chunks) // 2:
+            return text + ". Most data is too old: raise rollout_config.replay_buffer_config.max_staleness."
+        return text + ". Rollout is slower than training: add rollout workers or envs, or raise max_reuse."
 
     def stats(self) -> dict[str, float]:
         chunks = list(self._chunks.values())

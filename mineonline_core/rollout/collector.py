@@ -16,6 +16,8 @@ Episode ends, the three ways (DESIGN §5.2, §5.5):
   When the step itself succeeded and ended the episode and only the automatic reset after it
   failed, the step is kept as it happened (its reward, ``terminated`` and final observation) and
   then the env is rebuilt.
+* the env answered a NaN or infinite reward or observation: the same, except that the env is
+  reset instead of rebuilt (``mineonline_core.finite``); the bad values never enter a fragment.
 
 After any episode end the env's recurrent state is replaced by ``policy.initial_state(1)`` and the
 next step carries ``first=True`` (the policy resets there too, so training reproduces rollout).
@@ -40,9 +42,11 @@ from typing import Any, Callable
 import torch
 
 from mineonline_core.errors import RunFailedError
+from mineonline_core.finite import env_answer_problem
 from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, InlineEnv, default_context
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
 from mineonline_core.tree import to_numpy, to_torch, tree_map, tree_stack
+from mineonline_core.watchdog import RestartBudget
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,8 @@ class FragmentCollector:
         discount: float = 0.99,
         step_timeout: float = 60.0,
         max_env_restarts: int = 100,
+        max_env_rebuilds: int = 200,
+        restart_window: float = 600.0,
         worker_id: int = 0,
         incarnation: int = 0,
         device: str | torch.device = "cpu",
@@ -114,6 +120,8 @@ class FragmentCollector:
         self.env_fns = list(env_fns)
         self.fragment_length, self.batch_size, self.discount = fragment_length, batch_size, discount
         self.step_timeout, self.max_env_restarts = step_timeout, max_env_restarts
+        self._rebuilds = RestartBudget(cap=max_env_rebuilds, window=restart_window)
+        self._last_failure = ""
         # Building a simulator (Minecraft) can take far longer than a step: its own, longer limit.
         self.startup_timeout = startup_timeout if startup_timeout is not None else max(step_timeout, 120.0)
         self.worker_id, self.incarnation, self.device = worker_id, incarnation, torch.device(device)
@@ -129,7 +137,7 @@ class FragmentCollector:
         self._records: list[dict] = []
         self.timers = Timers()
         self.video = VideoRecorder()
-        self.env_steps = self.env_restarts = self.env_failures = self.fragments_done = 0
+        self.env_steps = self.env_restarts = self.env_failures = self.env_nonfinite = self.fragments_done = 0
         with torch.no_grad():
             self._init_row = to_torch(policy.initial_state(1), self.device)
             self.state = to_torch(policy.initial_state(len(env_fns)), self.device)
@@ -214,6 +222,7 @@ class FragmentCollector:
             "rollout/env_steps": float(self.env_steps),
             "rollout/env_restarts": float(self.env_restarts),
             "rollout/env_failures": float(self.env_failures),
+            "rollout/env_nonfinite": float(self.env_nonfinite),
             "rollout/fragments": float(self.fragments_done),
             "rollout/model_version": float(self.version),
             **self.timers.drain(),
@@ -231,6 +240,14 @@ class FragmentCollector:
         seed = None if self.seed is None else self.seed + 1000 * self.worker_id + slot.env_id + 7919 * slot.builds
         if slot.builds:
             self.env_restarts += 1
+            if slot.failures_in_row and self._rebuilds.add():  # restart_interval recycling is not a failure
+                self.close()
+                raise RunFailedError(
+                    f"Rollout worker {self.worker_id}: its envs were rebuilt {self._rebuilds.count()} times within "
+                    f"{self._rebuilds.span():.0f}s (rollout_config.worker_config.max_env_rebuilds={self._rebuilds.cap} "
+                    f"per rollout_config.restart_window={self._rebuilds.window:g}s). Last failure: {self._last_failure}\n"
+                    f"Fix the env, or raise max_env_rebuilds if failures are expected."
+                )
         slot.builds += 1
         env_fn = self.env_fns[slot.env_id]
         slot.proc = EnvProcess(env_fn, ctx=self._ctx) if self.env_processes else InlineEnv(env_fn)
@@ -250,25 +267,47 @@ class FragmentCollector:
                 f"that the env process cannot import."
             )
         now = time.monotonic()
+        log.warning("worker %d env %d failed (%s); rebuilding. %s", self.worker_id, slot.env_id, exc.kind, exc.detail)
+        self._fail_step(slot, exc.detail)
+        slot.proc.kill()
+        slot.proc, slot.obs, slot.pending_t = None, None, None
+        delay = min(self.backoff_base * 2 ** (slot.failures_in_row - 1), self.backoff_max)
+        slot.restart_at = now + delay
+
+    def _on_nonfinite(self, slot: _Slot, problem: str) -> None:
+        """A NaN or infinity in the env's answer: the step failed, but the env process is sound, so
+        it is reset rather than rebuilt. The bad values never reach a fragment."""
+        self.env_nonfinite += 1
+        log.warning("worker %d env %d: %s; the step counts as failed, its episode is closed as truncated and "
+                    "the env is reset", self.worker_id, slot.env_id, problem)  # fmt: skip
+        self._fail_step(slot, problem)
+        slot.obs, slot.pending_t = None, None
+        slot.sent_at = time.monotonic()
+        slot.deadline = slot.sent_at + self.startup_timeout
+        try:
+            slot.proc.send_reset(None)
+        except EnvFailure as exc:
+            self._on_failure(slot, exc)
+
+    def _fail_step(self, slot: _Slot, detail: str) -> None:
+        """Count a failure and close the step in flight (if any) as truncated."""
         self.env_failures += 1
         slot.failures_in_row += 1
-        log.warning("worker %d env %d failed (%s); rebuilding. %s", self.worker_id, slot.env_id, exc.kind, exc.detail)
+        self._last_failure = f"env {slot.env_id}: {detail}"
         if slot.pending_t is not None:
             b, t = slot.builder, slot.pending_t
+            slot.pending_t = None
             b.complete(t, reward=0.0, terminated=False, truncated=True)
             b.bootstrap[t] = b.vpred[t]  # the last value we have stands in for the lost future
             self._end_episode(slot, truncated=True, final_obs=b.obs_at(t))
             self._maybe_emit(slot, b)
-        slot.proc.kill()
-        slot.proc, slot.obs, slot.pending_t = None, None, None
         if slot.failures_in_row > self.max_env_restarts:
+            self.close()
             raise RunFailedError(
                 f"Rollout worker {self.worker_id}: env {slot.env_id} failed {slot.failures_in_row} times in a "
                 f"row (rollout_config.worker_config.max_env_restarts={self.max_env_restarts}). Last failure: "
-                f"{exc.detail}\nFix the env, or raise max_env_restarts if failures are expected."
+                f"{detail}\nFix the env, or raise max_env_restarts if failures are expected."
             )
-        delay = min(self.backoff_base * 2 ** (slot.failures_in_row - 1), self.backoff_max)
-        slot.restart_at = now + delay
 
     # -- gathering ready envs -----------------------------------------------------------------
 
@@ -325,6 +364,10 @@ class FragmentCollector:
                 reward, terminated, truncated, info, final_obs = exc.step
                 self._complete_step(slot, reward, terminated, truncated and not terminated, info, final_obs, None)
             self._on_failure(slot, exc)
+            return
+        problem = env_answer_problem(reward, obs, final_obs)
+        if problem is not None:
+            self._on_nonfinite(slot, problem)
             return
         now = time.monotonic()
         if slot.pending_t is None:  # the answer to a fresh process's reset

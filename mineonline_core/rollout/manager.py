@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable
 
 from mineonline_core.errors import RunFailedError
+from mineonline_core.watchdog import RestartBudget
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class RolloutManager:
         self._lock = threading.Lock()
         self._last_steps: dict[int, float] = {}
         self._env_steps = 0.0
+        self._restarts = RestartBudget(cap=rc.max_worker_restarts, window=rc.restart_window)
+        self._last_errors: dict[int, str] = {}  # worker id -> the last failure the monitor saw
 
         path, resume = str(config.resolve_path(db.path)), config.train_config.resume is not None
         if store_options is None:
@@ -96,7 +99,8 @@ class RolloutManager:
                 batch_size=wc.batch_size, fragment_length=rc.fragment_length,
                 to_send_queue_size=rc.to_send_queue_size, store_client=self._store, buffer=self._buffer,
                 stats=self._stats, logger_hub=logger_hub, manager=me, discount=config.train_config.discount,
-                step_timeout=wc.step_timeout, max_env_restarts=wc.max_env_restarts,
+                step_timeout=wc.step_timeout, max_env_restarts=wc.max_env_restarts, max_env_rebuilds=wc.max_env_rebuilds,
+                restart_window=rc.restart_window,
                 restart_interval=wc.restart_interval, env_processes=wc.env_processes, device=device, video_fps=wc.video_fps,
                 video_upscale=wc.video_upscale, seed=None if config.seed is None else config.seed + 7 * i,
             )
@@ -123,9 +127,24 @@ class RolloutManager:
         with self._lock:
             restarts = self._incarnations.get(worker_id, -1) + 1
             self._incarnations[worker_id] = restarts
-            if restarts:
-                log.warning("rollout worker %d restarted (life %d); sending it the latest weights", worker_id, restarts)
-            return self._first_incarnation.get(worker_id, 0) + restarts, self._latest
+            over = bool(restarts) and self._restarts.add()
+            latest = self._latest
+        if restarts:
+            log.warning("rollout worker %d restarted (life %d); sending it the latest weights", worker_id, restarts)
+        if over:
+            rc = self.config.rollout_config
+            self._fail(RunFailedError(
+                f"rollout workers were restarted {self._restarts.count()} times within {self._restarts.span():.0f}s "
+                f"(rollout_config.max_worker_restarts={rc.max_worker_restarts} per restart_window="
+                f"{rc.restart_window:g}s), so the run stops instead of restarting them forever.\n"
+                + "\n".join(f"  - {line}" for line in self._worker_lines())
+                + "\nFix the cause above (a worker that dies at every start), or raise max_worker_restarts."
+            ), "too many rollout worker restarts")  # fmt: skip
+        return self._first_incarnation.get(worker_id, 0) + restarts, latest
+
+    def latest_version(self) -> int | None:
+        """The version of the latest weights published, or None before the first."""
+        return None if self._latest is None else self._latest[1]
 
     def record_videos(self) -> None:
         for worker in self._workers:
@@ -187,6 +206,35 @@ class RolloutManager:
             "error": None if self._error is None else repr(self._error),
             "stop_requested": self._stop_requested,
         }
+
+    def diagnose(self) -> list[str]:
+        """One line per rollout worker (life, env steps, last error) and the replay buffer's reason
+        for serving no chunk: what a stalled run reports."""
+        import ray
+
+        lines = self._worker_lines()
+        if self._error is not None:
+            lines.insert(0, f"the rollout side failed: {self._error}")
+        tc = self.config.train_config
+        try:
+            lines.append("replay buffer: " + ray.get(self._buffer.explain.remote(tc.batches_per_iteration * tc.batch_size_per_gpu), timeout=10))
+        except Exception as exc:  # noqa: BLE001 - a dead buffer is itself the diagnosis
+            lines.append(f"replay buffer: no answer ({type(exc).__name__}: {exc})")
+        return lines
+
+    def _worker_lines(self) -> list[str]:
+        import ray
+
+        lines = []
+        for i, worker in enumerate(self._workers):
+            try:
+                s = ray.get(worker.status.remote(), timeout=5)
+                state = f"life {s['incarnation']}, {s['env_steps']} env steps, {s['fragments_sent']} fragments sent, ready={s['ready']}"
+                error = s["error"] or self._last_errors.get(i)
+            except Exception as exc:  # noqa: BLE001 - dead or restarting: say so
+                state, error = f"not answering ({type(exc).__name__})", self._last_errors.get(i) or _first_line(exc)
+            lines.append(f"rollout worker {i}: {state}; last error: {error or 'none'}")
+        return lines
 
     def request_stop(self) -> None:
         """Ask the run to stop (the trainer polls ``stop_requested`` between iterations)."""
@@ -253,7 +301,8 @@ class RolloutManager:
         for i, worker in enumerate(self._workers):
             try:
                 reports.append((i, ray.get(worker.report.remote(), timeout=30)))
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as exc:
+                self._last_errors[i] = _first_line(exc)
                 continue  # being restarted by Ray; it re-registers and gets the latest weights
             except Exception as exc:  # noqa: BLE001 - a worker's background thread failed
                 self._fail(exc, f"rollout worker {i} failed")
@@ -293,6 +342,12 @@ def first_free_incarnations(keys: list[str]) -> dict[int, int]:
             worker_id, incarnation = int(parts[0]), int(parts[1])
             out[worker_id] = max(out.get(worker_id, 0), incarnation + 1)
     return out
+
+
+def _first_line(exc: BaseException) -> str:
+    """The informative line of a Ray error (its last non-empty one), at most 300 characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
 
 
 def start_rolloutmanager(

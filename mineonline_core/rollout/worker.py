@@ -119,6 +119,8 @@ class RolloutWorker:
         discount: float = 0.99,
         step_timeout: float = 60.0,
         max_env_restarts: int = 100,
+        max_env_rebuilds: int = 200,
+        restart_window: float = 600.0,
         restart_interval: float = 0.0,
         env_processes: bool = True,
         device: str = "cpu",
@@ -132,7 +134,8 @@ class RolloutWorker:
         self._policy_generator, self._env_generator = policy_generator, env_generator
         self._collector_kwargs = dict(
             fragment_length=fragment_length, batch_size=batch_size, discount=discount, step_timeout=step_timeout,
-            max_env_restarts=max_env_restarts, restart_interval=restart_interval, device=device, seed=seed,
+            max_env_restarts=max_env_restarts, max_env_rebuilds=max_env_rebuilds, restart_window=restart_window,
+            restart_interval=restart_interval, device=device, seed=seed,
             env_processes=env_processes,
         )  # fmt: skip
         self._num_envs = num_envs
@@ -280,15 +283,21 @@ class RolloutWorker:
     def _fetch_loop(self) -> None:
         import ray
 
-        version_loaded, reference_loaded = None, None
+        loaded, reference_loaded = None, None  # the (refs, version) last taken; the reference's ref
         while not self._stop.is_set():
             with self._weights_cv:
-                while not self._stop.is_set() and (self._latest_weights is None or self._latest_weights[1] == version_loaded):
+                while not self._stop.is_set() and (self._latest_weights is None or self._latest_weights is loaded):
                     self._weights_cv.wait(timeout=0.5)
                 if self._stop.is_set():
                     return
-                refs, version = self._latest_weights
-            state_dict = ray.get(refs[0])
+                loaded = self._latest_weights
+                refs, version = loaded
+            try:
+                state_dict = ray.get(refs[0])
+            except ray.exceptions.ObjectLostError as exc:  # its owner, a trainer rank, died: it republishes
+                log.warning("rollout worker %d: the weights of version %d were lost with the trainer rank that "
+                            "published them (%s); waiting for the next broadcast", self.worker_id, version, type(exc).__name__)  # fmt: skip
+                continue
             while not self._built.wait(timeout=0.5):  # the collect thread is still building the policy
                 if self._stop.is_set():
                     return
@@ -296,7 +305,6 @@ class RolloutWorker:
                 self.collector.set_reference(ray.get(refs[1]))  # before the weights: no fragment lacks it
                 reference_loaded = refs[1].hex()
             self.collector.set_weights(state_dict, version)
-            version_loaded = version
             self._has_weights.set()
 
     def _report_loop(self) -> None:

@@ -1,7 +1,7 @@
 """Deterministic fault injection for envs: exceptions, hangs and process death.
 
 ``FaultyEnv`` wraps any gymnasium env and, driven by a seed, raises in ``step``/``reset`` at a
-given rate, hangs (sleeps past the collector's ``step_timeout``) at a given step, or SIGKILLs its
+given rate, returns a NaN reward or a NaN in the observation at a given rate, hangs (sleeps past the collector's ``step_timeout``) at a given step, or SIGKILLs its
 own process at a given step. Envs run in their own subprocess (``rollout/envproc.py``), so the
 factory ``FaultyEnvFactory`` is what a test passes as an env function: its arguments are plain
 values, it pickles, and it builds the env inside the subprocess.
@@ -32,7 +32,7 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-KINDS = ("step_error", "reset_error", "hang", "kill")
+KINDS = ("step_error", "reset_error", "hang", "kill", "nan_reward", "nan_obs")
 
 
 class InjectedFault(RuntimeError):
@@ -81,6 +81,8 @@ class FaultyEnv(gym.Wrapper):
         step_error_rate: float = 0.0,
         reset_error_rate: float = 0.0,
         reset_error_after_end: bool = False,
+        nan_reward_rate: float = 0.0,
+        nan_obs_rate: float = 0.0,
         raise_at_step: int | None = None,
         hang_at_step: int | None = None,
         hang_s: float = 3600.0,
@@ -90,11 +92,14 @@ class FaultyEnv(gym.Wrapper):
         guard_pid: int | None = None,
     ) -> None:
         super().__init__(env)
-        for key, rate in (("step_error_rate", step_error_rate), ("reset_error_rate", reset_error_rate)):
+        rates = {"step_error_rate": step_error_rate, "reset_error_rate": reset_error_rate,
+                 "nan_reward_rate": nan_reward_rate, "nan_obs_rate": nan_obs_rate}  # fmt: skip
+        for key, rate in rates.items():
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{key}={rate}: a probability per call, in [0, 1]")
         self.step_error_rate, self.reset_error_rate = step_error_rate, reset_error_rate
         self.reset_error_after_end = reset_error_after_end  # every reset but a life's first one raises
+        self.nan_reward_rate, self.nan_obs_rate = nan_reward_rate, nan_obs_rate
         self.raise_at_step, self.hang_at_step, self.kill_at_step = raise_at_step, hang_at_step, kill_at_step
         self.hang_s, self.state_dir, self.guard_pid = hang_s, state_dir, guard_pid
         self.life = _claim_life(state_dir)
@@ -131,7 +136,27 @@ class FaultyEnv(gym.Wrapper):
         if (self.step_error_rate and self.rng.random() < self.step_error_rate) or raise_now:
             self._mark("step_error")
             raise InjectedFault(f"injected step fault (life {self.life}, step {self.steps})")
-        return self.env.step(action)
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.nan_reward_rate and self.rng.random() < self.nan_reward_rate:
+            self._mark("nan_reward")
+            reward = float("nan")
+        if self.nan_obs_rate and self.rng.random() < self.nan_obs_rate:
+            self._mark("nan_obs")
+            obs = _poison(obs)
+        return obs, reward, terminated, truncated, info
+
+
+def _poison(obs: Any) -> Any:
+    """``obs`` with a NaN in the first element of every floating-point leaf."""
+    from mineonline_core.tree import tree_map
+
+    def nan_first(leaf: Any) -> Any:
+        arr = np.array(leaf, copy=True)
+        if arr.dtype.kind == "f" and arr.size:
+            arr.reshape(-1)[0] = np.nan
+        return arr
+
+    return tree_map(nan_first, obs)
 
 
 class FaultyEnvFactory:

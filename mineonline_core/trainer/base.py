@@ -32,16 +32,19 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from mineonline_core.errors import RunFailedError, find_user_error
+from mineonline_core.finite import UpdateGuard, require_finite
 from mineonline_core.rollout.worker import fragment_checksum
 from mineonline_core.trainer import checkpoint as ckpt
+from mineonline_core.trainer import recovery
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.policy import zero_value_head
 from mineonline_core.trainer.sequence import unwrap
 
 log = logging.getLogger(__name__)
+SAMPLE_WAIT_S = 30.0  # how often a trainer waiting for chunks says why
 
 _LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
-         "_fetcher", "reference", "_reference_ref")
+         "_fetcher", "reference", "_reference_ref", "update_guard")
 
 
 class TrainerOptions(BaseModel):
@@ -69,6 +72,7 @@ class BaseTrainer:
         self.policy: nn.Module | None = None  # the bare policy (heads, value normaliser)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scaler: Any = None
+        self.update_guard: UpdateGuard | None = None  # skips optimiser steps with non-finite values
         self._buffer = self._store = self._pending_release = None
         self._workers: list = []  # rollout worker handles (rank 0), for broadcasts without the manager's hop
         self._prefetch: deque[tuple[int, int, Future]] = deque()  # (iteration, num_chunks, its batch)
@@ -80,6 +84,8 @@ class BaseTrainer:
         self._fetcher: _Fetcher | None = None
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.iteration, self.version = 0, 0
+        self._fit_started: float | None = None  # set by fit(): checkpoints written since are this run's
+        self.restarts = 0  # times fit() restarted the ranks after one died
         self.learning_rate, self.rho = self.train_config.learning_rate, self.train_config.kl_divergence_coef_rho
         self.perf: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
@@ -154,17 +160,26 @@ class BaseTrainer:
         tc = self.train_config
         use_gpu = tc.num_gpus_per_worker > 0
         resources = {"CPU": tc.num_cpus_per_worker, **({"GPU": tc.num_gpus_per_worker} if use_gpu else {})}
-        trainer = TorchTrainer(
-            self._train_func,
-            scaling_config=ScalingConfig(num_workers=tc.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
-            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-            run_config=RunConfig(storage_path=str(Path(self.run_dir) / "ray_train"), name="train"),
-        )
-        try:
-            result = trainer.fit()
-        except Exception as exc:
-            raise find_user_error(exc) or RunFailedError(f"Training failed on a Ray Train worker: {exc}") from exc
-        return self._final_metrics(result)
+        self._fit_started, self.restarts = time.time(), 0
+        while True:  # one Ray Train run per attempt; see trainer/recovery.py for why not FailureConfig
+            trainer = TorchTrainer(
+                self._train_func,
+                scaling_config=ScalingConfig(num_workers=tc.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
+                torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+                run_config=RunConfig(storage_path=str(Path(self.run_dir) / "ray_train"), name=f"train-{self.restarts}"),
+            )  # fmt: skip
+            try:
+                return self._final_metrics(trainer.fit())
+            except Exception as exc:
+                user_error = find_user_error(exc)
+                if user_error is not None:
+                    raise user_error from exc
+                if not recovery.is_rank_death(exc) or self.restarts >= tc.max_trainer_restarts:
+                    limit = f" after {self.restarts} restart(s) (train_config.max_trainer_restarts={tc.max_trainer_restarts})"
+                    raise RunFailedError(f"Training failed on a Ray Train worker{limit}: {exc}") from exc
+                self.restarts += 1
+                log.warning("a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
+                            str(exc).strip().splitlines()[-1][:200], self.restarts, tc.max_trainer_restarts)  # fmt: skip
 
     def _final_metrics(self, result: Any) -> dict:
         """The last iteration's metrics plus ``iteration`` and ``version`` (the run's end point)."""
@@ -204,7 +219,8 @@ class BaseTrainer:
         policy = self.policy_generator()
         if tc.zero_initial_vf:
             zero_value_head(policy.value_head, keep_normalizer=tc.zero_initial_vf_keep_normalizer)
-        resume = ckpt.load_checkpoint(tc.resume) if tc.resume else None
+        own = recovery.own_checkpoint(self.save_dir, self._fit_started)  # this run's progress, after a restart
+        resume = ckpt.load_checkpoint(own or tc.resume) if (own or tc.resume) else None
         if resume is not None:
             ckpt.check_compatible(policy, resume["model"], source=str(resume["path"]))
             policy.load_state_dict(resume["model"])
@@ -214,6 +230,7 @@ class BaseTrainer:
         self.model = ray.train.torch.prepare_model(model, move_to_device=False) if self.world_size > 1 else model
         cuda_amp = tc.use_amp and self.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=cuda_amp)
+        self.update_guard = UpdateGuard(max_consecutive=tc.max_skipped_updates)
         _seed_everything(seed + 1000 * self.rank + 1)
         if resume is not None:
             self._restore(resume)
@@ -237,6 +254,7 @@ class BaseTrainer:
 
         self.setup_rank()
         self._connect()
+        self.version = recovery.rejoin_version(self.rollout_manager, self.version)
         if self.rank == 0:
             self._publish_weights()  # rollout waits for the first weights
         tc = self.train_config
@@ -273,6 +291,7 @@ class BaseTrainer:
         tc = self.train_config
         self.iteration = iteration
         self.learning_rate, self.rho = self.learning_rate_at(iteration), self.rho_at(iteration)
+        self.update_guard.skipped_iteration = 0
         batch = self.fetch_fragments_and_estimate_advantages(tc.batches_per_iteration * tc.batch_size_per_gpu)
         start = time.perf_counter()
         metrics = self.train(batch)
@@ -285,7 +304,10 @@ class BaseTrainer:
         metrics = {**metrics, **self.perf, "trainer/iteration": iteration, "trainer/version": self.version,
                    "trainer/learning_rate": self.learning_rate, "trainer/rho": self.rho,
                    "trainer/samples_per_s": steps / max(self.perf["perf/train_ms"] / 1e3, 1e-9),
-                   "trainer/staleness_mean": float(batch["staleness"].mean())}  # fmt: skip
+                   "trainer/staleness_mean": float(batch["staleness"].mean()),
+                   "trainer/skipped_updates": float(self.update_guard.skipped_iteration),
+                   "trainer/skipped_updates_total": float(self.update_guard.skipped_total),
+                   "trainer/restarts": float(self.restarts)}  # fmt: skip
         self.last_metrics = metrics
         if self.rank == 0:
             self._log(metrics, batch)
@@ -328,7 +350,7 @@ class BaseTrainer:
         start = time.perf_counter()
         grouped: list[list[dict]] = []
         while len(grouped) < num_chunks:
-            chunks = ray.get(self._buffer.sample.remote(num_chunks - len(grouped), for_version))
+            chunks = self._sample(num_chunks - len(grouped), for_version)
             payloads = self._store.get_many([key for chunk in chunks for key in chunk["keys"]])
             # Payloads are in this process now: the buffer may drop used-up or evicted ones.
             ray.get(self._buffer.release.remote([chunk["chunk_id"] for chunk in chunks]))
@@ -348,6 +370,29 @@ class BaseTrainer:
         self.perf["trainer/corrupt_fragments"] = float(self.corrupt_fragments)
         return batch
 
+    def _sample(self, num_chunks: int, for_version: int | None) -> list[dict]:
+        """``buffer.sample`` in slices of ``SAMPLE_WAIT_S``: between slices the wait is logged with
+        the buffer's reason and the rollout side's health checked; after ``progress_timeout`` it fails."""
+        from mineonline_core.rollout.buffer import SampleTimeout
+
+        limit = float(getattr(self.config, "progress_timeout", 0.0) or 0.0)
+        waited = 0.0
+        while True:
+            wait = SAMPLE_WAIT_S if not limit else max(min(SAMPLE_WAIT_S, limit - waited), 0.1)
+            try:
+                return ray.get(self._buffer.sample.remote(num_chunks, for_version, wait))
+            except SampleTimeout as exc:  # Ray's wrapper is also an instance of the actor's exception
+                waited += wait
+                reason = str(getattr(exc, "cause", exc))
+            if hasattr(self.rollout_manager, "health"):
+                ray.get(self.rollout_manager.health.remote())  # a failed rollout side is the cause: raise it
+            if limit and waited >= limit:
+                raise RunFailedError(
+                    f"trainer rank {self.rank}: no batch of {num_chunks} chunks for iteration {self.iteration + 1} "
+                    f"within progress_timeout={limit:g}s: {reason}"
+                )
+            log.warning("trainer rank %d has waited %.0fs for %d chunks: %s", self.rank, waited, num_chunks, reason)
+
     def _fetch_in_background(self, num_chunks: int, for_version: int) -> Future:
         if self._fetcher is None:
             self._fetcher = _Fetcher()
@@ -364,8 +409,25 @@ class BaseTrainer:
         """The reference's weights changed: the next broadcast sends them to the rollout workers."""
         self._reference_ref = None
 
+    def update_is_finite(self, *, grad_norm: float, loss_terms: dict[str, float]) -> bool:
+        """Call between ``clip_grad_norm_`` and ``optimizer.step``: False means skip this step (and
+        zero the gradients). Every rank takes the same decision; ``max_skipped_updates`` skips in a
+        row raise ``RunFailedError`` naming the loss terms and parameters that went non-finite."""
+        finite = bool(np.isfinite(grad_norm)) and all(np.isfinite(float(v)) for v in loss_terms.values())
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                flag = torch.tensor([1.0 if finite else 0.0], device=self.device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # one rank's NaN loss skips the step everywhere
+                finite = bool(flag.item() > 0)
+        named = ((name, p.grad) for name, p in unwrap(self.model).named_parameters())
+        return self.update_guard.check(finite=finite, loss_terms=loss_terms, named_grads=named, grad_norm=grad_norm,
+                                       where=f"trainer rank {self.rank}, iteration {self.iteration}")  # fmt: skip
+
     def _publish_weights(self) -> None:
         weights = {k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()}
+        require_finite(weights, what="broadcast to the rollout workers")
         refs = [self._put_weights(weights)]
         if self.reference is not None:
             if self._reference_ref is None:
@@ -393,8 +455,10 @@ class BaseTrainer:
         """Rank 0 writes the checkpoint of the current iteration; every rank then runs ``on_checkpoint``."""
         path = None
         if self.rank == 0:
+            model_state = unwrap(self.model).state_dict()
+            require_finite(model_state, what="checkpointed")
             path = ckpt.save_checkpoint(
-                self.save_dir, iteration=self.iteration, model_state=unwrap(self.model).state_dict(),
+                self.save_dir, iteration=self.iteration, model_state=model_state,
                 optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
                 trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate, "extra": self.trainer_state()},
                 config_yaml=self.whole_config, keep_interval=self.train_config.keep_interval,

@@ -157,7 +157,11 @@ class PPOTrainer(BaseTrainer):
         warmup = self.iteration <= tc.vf_warmup
         value_only = warmup and tc.vf_warmup_value_head_only
         if tc.use_normalized_vf:
-            policy.value_head.update_normalizer(self._all_gather(batch[F.RETURN]))
+            returns = self._all_gather(batch[F.RETURN])
+            # A NaN return would poison the running statistics for good; the loss is then
+            # non-finite too, so the update guard skips this iteration's steps.
+            if bool(torch.isfinite(returns).all()):
+                policy.value_head.update_normalizer(returns)
         with torch.no_grad():
             value_target = policy.value_head.normalize(batch[F.RETURN]).float()
             behaviour_vpred = policy.value_head.normalize(batch[F.VPRED]).float()
@@ -168,6 +172,7 @@ class PPOTrainer(BaseTrainer):
         n, per_batch, accum = advantage.shape[0], tc.batch_size_per_gpu, tc.gradient_accumulation
         num_batches = math.ceil(n / per_batch)
         totals: dict[str, float] = {k: 0.0 for k in METRICS}
+        group: dict[str, float] = {k: 0.0 for k in METRICS}  # loss terms since the last optimiser step
         grad_norms: list[float] = []
         for _ in range(tc.epochs_per_iteration):
             order = torch.randperm(n, device=advantage.device)  # new minibatches every epoch
@@ -183,8 +188,11 @@ class PPOTrainer(BaseTrainer):
                                        warmup=warmup)  # fmt: skip
                 for k in METRICS:
                     totals[k] += stats[k]
+                    group[k] += stats[k]
                 if step_now:
-                    grad_norms.append(self._optimizer_step(value_only))
+                    grad_norm = self._optimizer_step(value_only, group)
+                    grad_norms += [] if grad_norm is None else [grad_norm]
+                    group = {k: 0.0 for k in METRICS}
         count = tc.epochs_per_iteration * num_batches
         metrics = {f"trainer/{k}": v / count for k, v in totals.items()}
         metrics["trainer/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
@@ -244,7 +252,8 @@ class PPOTrainer(BaseTrainer):
                 totals[k] += float(stats[k]) * weight
         return totals
 
-    def _optimizer_step(self, value_only: bool) -> float:
+    def _optimizer_step(self, value_only: bool, loss_terms: dict[str, float]) -> float | None:
+        """Clip and step; None when the step was skipped for non-finite loss terms or gradients."""
         tc = self.train_config
         self.scaler.unscale_(self.optimizer)
         if value_only:
@@ -255,6 +264,11 @@ class PPOTrainer(BaseTrainer):
                         param.grad = None  # AdamW skips it entirely: no step, no weight decay
         params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)
+        if not self.update_is_finite(grad_norm=float(grad_norm), loss_terms=loss_terms):
+            if self.scaler.is_enabled():
+                self.scaler.update()  # an fp16 overflow: the scaler lowers its scale, as its own skip would
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)

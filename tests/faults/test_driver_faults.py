@@ -45,6 +45,10 @@ def _actors(ray, run: str, tmp_path):
         def request_stop(self):
             pass
 
+        def diagnose(self):
+            return ["rollout worker 0: life 3, 0 env steps; last error: env 0: injected reset fault",
+                    "replay buffer: 0 of the 2 chunks asked for are eligible at model version 0"]
+
     hub = start_logger_hub(run_name=run, run_dir=str(tmp_path / run), loggers=[(ConsoleLogger, ConsoleLogger.Config())],
                            config={}, num_iterations=10, video_dir=str(tmp_path / run / "videos"))  # fmt: skip
     manager = Manager.options(name=f"{run}/rollout_manager", namespace="mineonline").remote()
@@ -52,15 +56,15 @@ def _actors(ray, run: str, tmp_path):
     return hub, manager
 
 
-def _config(run: str):
+def _config(run: str, progress_timeout: float = 900.0):
     from mineonline_core.config import load_config
 
     return load_config({"run_name": run, "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
-                        "logger_config": {"loggers": []}, "train_config": {"num_iterations": 10}}).config  # fmt: skip
+                        "logger_config": {"loggers": []}, "train_config": {"num_iterations": 10},
+                        "progress_timeout": progress_timeout}).config  # fmt: skip
 
 
-@pytest.mark.parametrize("fault", ["kill_logger_hub", pytest.param("kill_manager", marks=pytest.mark.slow),
-                                   "manager_reports_failure", "trainer_raises"])  # fmt: skip
+@pytest.mark.parametrize("fault", ["kill_logger_hub", "kill_manager", "manager_reports_failure", "trainer_raises", "stalled"])
 def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
     import ray
 
@@ -70,12 +74,12 @@ def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
     hub, manager = _actors(ray, run, tmp_path)
     trainer = BlockingTrainer(ValueError("loss is NaN at iteration 3") if fault == "trainer_raises" else None)
     expected = {"kill_logger_hub": "LoggerHub", "kill_manager": "Manager", "manager_reports_failure": "buffer actor died",
-                "trainer_raises": "ValueError: loss is NaN"}[fault]  # fmt: skip
+                "trainer_raises": "ValueError: loss is NaN", "stalled": "no new training iteration for"}[fault]  # fmt: skip
     outcome: dict = {}
 
     def watch() -> None:
         try:
-            _train_with_progress(trainer, manager, hub, _config(run), progress=False)
+            _train_with_progress(trainer, manager, hub, _config(run, 3.0 if fault == "stalled" else 900.0), progress=False)
         except BaseException as exc:  # noqa: BLE001 - the failure under test
             outcome["error"] = exc
         outcome["at"] = time.monotonic()
@@ -99,8 +103,10 @@ def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
     detected_s = outcome["at"] - injected_at
     assert expected in f"{type(error).__name__}: {error}", error
     assert detected_s < 20
-    if fault in ("manager_reports_failure", "trainer_raises"):
+    if fault in ("manager_reports_failure", "trainer_raises", "stalled"):
         assert isinstance(error, MineOnlineError)  # the CLI prints its message without a traceback
+    if fault == "stalled":  # the run says why: every actor's last error and the buffer's reason
+        assert "progress_timeout=3" in str(error) and "injected reset fault" in str(error) and "0 of the 2 chunks" in str(error)
     first_line = str(error).splitlines()[0][:160]
     print(f"FIGURE driver {fault}: run failed after {detected_s:.1f}s with {type(error).__name__}: {first_line}")
     for actor in (hub, manager):

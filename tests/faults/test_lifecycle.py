@@ -156,7 +156,6 @@ REAL_RUN = {
 }  # fmt: skip
 
 
-@pytest.mark.slow
 def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) -> None:
     """A real ``mineonline run --address`` joins the cluster; ``status`` shows it; ``stop`` makes its
     trainer write a final checkpoint at the current iteration and its driver end every actor."""
