@@ -139,7 +139,9 @@ def test_no_secret_reaches_the_run_directory(tmp_path: Path) -> None:
         "logger_config": {"loggers": ["wandb"], "project": "p", "settings": {"api_key": SECRET}},
     }))  # fmt: skip
     resolved = resolve(load_config(source), get_plugin_manager())
-    public = api._public_config(resolved.config)
+    from mineonline_core.config.secrets import public_config
+
+    public = public_config(resolved.config)
     assert public["logger_config"]["settings"]["api_key"] == "<redacted>"
     assert SECRET not in repr(public)
     run_dir = api._prepare_run_dir(resolved)
