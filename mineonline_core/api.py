@@ -176,10 +176,10 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
             resolved.memory.check(available, where)
         if cfg.train_config.resume is not None:
             checkpoint = plan.checkpoint if plan else verified_resume(cfg.train_config.resume)
-            check_model(resolved, checkpoint)
             if plan is not None or resuming_here:
                 for line in check_continuity(cfg, checkpoint, plan.run_dir if plan else cfg.run_dir(), force=force):
                     print(f"resume: {line}")
+            check_model(resolved, checkpoint)
         return _run_owned(resolved, pm, overrides=plan.recorded if plan else list(overrides), address=address, progress=progress)
 
 
