@@ -38,7 +38,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager())
     print(yaml.safe_dump(public_config(resolved.config), sort_keys=False), end="")  # secrets redacted, ${oc.env:..} kept
     if resolved.memory is not None:
+        from mineonline_core.budget import machine_memory
+
+        available, where = machine_memory()
         print(f"# memory on one machine: {resolved.memory.describe()}", file=sys.stderr)
+        if resolved.memory.total > available:
+            print(f"# warning: more than {where} here; `mineonline run` on this machine would refuse it", file=sys.stderr)
     print(f"# ok: trainer {resolved.trainer_cls.name}, store {resolved.store_cls.name}, loggers "
           f"{', '.join(cls.name for cls, _ in resolved.loggers)}; observation {resolved.observation_space}, "
           f"action {resolved.action_space}", file=sys.stderr)  # fmt: skip

@@ -178,7 +178,8 @@ def _write_files(tmp: Path, iteration: int, model_state: dict, optimizer_state: 
     # format 2: config.yaml is the resolved config (format 1 held the config file as written).
     manifest: dict[str, Any] = {"format": 2, "iteration": iteration, "files": {}}
     for name, obj in contents.items():
-        torch.save(obj, tmp / name)
+        with open(tmp / name, "wb") as handle:  # through a Python file, so a failed write keeps its OSError
+            torch.save(obj, handle)
     (tmp / "config.yaml").write_text(config_yaml)
     texts = ["config.yaml"]
     if source_text is not None:
@@ -192,14 +193,20 @@ def _write_files(tmp: Path, iteration: int, model_state: dict, optimizer_state: 
     _fsync(tmp)
 
 
-def _write_failure(root: Path, name: str, exc: BaseException) -> str:
+def _write_failure(root: Path, name: str, exc: BaseException | None) -> str:
     probe = root if root.exists() else next((p for p in root.parents if p.exists()), root)
     try:
         usage = shutil.disk_usage(probe)
         space = f"{usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.0f} MiB on that disk"
     except OSError:
         space = "free space unknown"
-    cause = f"{type(exc).__name__}: {exc}".strip()
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    # torch.save reports the file's OSError (ENOSPC, EROFS, ...) as its context under an opaque RuntimeError
+    root_cause = next((e for e in chain if isinstance(e, OSError)), chain[0])
+    cause = f"{type(root_cause).__name__}: {root_cause}".strip()
     return (
         f"train_config.save_path: writing {name} under {str(root)!r} failed ({cause}; {space}). The earlier "
         "checkpoints there are intact and the partial one was removed. Fix: free space on that disk, or set "
