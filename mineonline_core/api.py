@@ -45,7 +45,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
 
 
 def _as_loaded(policy_generator: Callable | None, env_generator: Callable | None, online_cfg: Any, whole_config: str | None = None) -> LoadedConfig:
-    loaded = load_config(online_cfg.to_dict() if isinstance(online_cfg, OnlineConfig) else online_cfg)
+    loaded = load_config(online_cfg)
     loaded.policy_generator = policy_generator or loaded.policy_generator
     loaded.env_generator = env_generator or loaded.env_generator
     loaded.source_text = whole_config or loaded.source_text

@@ -5,12 +5,17 @@ The policy is built on PyTorch's ``meta`` device, which records shapes and alloc
 until the kernel kills the process. The estimate adds, per process kind:
 
 * each trainer rank: the weights, their gradients, Adam's two moments and the KL reference (5x);
-* each rollout worker: one copy of the weights; the driver: one copy for its check;
+* each rollout worker: two copies of the weights (live and standby); the driver: one for its check;
 * the in-memory replay store: ``max_chunks x fragments_per_chunk`` fragments of
   ``fragment_length`` steps (observation, action and six float32 per-step columns) plus the
   recurrent state before each fragment (an on-disk store is bounded by its disk, not by memory);
-* a fixed size per process (measured: a Ray actor with torch imported holds ~260 MiB resident,
-  an env subprocess ~40 MiB) and for Ray's own daemons.
+* a fixed size per process: what benchmarks/RESULTS.md measured, rounded down (a Ray actor with
+  torch imported holds 305-470 MiB resident; an env subprocess 190-227 MiB, mostly pages shared
+  with the forkserver), and Ray's own daemons.
+
+Activations and allocator slack are not counted (they depend on batch shapes: VPT-1x training peaks
+at 9.2 GiB for 284 MiB of weights), so the estimate is a lower bound: a config refused here cannot
+fit, while one accepted may still need more.
 
 ``check`` refuses a run whose estimate exceeds the machine's memory (the cgroup limit when lower),
 and ``check_policy_fits`` refuses a policy the driver's own check could not build.
@@ -27,11 +32,13 @@ from typing import Any, Callable
 from mineonline_core.errors import ConfigError
 
 GiB = 2**30
-PROCESS_BYTES = 300 * 2**20  # a Ray actor or trainer rank with torch imported (measured ~260 MiB)
-ENV_PROCESS_BYTES = 64 * 2**20  # an env subprocess with gymnasium (measured ~40 MiB)
+PROCESS_BYTES = 300 * 2**20  # a Ray actor with torch imported (measured 305-470 MiB resident)
+BOOKKEEPING_ACTORS = 6  # manager, replay buffer, store host, statistics, logger hub, train controller
+ENV_PROCESS_BYTES = 64 * 2**20  # an env subprocess beyond the pages it shares with the forkserver
 RAY_BYTES = 512 * 2**20  # GCS, raylet, log monitor, dashboard agent
 STEP_COLUMNS_BYTES = 6 * 4  # reward, log-prob, value, first, terminated, truncated (float32 or less)
 TRAINER_COPIES = 5  # weights, gradients, two Adam moments, KL reference
+ROLLOUT_COPIES = 2  # the live weights and the standby copy a broadcast is loaded into
 
 
 def meta_policy(policy_generator: Callable[[], Any]) -> Any | None:
@@ -159,10 +166,10 @@ def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_s
     envs = rc.num_rollout_workers * rc.worker_config.num_envs
     parts = {
         "trainer ranks": tc.num_workers * (PROCESS_BYTES + TRAINER_COPIES * policy_bytes),
-        "rollout workers": rc.num_rollout_workers * (PROCESS_BYTES + policy_bytes),
+        "rollout workers": rc.num_rollout_workers * (PROCESS_BYTES + ROLLOUT_COPIES * policy_bytes),
         "replay (in memory)": fragments * (rc.fragment_length * step_bytes + state_bytes),
         "envs": envs * ENV_PROCESS_BYTES if rc.worker_config.env_processes else 0,
-        "driver and Ray": 2 * PROCESS_BYTES + RAY_BYTES + policy_bytes,
+        "driver, bookkeeping actors and Ray": (1 + BOOKKEEPING_ACTORS) * PROCESS_BYTES + RAY_BYTES + policy_bytes,
     }
     if cfg.policy_config is not None:
         from mineonline_core.config.secrets import redact

@@ -382,3 +382,22 @@ def test_a_run_that_cannot_fit_the_machine_is_refused_before_ray(tmp_path: Path)
     message = str(info.value)
     assert "replay (in memory)" in message and machine_memory()[1] in message and "max_chunks" in message
     assert not (tmp_path / "bad-input" / "run.json").exists()
+
+
+def test_the_memory_estimate_counts_what_a_real_build_allocates() -> None:
+    """The meta-device build counts exactly the real policy's parameters and bytes; the in-memory replay
+    part is max_chunks x fragments_per_chunk x fragment_length steps of observation, action and columns."""
+    from mineonline_core.budget import STEP_COLUMNS_BYTES
+
+    overrides = ["policy_config.hidden_sizes=[48,40]", "rollout_config.replay_buffer_config.database_config.backend=memory",
+                 "rollout_config.replay_buffer_config.max_chunks=100", "rollout_config.replay_buffer_config.fragments_per_chunk=2",
+                 "rollout_config.fragment_length=32", "train_config.context_length=32"]  # fmt: skip
+    resolved = resolve(load_config(BASE, overrides), get_plugin_manager())
+    real = resolved.policy_generator()
+    estimate = resolved.memory
+    assert estimate.parameters == sum(p.numel() for p in real.parameters())
+    assert estimate.policy_bytes == sum(t.numel() * t.element_size() for t in real.state_dict().values())
+    step = 4 * 4 + 8 + STEP_COLUMNS_BYTES  # CartPole: 4 float32 observations, an int64 action
+    assert estimate.parts["replay (in memory)"] == 100 * 2 * 32 * step
+    lmdb = resolve(load_config(BASE, overrides[:1]), get_plugin_manager()).memory
+    assert lmdb.parts["replay (in memory)"] == 0  # an on-disk store holds no replay in memory

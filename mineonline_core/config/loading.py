@@ -116,7 +116,7 @@ def _read(source: Any) -> tuple[LoadedConfig, Any, str | None]:
     if isinstance(source, ModuleType):
         return _from_module(source, empty, text=_module_text(source))
     if isinstance(source, OnlineConfig):  # re-validated, so overrides and checks still apply
-        return LoadedConfig(config=empty), source.to_dict(), None
+        return LoadedConfig(config=empty, expressions=dict(source._expressions)), source.to_dict(), None
     if isinstance(source, (DictConfig, ListConfig, Mapping)):
         return LoadedConfig(config=empty, expressions=_expressions_of(source)), _plain(source), None
     if isinstance(source, (str, os.PathLike)):
