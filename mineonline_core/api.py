@@ -10,21 +10,21 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from mineonline_core.config import LoadedConfig, OnlineConfig, check_resources, load_config
+from mineonline_core.config.secrets import public_config, redact_override, redact_text
 from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
 from mineonline_core.plugins import PluginManager, get_plugin_manager
 from mineonline_core.resolve import ResolvedRun, resolve
+from mineonline_core.rundir import RUN_FILE, Ownership, claim, refuse_existing_run
 from mineonline_core.watchdog import sigterm_as_ctrl_c
 
 log = logging.getLogger("mineonline")
 NAMESPACE = "mineonline"
-RUN_FILE = "run.json"
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
@@ -46,7 +46,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
 
 
 def _as_loaded(policy_generator: Callable | None, env_generator: Callable | None, online_cfg: Any, whole_config: str | None = None) -> LoadedConfig:
-    loaded = load_config(online_cfg.to_dict() if isinstance(online_cfg, OnlineConfig) else online_cfg)
+    loaded = load_config(online_cfg)
     loaded.policy_generator = policy_generator or loaded.policy_generator
     loaded.env_generator = env_generator or loaded.env_generator
     loaded.source_text = whole_config or loaded.source_text
@@ -70,7 +70,7 @@ def _start_hub(resolved: ResolvedRun) -> Any:
     cfg = resolved.config
     return start_logger_hub(
         run_name=cfg.run_name, namespace=NAMESPACE, lifetime="detached" if cfg.detach_rollout_manager else None,
-        run_dir=str(cfg.run_dir()), loggers=resolved.loggers, config=_public_config(cfg),
+        run_dir=str(cfg.run_dir()), loggers=resolved.loggers, config=public_config(cfg),
         num_iterations=cfg.train_config.num_iterations,
         video_dir=str(cfg.resolve_path(cfg.rollout_config.worker_config.video_output_dir)),
     )  # fmt: skip
@@ -109,38 +109,13 @@ def _trainer(resolved: ResolvedRun, manager: Any, hub: Any) -> Any:
     )  # fmt: skip
 
 
-def _public_config(cfg: OnlineConfig) -> dict:
-    """The resolved config as saved to disk and loggers: never a secret."""
-    data = cfg.to_dict()
-
-    def scrub(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: ("<redacted>" if any(s in k.lower() for s in ("api_key", "token", "secret", "password")) else scrub(v)) for k, v in node.items()}
-        return node
-
-    return scrub(data)
-
-
-# A secret-looking key followed by ':' or '=' and its value (quoted, or up to a separator), in YAML or
-# Python source text: the raw config file is saved with the run and checkpoints, so it is scrubbed too.
-_SECRET_ASSIGNMENT = re.compile(
-    r"""(["']?\b\w*(?:api_key|apikey|token|secret|secret_key|password|passwd)["']?\s*[:=]\s*)("[^"\n]*"|'[^'\n]*'|[^\s,}\]#]+)""",
-    re.IGNORECASE,
-)
-
-
-def _public_text(text: str) -> str:
-    """``text`` with the value of every secret-looking key replaced by ``"<redacted>"``."""
-    return _SECRET_ASSIGNMENT.sub(lambda m: m.group(1) + '"<redacted>"', text)
-
-
 def _public_source(resolved: ResolvedRun, cfg: OnlineConfig) -> str:
     """What checkpoints store as the whole config: the scrubbed source text, else the public config."""
     import yaml
 
     if resolved.source_text:
-        return _public_text(resolved.source_text)
-    return yaml.safe_dump(_public_config(cfg), sort_keys=False)
+        return redact_text(resolved.source_text)
+    return yaml.safe_dump(public_config(cfg), sort_keys=False)
 
 
 def _prepare_run_dir(resolved: ResolvedRun, *, overrides: Sequence[str] = ()) -> Path:
@@ -157,44 +132,63 @@ def _prepare_run_dir(resolved: ResolvedRun, *, overrides: Sequence[str] = ()) ->
             probe.unlink()
         except OSError as exc:
             raise ConfigError(f"{key}: cannot write to {str(directory)!r} ({exc.strerror}). Fix: choose a writable directory.") from None
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(_public_config(cfg), sort_keys=False))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(public_config(cfg), sort_keys=False))
     if resolved.source_text:
-        (run_dir / "source_config.txt").write_text(_public_text(resolved.source_text))
-    record = {"run_name": cfg.run_name, "source_path": resolved.source_path, "overrides": list(overrides)}
+        (run_dir / "source_config.txt").write_text(redact_text(resolved.source_text))
+    record = {"run_name": cfg.run_name, "source_path": resolved.source_path, "overrides": [redact_override(o) for o in overrides]}
     (run_dir / RUN_FILE).write_text(json.dumps(record, indent=2))
     return run_dir
 
 
-def _resume_source(run_dir: str, overrides: Sequence[str]) -> tuple[Any, list[str]]:
-    from mineonline_core.trainer.checkpoint import latest_checkpoint
+def _claim(cfg: OnlineConfig, pm: PluginManager) -> Ownership:
+    """Lock the run directory and a persistent store's path for this process (see ``rundir``)."""
+    db = cfg.rollout_config.replay_buffer_config.database_config
+    store_cls = pm.lookup("replay_store", db.backend)
+    store_path = cfg.resolve_path(db.path) if getattr(store_cls, "persistent", False) else None
+    return claim(cfg.run_dir(), run_name=str(cfg.run_name), store_path=store_path)
 
-    path = Path(run_dir)
-    record_file = path / RUN_FILE
-    if not record_file.exists():
-        raise ConfigError(f"--resume {run_dir}: no {RUN_FILE} there, so it is not a mineonline run directory. Fix: give runs/<run_name>.")
-    record = json.loads(record_file.read_text())
-    cfg = load_config(path / "config.yaml").config
-    checkpoint = latest_checkpoint(cfg.resolve_path(cfg.train_config.save_path))
-    if checkpoint is None:
-        raise ConfigError(f"--resume {run_dir}: the run wrote no checkpoint yet, so there is nothing to resume. Fix: start it anew.")
-    source = record.get("source_path") or str(path / "config.yaml")
-    extra = [*record.get("overrides", []), *overrides, f"run_name={record['run_name']}", f"output_dir={path.parent.resolve()}",
-             f"train_config.resume={checkpoint}"]  # fmt: skip
-    return source, extra
+
+def _inside(path: str, directory: Path) -> bool:
+    return Path(path).expanduser().absolute().is_relative_to(directory)
 
 
 def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = None, resume: str | None = None,
-        progress: bool = True, pm: PluginManager | None = None) -> dict:  # fmt: skip
-    """Validate, start everything, train to ``num_iterations`` (or until Ctrl-C), clean up."""
+        progress: bool = True, force: bool = False, pm: PluginManager | None = None) -> dict:  # fmt: skip
+    """Validate, start everything, train to ``num_iterations`` (or until Ctrl-C), clean up.
+
+    Before Ray starts: the config is validated and resolved, the run directory (and a persistent
+    store) locked for this process, and for a resume the checkpoint verified and the config compared
+    with the one it was trained with (``resume``; ``force`` accepts continuity-breaking changes).
+    """
+    from mineonline_core.budget import machine_memory
+    from mineonline_core.resume import check_continuity, check_model, plan_resume, verified_resume
+
+    plan = plan_resume(resume, overrides) if resume is not None else None
+    loaded = load_config(plan.source if plan else source, plan.overrides if plan else list(overrides))
+    cfg = loaded.config
+    pm = pm or get_plugin_manager()
+    with _claim(cfg, pm):
+        resuming_here = cfg.train_config.resume is not None and _inside(cfg.train_config.resume, cfg.run_dir())
+        if plan is None and not resuming_here:
+            refuse_existing_run(cfg.run_dir(), str(cfg.run_name))
+        resolved = resolve(loaded, pm)
+        if address is None and resolved.memory is not None:
+            available, where = machine_memory()
+            resolved.memory.check(available, where)
+        if cfg.train_config.resume is not None:
+            checkpoint = plan.checkpoint if plan else verified_resume(cfg.train_config.resume)
+            if plan is not None or resuming_here:
+                for line in check_continuity(cfg, checkpoint, plan.run_dir if plan else cfg.run_dir(), force=force):
+                    print(f"resume: {line}")
+            check_model(resolved, checkpoint)
+        return _run_owned(resolved, pm, overrides=plan.recorded if plan else list(overrides), address=address, progress=progress)
+
+
+def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str], address: str | None, progress: bool) -> dict:
     import ray
 
-    overrides = list(overrides)
-    if resume is not None:
-        source, overrides = _resume_source(resume, overrides)
-    pm = pm or get_plugin_manager()
-    resolved = resolve(load_config(source, overrides), pm)
     cfg = resolved.config
-    run_dir = _prepare_run_dir(resolved, overrides=[o for o in overrides if not o.startswith(("train_config.resume=", "run_name=", "output_dir="))])
+    run_dir = _prepare_run_dir(resolved, overrides=overrides)
     os.environ.setdefault("WANDB_MODE", "offline")
     pm.hook.mineonline_run_start(config=cfg, run_dir=str(run_dir))
     started_ray = not ray.is_initialized()

@@ -22,17 +22,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None and args.config is not None and "=" in args.config and not Path(args.config).exists():
         # `run --resume DIR key=value`: argparse hands the first override to the CONFIG slot; it is an override.
         args.overrides, args.config = [args.config, *args.overrides], None
-    result = run(args.config, args.overrides, address=args.address, resume=args.resume, progress=not args.no_progress)
+    result = run(args.config, args.overrides, address=args.address, resume=args.resume, progress=not args.no_progress,
+                 force=args.force)  # fmt: skip
     return 0 if result.get("status") in ("completed", "interrupted") else 1
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    import yaml
+
     from mineonline_core.config import load_config
+    from mineonline_core.config.secrets import public_config
     from mineonline_core.plugins import get_plugin_manager
     from mineonline_core.resolve import resolve
 
     resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager())
-    print(resolved.config.to_yaml(), end="")
+    print(yaml.safe_dump(public_config(resolved.config), sort_keys=False), end="")  # secrets redacted, ${oc.env:..} kept
+    if resolved.memory is not None:
+        from mineonline_core.budget import machine_memory
+
+        available, where = machine_memory()
+        print(f"# memory on one machine: {resolved.memory.describe()}", file=sys.stderr)
+        if resolved.memory.total > available:
+            print(f"# warning: more than {where} here; `mineonline run` on this machine would refuse it", file=sys.stderr)
     print(f"# ok: trainer {resolved.trainer_cls.name}, store {resolved.store_cls.name}, loggers "
           f"{', '.join(cls.name for cls, _ in resolved.loggers)}; observation {resolved.observation_space}, "
           f"action {resolved.action_space}", file=sys.stderr)  # fmt: skip
@@ -104,7 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a config: rollout workers, replay buffer and trainer")
     run.add_argument("config", nargs="?", help="a YAML file or a Python config module")
     run.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. train_config.learning_rate=1e-4")
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue the run in RUN_DIR from its latest checkpoint, or from RUN_DIR/checkpoints/checkpoint_N")
+    run.add_argument("--force", action="store_true",
+                     help="with --resume: accept config changes that break continuity (network, env, fragment length, ...)")
     run.add_argument("--address", help="the Ray cluster to join (default: start a local one)")
     run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
     run.set_defaults(func=_cmd_run)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ValidationError
 
 from mineonline_core.config import LoadedConfig, OnlineConfig, check_consistency
+from mineonline_core.config.secrets import REDACTED, is_secret_key, redact
 from mineonline_core.errors import ConfigError, MineOnlineError, closest
 from mineonline_core.plugins import PluginManager
 
@@ -33,6 +34,7 @@ class ResolvedRun:
     action_space: Any
     source_text: str | None = None
     source_path: str | None = None
+    memory: Any = None  # budget.MemoryEstimate, when the generators were probed
 
 
 def _options(cls: type, data: dict[str, Any], key: str) -> BaseModel:
@@ -42,16 +44,17 @@ def _options(cls: type, data: dict[str, Any], key: str) -> BaseModel:
         problems = []
         for error in exc.errors():
             field = ".".join(str(p) for p in error["loc"])
+            shown = REDACTED if any(is_secret_key(p) for p in error["loc"]) else redact(error.get("input"))
             if error["type"] == "extra_forbidden":
                 fields = list(cls.Config.model_fields)
                 hint = closest(field, fields)
                 problems.append(
-                    f"{key}.{field}: unknown key for {cls.name!r} (value {error.get('input')!r})."
+                    f"{key}.{field}: unknown key for {cls.name!r} (value {shown!r})."
                     + (f" Did you mean {hint!r}?" if hint else "")
                     + f" Valid keys: {', '.join(fields) or 'none'}."
                 )
             else:
-                problems.append(f"{key}.{field}: {error['msg']} (got {error.get('input')!r}).")
+                problems.append(f"{key}.{field}: {error['msg']} (got {shown!r}).")
         raise ConfigError(f"Invalid options for {cls.name!r}:\n  " + "\n  ".join(problems)) from None
 
 
@@ -108,7 +111,7 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> R
         hint = closest(unknown[0], sorted(consumed))
         raise ConfigError(
             f"logger_config.{unknown[0]}: no selected logger ({', '.join(logger_names)}) uses this key (value "
-            f"{extra[unknown[0]]!r})." + (f" Did you mean {hint!r}?" if hint else "")
+            f"{REDACTED if is_secret_key(unknown[0]) else redact(extra[unknown[0]])!r})." + (f" Did you mean {hint!r}?" if hint else "")
             + f" Keys the selected loggers accept: {', '.join(sorted(consumed)) or 'none'}."
         )
     logger_data = {"project": cfg.logger_config.project, "name": cfg.logger_config.name, **extra}
@@ -151,12 +154,17 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> R
     # on the value head's scale, so the run-wide settings are applied inside the generator itself.
     policy_generator = functools.partial(_prepared_policy, policy_generator, cfg.train_config.use_normalized_vf)
     _picklable(policy_generator, "policy_generator")
+    memory = None
     if probe:
+        from mineonline_core.budget import estimate_memory
+
+        memory = estimate_memory(cfg, policy_generator, observation_space, action_space, store_cls)
+        memory.check_policy_fits()  # measured on the meta device: a huge network is refused, not allocated
         _call(policy_generator, "policy_generator()")
 
     check_consistency(cfg)
     return ResolvedRun(
         config=cfg, env_generator=env_generator, policy_generator=policy_generator, trainer_cls=trainer_cls,
         store_cls=store_cls, store_options=store_options, loggers=loggers, observation_space=observation_space,
-        action_space=action_space, source_text=loaded.source_text, source_path=loaded.source_path,
+        action_space=action_space, source_text=loaded.source_text, source_path=loaded.source_path, memory=memory,
     )  # fmt: skip

@@ -255,6 +255,57 @@ def test_full_disk_on_the_lmdb_store(tmp_path: Path) -> None:
     assert "BEFORE [0, 1, 2]" in result.stdout  # what was written before is intact
 
 
+FULL_CHECKPOINT_DISK = """
+import os, resource, signal, sys
+import torch
+from mineonline_core.errors import CheckpointError
+from mineonline_core.trainer.checkpoint import list_checkpoints, save_checkpoint, verify_checkpoint
+
+root = sys.argv[1]
+def save(iteration, numel):
+    model = {"w": torch.ones(numel)}
+    return save_checkpoint(root, iteration=iteration, model_state=model, optimizer_state={}, scaler_state=None,
+                           trainer_state={"version": iteration}, config_yaml="run_name: x\\n")
+save(1, 16)
+# A file-size limit makes writes fail exactly as a full disk does (EFBIG instead of ENOSPC).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+try:
+    save(2, 1 << 20)  # 4 MiB of weights
+    print("NO ERROR")
+except CheckpointError as exc:
+    print("ERROR", exc)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+print("LEFT", sorted(os.listdir(root)))
+print("VERIFIED", [verify_checkpoint(p).name for _, p in list_checkpoints(root)])
+"""
+
+
+def test_a_full_disk_while_checkpointing(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", FULL_CHECKPOINT_DISK, str(root)], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    error = next(line for line in result.stdout.splitlines() if line.startswith(("ERROR", "NO ERROR")))
+    assert error.startswith("ERROR train_config.save_path: writing checkpoint_000002 under " + repr(str(root))), error
+    assert "File too large" in error and "MiB free of" in error and "Fix:" in error
+    assert "LEFT ['checkpoint_000001']" in result.stdout  # no temporary directory left behind
+    assert "VERIFIED ['checkpoint_000001']" in result.stdout  # the earlier checkpoint is intact
+
+
+def test_a_checkpoint_directory_that_cannot_be_created(tmp_path: Path) -> None:
+    from mineonline_core.trainer.checkpoint import save_checkpoint
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")  # works as root too, unlike chmod
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(blocker / "checkpoints", iteration=1, model_state={}, optimizer_state={}, scaler_state=None,
+                        trainer_state={}, config_yaml="")  # fmt: skip
+    assert str(blocker / "checkpoints") in str(info.value) and "free of" in str(info.value)
+
+
 # -- the CLI --------------------------------------------------------------------------------------
 
 
@@ -287,3 +338,66 @@ def test_unknown_component_names_list_the_choices() -> None:
         with pytest.raises(UnknownComponentError) as info:
             resolve(load_config(BASE, [override]), get_plugin_manager())
         assert wanted in str(info.value)
+
+
+# -- sizes ----------------------------------------------------------------------------------------
+
+HUGE = """
+import resource, sys
+from mineonline_core.cli import main
+
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))  # what `prlimit --as` sets: a regression fails, not the machine
+sys.exit(main(["check", sys.argv[2]]))
+"""
+
+
+def test_a_huge_network_is_refused_before_it_is_allocated(tmp_path: Path) -> None:
+    """``hidden_sizes: [1000000000]`` is 13e9 parameters (48 GiB): measured on the meta device, refused
+    in seconds with the figure, never allocated (under a 4 GiB address-space limit the allocation itself
+    would fail with an allocator error instead of this message)."""
+    import yaml
+
+    config = tmp_path / "huge.yaml"
+    config.write_text(yaml.safe_dump({**BASE, "policy_config": {"name": "mlp", "hidden_sizes": [1_000_000_000]}}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", HUGE, str(4 << 30), str(config)], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    message = result.stderr
+    assert "13,000,000,006 parameters" in message and "48.4 GiB" in message
+    assert "hidden_sizes': [1000000000]" in message and "Fix:" in message
+    assert "Traceback" not in message and "allocate" not in message
+
+
+def test_a_run_that_cannot_fit_the_machine_is_refused_before_ray(tmp_path: Path) -> None:
+    from mineonline_core.api import run
+    from mineonline_core.budget import machine_memory
+
+    overrides = [f"output_dir={tmp_path}", "rollout_config.replay_buffer_config.database_config.backend=memory",
+                 "rollout_config.replay_buffer_config.max_chunks=100000000", "rollout_config.fragment_length=512",
+                 "train_config.context_length=512"]  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        run(BASE, overrides, progress=False)
+    message = str(info.value)
+    assert "replay (in memory)" in message and machine_memory()[1] in message and "max_chunks" in message
+    assert not (tmp_path / "bad-input" / "run.json").exists()
+
+
+def test_the_memory_estimate_counts_what_a_real_build_allocates() -> None:
+    """The meta-device build counts exactly the real policy's parameters and bytes; the in-memory replay
+    part is max_chunks x fragments_per_chunk x fragment_length steps of observation, action and columns."""
+    from mineonline_core.budget import STEP_COLUMNS_BYTES
+
+    overrides = ["policy_config.hidden_sizes=[48,40]", "rollout_config.replay_buffer_config.database_config.backend=memory",
+                 "rollout_config.replay_buffer_config.max_chunks=100", "rollout_config.replay_buffer_config.fragments_per_chunk=2",
+                 "rollout_config.fragment_length=32", "train_config.context_length=32"]  # fmt: skip
+    resolved = resolve(load_config(BASE, overrides), get_plugin_manager())
+    real = resolved.policy_generator()
+    estimate = resolved.memory
+    assert estimate.parameters == sum(p.numel() for p in real.parameters())
+    assert estimate.policy_bytes == sum(t.numel() * t.element_size() for t in real.state_dict().values())
+    step = 4 * 4 + 8 + STEP_COLUMNS_BYTES  # CartPole: 4 float32 observations, an int64 action
+    assert estimate.parts["replay (in memory)"] == 100 * 2 * 32 * step
+    lmdb = resolve(load_config(BASE, overrides[:1]), get_plugin_manager()).memory
+    assert lmdb.parts["replay (in memory)"] == 0  # an on-disk store holds no replay in memory

@@ -4,9 +4,11 @@ to check without a cluster: the dashboard binds to localhost, and no secret reac
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,48 +124,180 @@ def test_dashboard_binds_to_localhost(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 SECRET = "sk-0123456789abcdef-DO-NOT-LEAK"
+OTHER_SECRET = "hunter2-DO-NOT-LEAK"
 
 
-def test_no_secret_reaches_the_run_directory(tmp_path: Path) -> None:
+def _vault_logger() -> type:
+    """A third-party logger whose options include a credential, registered like any plugin."""
+    from pydantic import BaseModel, ConfigDict
+
+    from mineonline_core.logger import Logger
+
+    class VaultOptions(BaseModel):
+        model_config = ConfigDict(extra="ignore")
+        api_token: str | None = None
+
+    return type("VaultLogger", (Logger,), {"name": "vault", "Config": VaultOptions, "log_metrics": lambda self, m, s: None})
+
+
+@pytest.fixture
+def vault_pm():
+    from mineonline_core import hookimpl
+    from mineonline_core.plugins import get_plugin_manager
+    from mineonline_core.testing.fixtures import registered
+
+    class Plugin:
+        @hookimpl
+        def mineonline_register_loggers(self, register):
+            register(_vault_logger())
+
+    pm = get_plugin_manager()
+    with registered(pm, Plugin()):
+        yield pm
+
+
+def test_no_secret_reaches_the_run_directory(tmp_path: Path, vault_pm) -> None:
     import yaml
 
     from mineonline_core import api
     from mineonline_core.config import load_config
-    from mineonline_core.plugins import get_plugin_manager
+    from mineonline_core.config.secrets import public_config
     from mineonline_core.resolve import resolve
 
     source = tmp_path / "cfg.yaml"
     source.write_text(yaml.safe_dump({
         "run_name": "secret-run", "output_dir": str(tmp_path / "runs"),
         "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
-        "logger_config": {"loggers": ["wandb"], "project": "p", "settings": {"api_key": SECRET}},
+        "logger_config": {"loggers": ["vault"], "project": "p", "api_token": SECRET},
     }))  # fmt: skip
-    resolved = resolve(load_config(source), get_plugin_manager())
-    public = api._public_config(resolved.config)
-    assert public["logger_config"]["settings"]["api_key"] == "<redacted>"
-    assert SECRET not in repr(public)
-    run_dir = api._prepare_run_dir(resolved)
+    override = f"logger_config.api_token={OTHER_SECRET}"
+    resolved = resolve(load_config(source, [override]), vault_pm)
+    assert resolved.loggers[-1][1].api_token == OTHER_SECRET  # the run itself gets the value
+    public = public_config(resolved.config)
+    assert public["logger_config"]["api_token"] == "<redacted>"
+    run_dir = api._prepare_run_dir(resolved, overrides=[override])
     written = {p.name: p.read_text() for p in run_dir.rglob("*") if p.is_file()}
-    assert "config.yaml" in written
-    leaked = [name for name, text in written.items() if SECRET in text]
-    assert leaked == [], f"the secret was written to {leaked}"
+    assert {"config.yaml", "run.json", "source_config.txt"} <= set(written)
+    leaked = [name for name, text in written.items() if SECRET in text or OTHER_SECRET in text]
+    assert leaked == [], f"a secret was written to {leaked}"
+    assert json.loads(written["run.json"])["overrides"] == ["logger_config.api_token=<redacted>"]
 
 
-def test_no_secret_reaches_checkpoints() -> None:
-    """The trainer stores ``whole_config`` in every checkpoint: from a file or from a dict, it is scrubbed."""
+def test_no_secret_reaches_checkpoints(tmp_path: Path, vault_pm) -> None:
+    """Checkpoints keep the resolved config and the config file as written: both scrubbed."""
     from mineonline_core import api
     from mineonline_core.config import load_config
+    from mineonline_core.resolve import resolve
+    from mineonline_core.trainer import checkpoint as ckpt
+    from mineonline_ppo import PPOTrainer
+
+    data = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
+            "logger_config": {"loggers": ["vault"], "api_token": SECRET}}  # fmt: skip
+    resolved = resolve(load_config(data), vault_pm, probe=False)
+    assert resolved.source_text is None
+    assert SECRET not in api._public_source(resolved, resolved.config)
+    resolved.source_text = f'online_dict = {{"logger_config": {{"api_token": "{SECRET}"}}}}\n'
+    text = api._public_source(resolved, resolved.config)
+    assert SECRET not in text and '"api_token": "<redacted>"' in text
+    trainer = PPOTrainer(rollout_manager=None, policy_generator=resolved.policy_generator, env_generator=resolved.env_generator,
+                         config=resolved.config, run_dir=str(tmp_path), whole_config=resolved.source_text)  # fmt: skip
+    saved = ckpt.save_checkpoint(tmp_path / "ck", iteration=1, model_state={}, optimizer_state={}, scaler_state=None,
+                                 trainer_state={"version": 0}, config_yaml=trainer.config_yaml, source_text=trainer.whole_config)  # fmt: skip
+    files = {p.name: p.read_bytes() for p in saved.iterdir()}
+    assert "source_config.txt" in files and "config.yaml" in files
+    assert [name for name, raw in files.items() if SECRET.encode() in raw] == []
+    assert ckpt.verify_checkpoint(saved) == saved
+
+
+def test_environment_variables_are_saved_as_the_expression(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``${oc.env:X}`` is resolved for the run but written as the expression: config.yaml, checkpoints and
+    ``mineonline check``'s output never copy the environment."""
+    import yaml
+
+    from mineonline_core import api
+    from mineonline_core.config import load_config
+    from mineonline_core.config.secrets import public_config
+    from mineonline_core.plugins import get_plugin_manager
+    from mineonline_core.resolve import resolve
+
+    monkeypatch.setenv("MINEONLINE_TEST_PRIVATE", "private-value-from-env")
+    source = tmp_path / "cfg.yaml"
+    source.write_text(
+        "run_name: env-run\n"
+        f"output_dir: {tmp_path / 'runs'}\n"
+        "env_config: {name: gymnasium, id: CartPole-v1}\n"
+        "policy_config: {name: mlp}\n"
+        "logger_config: {loggers: [], project: '${oc.env:MINEONLINE_TEST_PRIVATE}'}\n"
+    )
+    loaded = load_config(source, ["train_config.save_path=${oc.env:MINEONLINE_TEST_PRIVATE}"])
+    assert loaded.config.logger_config.project == "private-value-from-env"  # the run uses the value
+    assert loaded.config.train_config.save_path == "private-value-from-env"
+    public = public_config(loaded.config)
+    assert public["logger_config"]["project"] == "${oc.env:MINEONLINE_TEST_PRIVATE}"
+    assert public["train_config"]["save_path"] == "${oc.env:MINEONLINE_TEST_PRIVATE}"
+    run_dir = api._prepare_run_dir(resolve(loaded, get_plugin_manager()))
+    text = (run_dir / "config.yaml").read_text()
+    assert "private-value-from-env" not in text and yaml.safe_load(text)["logger_config"]["project"].startswith("${oc.env:")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "check", str(source)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "${oc.env:MINEONLINE_TEST_PRIVATE}" in result.stdout
+    assert "private-value-from-env" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("override", [f"api_key={SECRET}", f"logger_config.api_key={SECRET}", f"train_config.token={SECRET}",
+                                      f"logger_config.settings.api_key={SECRET}", f"logger_config.settings={{api_key: {SECRET}}}"])  # fmt: skip
+def test_config_errors_never_echo_a_secret(override: str) -> None:
+    from mineonline_core.config import load_config
+    from mineonline_core.errors import ConfigError
     from mineonline_core.plugins import get_plugin_manager
     from mineonline_core.resolve import resolve
 
     data = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
-            "logger_config": {"loggers": ["wandb"], "settings": {"api_key": SECRET}}}  # fmt: skip
-    resolved = resolve(load_config(data), get_plugin_manager(), probe=False)
-    assert resolved.source_text is None
-    assert SECRET not in api._public_source(resolved, resolved.config)
-    resolved.source_text = f'online_dict = {{"logger_config": {{"settings": {{"api_key": "{SECRET}"}}}}}}\n'
-    text = api._public_source(resolved, resolved.config)
-    assert SECRET not in text and '"api_key": "<redacted>"' in text
+            "logger_config": {"loggers": ["wandb"]}}  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        resolve(load_config(data, [override]), get_plugin_manager(), probe=False)
+    assert SECRET not in str(info.value) and "<redacted>" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("key", ["base_url", "api_key", "http_proxy", "root_dir", "app_url_override"])
+def test_wandb_settings_are_an_allow_list(key: str) -> None:
+    """A shared YAML must not redirect where wandb sends the run, nor with which credentials."""
+    from mineonline_core.config import load_config
+    from mineonline_core.errors import ConfigError
+    from mineonline_core.plugins import get_plugin_manager
+    from mineonline_core.resolve import resolve
+
+    data = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
+            "logger_config": {"loggers": ["wandb"], "settings": {"console": "wrap", key: "https://attacker.example"}}}  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        resolve(load_config(data), get_plugin_manager(), probe=False)
+    message = str(info.value)
+    assert f"settings {key} cannot be set from a config" in message and "WANDB_BASE_URL" in message
+    data["logger_config"]["settings"] = {"console": "wrap", "quiet": True}
+    resolve(load_config(data), get_plugin_manager(), probe=False)  # display settings stay allowed
+
+
+def test_a_secret_override_is_not_replayed_by_resume(tmp_path: Path, vault_pm, caplog: pytest.LogCaptureFixture) -> None:
+    """run.json keeps ``key=<redacted>``; ``--resume`` drops it with a warning instead of setting the
+    credential to the placeholder."""
+    from mineonline_core import api
+    from mineonline_core.config import load_config
+    from mineonline_core.resolve import resolve
+    from mineonline_core.resume import plan_resume
+    from mineonline_core.trainer import checkpoint as ckpt
+
+    data = {"run_name": "r", "output_dir": str(tmp_path), "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+            "policy_config": {"name": "mlp"}, "logger_config": {"loggers": ["vault"]}}  # fmt: skip
+    overrides = [f"logger_config.api_token={SECRET}", "train_config.learning_rate=1e-3"]
+    run_dir = api._prepare_run_dir(resolve(load_config(data, overrides), vault_pm, probe=False), overrides=overrides)
+    ckpt.save_checkpoint(run_dir / "checkpoints", iteration=1, model_state={}, optimizer_state={}, scaler_state=None,
+                         trainer_state={}, config_yaml=(run_dir / "config.yaml").read_text())  # fmt: skip
+    with caplog.at_level("WARNING", logger="mineonline"):
+        plan = plan_resume(str(run_dir), [])
+    assert plan.recorded == ["train_config.learning_rate=1e-3"]
+    assert any("logger_config.api_token" in r.message and "give it again" in r.message for r in caplog.records)
 
 
 def test_joining_a_cluster_presents_the_token(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from mineonline_core.config.checks import check_consistency, minestudio_only_warnings
 from mineonline_core.config.messages import Loc, show, validate_online_config
 from mineonline_core.config.online import OnlineConfig
+from mineonline_core.config.secrets import find_expressions, override_expressions
 from mineonline_core.errors import ConfigError
 
 log = logging.getLogger("mineonline")
@@ -40,6 +41,7 @@ class LoadedConfig:
     policy_generator: Callable[[], Any] | None = None
     source_text: str | None = None  # the whole config file (MineStudio's ``whole_config``)
     source_path: str | None = None
+    expressions: dict[tuple, str] = dataclasses.field(default_factory=dict)  # see config.secrets
 
 
 def load_config(
@@ -54,6 +56,9 @@ def load_config(
     loaded, raw, label = _read(source)
     data, origins = apply_overrides(raw, overrides)
     loaded.config = validate_online_config(data, origins=origins, source=label)
+    for path, item in origins.items():
+        loaded.expressions = override_expressions(loaded.expressions, path, item.split("=", 1)[1])
+    loaded.config._expressions = dict(loaded.expressions)
     check_consistency(loaded.config)
     for message in minestudio_only_warnings(loaded.config):
         log.warning(message)
@@ -116,9 +121,9 @@ def _read(source: Any) -> tuple[LoadedConfig, Any, str | None]:
     if isinstance(source, ModuleType):
         return _from_module(source, empty, text=_module_text(source))
     if isinstance(source, OnlineConfig):  # re-validated, so overrides and checks still apply
-        return LoadedConfig(config=empty), source.to_dict(), None
+        return LoadedConfig(config=empty, expressions=dict(source._expressions)), source.to_dict(), None
     if isinstance(source, (DictConfig, ListConfig, Mapping)):
-        return LoadedConfig(config=empty), _plain(source), None
+        return LoadedConfig(config=empty, expressions=_expressions_of(source)), _plain(source), None
     if isinstance(source, (str, os.PathLike)):
         path = pathlib.Path(os.fspath(source)).expanduser().absolute()
         if not path.is_file():
@@ -132,8 +137,9 @@ def _read(source: Any) -> tuple[LoadedConfig, Any, str | None]:
             return _from_module(_import_file(path), empty, text=text, path=str(path))
         if suffix in (".yaml", ".yml"):
             text = _read_text(path)
-            loaded = LoadedConfig(config=empty, source_text=text, source_path=str(path))
-            return loaded, _parse_yaml(text, path), str(path)
+            node = _parse_yaml(text, path)
+            loaded = LoadedConfig(config=empty, source_text=text, source_path=str(path), expressions=_expressions_of(node))
+            return loaded, _plain(node), str(path)
         raise ConfigError(
             f"Config file {str(path)!r} has suffix {suffix!r}. Fix: use a .yaml/.yml file or a "
             f".py module defining online_dict (and optionally env_generator, policy_generator)."
@@ -159,7 +165,23 @@ def _parse_yaml(text: str, path: pathlib.Path) -> Any:
             f"Config file {str(path)!r} is not valid YAML for a config: {exc}. Fix: correct the "
             f"line it names (`mineonline config template` prints a valid file)."
         ) from exc
-    return _plain(node)
+    return node
+
+
+def _expressions_of(source: Any) -> dict[tuple, str]:
+    """The interpolations (``${oc.env:X}``) among the leaves of ``source``, by key path."""
+    if isinstance(source, (DictConfig, ListConfig)):
+        try:
+            return find_expressions(OmegaConf.to_container(source, resolve=False))
+        except Exception:  # noqa: BLE001 - an unreadable node fails with a clear error in _plain
+            return {}
+    if isinstance(source, Mapping):
+        found: dict[tuple, str] = {}
+        for key, value in source.items():
+            if isinstance(value, (DictConfig, ListConfig, Mapping)):
+                found.update({(key, *p): e for p, e in _expressions_of(value).items()})
+        return found
+    return {}
 
 
 def _import_file(path: pathlib.Path) -> ModuleType:
@@ -224,4 +246,5 @@ def _from_module(
         source_path=path or getattr(module, "__file__", None),
         **generators,
     )
+    loaded.expressions = _expressions_of(module.online_dict)
     return loaded, _plain(module.online_dict), label

@@ -14,6 +14,7 @@ from pydantic.fields import FieldInfo
 
 from mineonline_core.config._fields import range_text, section_type
 from mineonline_core.config.online import OnlineConfig
+from mineonline_core.config.secrets import REDACTED, is_secret_key, redact, redact_override
 from mineonline_core.errors import ConfigError, closest
 
 Loc = tuple[Any, ...]
@@ -96,6 +97,7 @@ def describe(error: Mapping[str, Any]) -> str:
     """One line for one pydantic error: key, problem, value, fix."""
     loc: Loc = tuple(error.get("loc", ()))
     kind, value, path = error.get("type", ""), error.get("input"), dotted(loc)
+    value = REDACTED if any(is_secret_key(part) for part in loc) else redact(value)  # messages reach logs
     _, info = _walk(loc)
     if kind == "extra_forbidden":
         names = _section_fields(loc[:-1])
@@ -137,7 +139,7 @@ def describe(error: Mapping[str, Any]) -> str:
 def _origin(loc: Loc, origins: Mapping[Loc, str]) -> str:
     for size in range(len(loc), 0, -1):
         if loc[:size] in origins:
-            return f" [set by override '{origins[loc[:size]]}']"
+            return f" [set by override '{redact_override(origins[loc[:size]])}']"
     return ""
 
 

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticSerializationError
 
 from mineonline_core.config._fields import OpenSection, Section, setting
@@ -108,6 +108,9 @@ class OnlineConfig(Section):
         description="Env selected by name ({name: crafter, ...options}) for runs without a "
         "Python config module; null when an env_generator is given.",
     )
+    # Key path -> the interpolation the user wrote (``${oc.env:X}``): saved files keep the expression,
+    # not its value (``config.secrets.public_config``).
+    _expressions: dict[tuple, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("run_name")
     @classmethod

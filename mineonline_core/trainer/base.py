@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from mineonline_core.config.secrets import public_config, redact_text
 from mineonline_core.errors import RunFailedError, find_user_error
 from mineonline_core.finite import UpdateGuard, require_finite
 from mineonline_core.rollout.worker import fragment_checksum
@@ -66,7 +67,9 @@ class BaseTrainer:
         self.config, self.train_config = config, config.train_config
         self.run_dir = str(Path(run_dir).expanduser().resolve())
         self.save_dir = ckpt.resolve_save_path(self.train_config.save_path, self.run_dir)
-        self.whole_config = whole_config if whole_config is not None else yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+        # Checkpoints keep the resolved config (what a resume compares against) and the file as written.
+        self.config_yaml = yaml.safe_dump(public_config(config), sort_keys=False)
+        self.whole_config = redact_text(whole_config) if whole_config is not None else None
         # Live, per-rank state; built by setup_rank() on the rank, never pickled.
         self.model: nn.Module | None = None  # what forward/backward go through (DDP-wrapped when world > 1)
         self.policy: nn.Module | None = None  # the bare policy (heads, value normaliser)
@@ -461,7 +464,7 @@ class BaseTrainer:
                 self.save_dir, iteration=self.iteration, model_state=model_state,
                 optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
                 trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate, "extra": self.trainer_state()},
-                config_yaml=self.whole_config, keep_interval=self.train_config.keep_interval,
+                config_yaml=self.config_yaml, source_text=self.whole_config, keep_interval=self.train_config.keep_interval,
             )  # fmt: skip
         self.on_checkpoint(path)
         return path

@@ -6,7 +6,8 @@ Layout of ``<save_path>/checkpoint_{iteration:06d}/``::
     optimizer.pt      the optimiser's state dict
     scaler.pt         the AMP grad scaler's state dict (empty when AMP is off)
     trainer.pt        iteration, model version, KL weight rho, learning rate, RNG states, extra
-    config.yaml       the resolved run config
+    config.yaml       the resolved run config (secrets redacted, ``${oc.env:...}`` kept as written)
+    source_config.txt the config file as written, secrets redacted (when the run had one)
     manifest.json     sha256 and size of every file above
 
 A checkpoint is written into a temporary sibling directory, every file fsynced, then renamed into
@@ -35,6 +36,7 @@ from mineonline_core.policy import state_dict_mismatch
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 _FILES = ("model.pt", "optimizer.pt", "scaler.pt", "trainer.pt")
 MANIFEST = "manifest.json"
+SOURCE = "source_config.txt"
 
 
 def checkpoint_dir(save_dir: str | Path, iteration: int) -> Path:
@@ -136,28 +138,28 @@ def save_checkpoint(
     scaler_state: dict[str, Any] | None,
     trainer_state: dict[str, Any],
     config_yaml: str,
+    source_text: str | None = None,
     keep_interval: int | None = None,
 ) -> Path:
-    """Write ``checkpoint_{iteration:06d}`` atomically, then apply the retention rule."""
+    """Write ``checkpoint_{iteration:06d}`` atomically, then apply the retention rule.
+
+    ``config_yaml`` is the resolved run config; ``source_text`` the config file as written
+    (MineStudio's ``whole_config``), kept as ``source_config.txt`` when given. A write that fails
+    (disk full, read-only, quota) raises ``CheckpointError`` naming the directory and its free space,
+    and leaves no temporary directory and every earlier checkpoint as it was.
+    """
     root = Path(save_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(root, iteration)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    contents = {"model.pt": model_state, "optimizer.pt": optimizer_state, "scaler.pt": scaler_state or {},
-                "trainer.pt": {**trainer_state, "iteration": iteration, "rng": rng_state()}}  # fmt: skip
-    manifest: dict[str, Any] = {"format": 1, "iteration": iteration, "files": {}}
-    for name, obj in contents.items():
-        torch.save(obj, tmp / name)
-    (tmp / "config.yaml").write_text(config_yaml)
-    for name in (*_FILES, "config.yaml"):
-        _fsync(tmp / name)
-        manifest["files"][name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    _fsync(tmp / MANIFEST)
-    _fsync(tmp)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        _write_files(tmp, iteration, model_state, optimizer_state, scaler_state, trainer_state, config_yaml, source_text)
+    except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_write_failure(root, final.name, exc)) from exc
     if final.exists():  # re-saving an iteration (a resumed run): move the old one out of the way first
         stale = root / f".{final.name}.old-{os.getpid()}"
         os.replace(final, stale)
@@ -167,6 +169,49 @@ def save_checkpoint(
     if keep_interval:
         apply_retention(root, keep_interval)
     return final
+
+
+def _write_files(tmp: Path, iteration: int, model_state: dict, optimizer_state: dict, scaler_state: dict | None,
+                 trainer_state: dict, config_yaml: str, source_text: str | None) -> None:  # fmt: skip
+    contents = {"model.pt": model_state, "optimizer.pt": optimizer_state, "scaler.pt": scaler_state or {},
+                "trainer.pt": {**trainer_state, "iteration": iteration, "rng": rng_state()}}  # fmt: skip
+    # format 2: config.yaml is the resolved config (format 1 held the config file as written).
+    manifest: dict[str, Any] = {"format": 2, "iteration": iteration, "files": {}}
+    for name, obj in contents.items():
+        with open(tmp / name, "wb") as handle:  # through a Python file, so a failed write keeps its OSError
+            torch.save(obj, handle)
+    (tmp / "config.yaml").write_text(config_yaml)
+    texts = ["config.yaml"]
+    if source_text is not None:
+        (tmp / SOURCE).write_text(source_text)
+        texts.append(SOURCE)
+    for name in (*_FILES, *texts):
+        _fsync(tmp / name)
+        manifest["files"][name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _fsync(tmp / MANIFEST)
+    _fsync(tmp)
+
+
+def _write_failure(root: Path, name: str, exc: BaseException | None) -> str:
+    probe = root if root.exists() else next((p for p in root.parents if p.exists()), root)
+    try:
+        usage = shutil.disk_usage(probe)
+        space = f"{usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.0f} MiB on that disk"
+    except OSError:
+        space = "free space unknown"
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    # torch.save reports the file's OSError (ENOSPC, EROFS, ...) as its context under an opaque RuntimeError
+    root_cause = next((e for e in chain if isinstance(e, OSError)), chain[0])
+    cause = f"{type(root_cause).__name__}: {root_cause}".strip()
+    return (
+        f"train_config.save_path: writing {name} under {str(root)!r} failed ({cause}; {space}). The earlier "
+        "checkpoints there are intact and the partial one was removed. Fix: free space on that disk, or set "
+        "train_config.save_path to a writable directory on a larger disk, then resume."
+    )
 
 
 def apply_retention(save_dir: str | Path, keep_interval: int) -> list[int]:
@@ -206,15 +251,18 @@ def resolve_resume(path: str | Path) -> Path:
     )
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Verify every file against the manifest and load it with ``weights_only=True``."""
+def verify_checkpoint(path: str | Path) -> Path:
+    """Check every file of a checkpoint against its manifest (sizes and sha256); return its directory.
+
+    Reads the files but unpickles nothing, so the driver can vet a checkpoint in seconds before Ray starts.
+    """
     path = resolve_resume(path)
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"train_config.resume: the manifest of {str(path)!r} is unreadable ({exc}); the checkpoint is corrupted.") from exc
-    for name in (*_FILES, "config.yaml"):
+    for name in (*_FILES, "config.yaml", *([SOURCE] if SOURCE in files else [])):
         file = path / name
         if name not in files or not file.is_file():
             raise CheckpointError(f"train_config.resume: {str(path)!r} is truncated: {name} is missing. Use an earlier checkpoint.")
@@ -223,6 +271,20 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
                 f"train_config.resume: {str(file)!r} does not match its sha256 in {MANIFEST} (truncated or "
                 "corrupted on disk). Use an earlier checkpoint."
             )
+    return path
+
+
+def saved_config(path: str | Path) -> str | None:
+    """The resolved run config a verified checkpoint was trained with; None for checkpoints of format 1,
+    whose ``config.yaml`` holds the config file as written rather than the resolved config."""
+    path = Path(path)
+    manifest = json.loads((path / MANIFEST).read_text())
+    return (path / "config.yaml").read_text() if manifest.get("format", 1) >= 2 else None
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Verify every file against the manifest and load it with ``weights_only=True``."""
+    path = verify_checkpoint(path)
     out: dict[str, Any] = {"path": path, "config_yaml": (path / "config.yaml").read_text()}
     for name in _FILES:
         try:

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Literal
 from urllib.parse import urlparse
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import mineonline_core
 from mineonline_core.logger import Logger
@@ -43,6 +43,16 @@ STEP_METRIC = "env_steps"
 SECRET_KEY = re.compile(r"api[_-]?key|token|secret|passw(or)?d|credential", re.IGNORECASE)
 LINGER_S = 0.05
 _STOP = object()
+# wandb.Settings a config may set: display, capture and timing only. Where the data goes (base_url,
+# proxies, app_url_override), which credentials are used (api_key, credentials_file, identity tokens)
+# and what is read or uploaded from disk (root_dir, code_dir, program, ignore_globs) come from the
+# environment of the machine that runs the job, never from a config file that may be shared.
+SETTINGS_ALLOWED = frozenset({
+    "console", "console_multipart", "quiet", "silent", "show_colors", "show_emoji", "show_errors", "show_info",
+    "show_warnings", "disable_code", "disable_git", "disable_job_creation", "label_disable", "init_timeout",
+    "finish_timeout", "heartbeat_seconds", "login_timeout", "summary_timeout", "x_disable_stats", "x_disable_meta",
+    "x_disable_machine_info", "x_stats_sampling_interval",
+})  # fmt: skip
 
 
 class WandbOptions(BaseModel):
@@ -71,8 +81,24 @@ class WandbOptions(BaseModel):
     save_code: bool | None = Field(None, description="Save the main script or notebook with the run.")
     force: bool | None = Field(None, description="Fail instead of running offline when not logged in (online mode).")
     settings: dict[str, Any] | None = Field(
-        None, description="wandb.Settings fields, e.g. {'console': 'wrap'}. Default: console capture off."
+        None,
+        description="wandb.Settings fields that tune display, capture and timing, e.g. {'console': 'wrap'}; "
+        "the server, credentials and proxies come from the environment (WANDB_BASE_URL, WANDB_API_KEY, "
+        "`wandb login`). Default: console capture off.",
     )
+
+    @field_validator("settings")
+    @classmethod
+    def _allowed_settings(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        refused = sorted(set(value or {}) - SETTINGS_ALLOWED)
+        if refused:
+            raise ValueError(
+                f"settings {', '.join(refused)} cannot be set from a config: a config file is often shared, and these "
+                "would choose where the run's data is sent, with which credentials, or what is read from disk. Set "
+                "them in the environment of the machine that runs the job (WANDB_BASE_URL, WANDB_API_KEY or "
+                f"`wandb login`, HTTPS_PROXY). Settings a config may set: {', '.join(sorted(SETTINGS_ALLOWED))}"
+            )
+        return value
 
 
 def scrub_secrets(tree: Any) -> Any:

@@ -1,0 +1,180 @@
+"""How much memory a run needs, estimated from the config before anything large is allocated.
+
+The policy is built on PyTorch's ``meta`` device, which records shapes and allocates nothing, so
+``policy_config: {hidden_sizes: [1000000000]}`` is measured (13e9 parameters) instead of allocated
+until the kernel kills the process. The estimate adds, per process kind:
+
+* each trainer rank: the weights, their gradients, Adam's two moments and the KL reference (5x);
+* each rollout worker: two copies of the weights (live and standby); the driver: one for its check;
+* the in-memory replay store: ``max_chunks x fragments_per_chunk`` fragments of
+  ``fragment_length`` steps (observation, action and six float32 per-step columns) plus the
+  recurrent state before each fragment (an on-disk store is bounded by its disk, not by memory);
+* a fixed size per process: what benchmarks/RESULTS.md measured, rounded down (a Ray actor with
+  torch imported holds 305-470 MiB resident; an env subprocess 190-227 MiB, mostly pages shared
+  with the forkserver), and Ray's own daemons.
+
+Activations and allocator slack are not counted (they depend on batch shapes: VPT-1x training peaks
+at 9.2 GiB for 284 MiB of weights), so the estimate is a lower bound: a config refused here cannot
+fit, while one accepted may still need more.
+
+``check`` refuses a run whose estimate exceeds the machine's memory (the cgroup limit when lower),
+and ``check_policy_fits`` refuses a policy the driver's own check could not build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from mineonline_core.errors import ConfigError
+
+GiB = 2**30
+PROCESS_BYTES = 300 * 2**20  # a Ray actor with torch imported (measured 305-470 MiB resident)
+BOOKKEEPING_ACTORS = 6  # manager, replay buffer, store host, statistics, logger hub, train controller
+ENV_PROCESS_BYTES = 64 * 2**20  # an env subprocess beyond the pages it shares with the forkserver
+RAY_BYTES = 512 * 2**20  # GCS, raylet, log monitor, dashboard agent
+STEP_COLUMNS_BYTES = 6 * 4  # reward, log-prob, value, first, terminated, truncated (float32 or less)
+TRAINER_COPIES = 5  # weights, gradients, two Adam moments, KL reference
+ROLLOUT_COPIES = 2  # the live weights and the standby copy a broadcast is loaded into
+
+
+def meta_policy(policy_generator: Callable[[], Any]) -> Any | None:
+    """The policy built on the ``meta`` device (shapes only, nothing allocated); None when the
+    generator cannot build there (it computes with its weights, say) and only a real build can tell."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return policy_generator()
+    except Exception:  # noqa: BLE001 - any failure means "unknown here"; the real build reports errors
+        return None
+
+
+def _tensor_bytes(tree: Any) -> int:
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(_tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in tree)
+    return 0
+
+
+def _space_bytes(space: Any) -> int:
+    """Bytes of one sample of a gymnasium space (0 for what it cannot tell)."""
+    spaces = getattr(space, "spaces", None)
+    if isinstance(spaces, dict):
+        return sum(_space_bytes(s) for s in spaces.values())
+    if isinstance(spaces, (list, tuple)):
+        return sum(_space_bytes(s) for s in spaces)
+    shape, dtype = getattr(space, "shape", None), getattr(space, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    return int(math.prod(shape)) * dtype.itemsize
+
+
+def machine_memory() -> tuple[int, str]:
+    """Bytes of memory this machine gives the run, and where the figure comes from."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit_file = Path("/sys/fs/cgroup/memory.max")
+    try:
+        limit = limit_file.read_text().strip()
+    except OSError:
+        limit = "max"
+    if limit.isdigit() and int(limit) < total:
+        return int(limit), f"the container's limit ({limit_file})"
+    return total, "the machine's physical memory"
+
+
+def available_memory() -> int:
+    """Bytes that can be allocated now without swapping (``MemAvailable``), else the machine's memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return min(int(line.split()[1]) * 1024, machine_memory()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return machine_memory()[0]
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+@dataclasses.dataclass
+class MemoryEstimate:
+    """Bytes each part of a run needs; ``policy`` is the meta-device policy (None when unknown)."""
+
+    policy: Any | None
+    parameters: int
+    policy_bytes: int
+    parts: dict[str, int]
+    policy_text: str
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        params = f"{self.parameters:,} parameters ({_gib(self.policy_bytes)})" if self.policy is not None else "unknown size"
+        return f"about {_gib(self.total)}: policy {params}; " + "; ".join(f"{k} {_gib(v)}" for k, v in self.parts.items())
+
+    def check_policy_fits(self, available: int | None = None) -> None:
+        """Refuse a policy larger than this process could build (before it is built)."""
+        if self.policy is None:
+            return
+        available = available if available is not None else available_memory()
+        if self.policy_bytes > available:
+            raise ConfigError(
+                f"{self.policy_text}: the policy has {self.parameters:,} parameters, {_gib(self.policy_bytes)} as built, "
+                f"more than the {_gib(available)} of memory available here, so building it would exhaust memory. Fix: make the "
+                "network smaller (e.g. policy_config.hidden_sizes), or check the config on a machine that can hold it."
+            )
+
+    def check(self, available: int, where: str) -> None:
+        """Refuse a run whose estimate exceeds ``available`` bytes."""
+        if self.total > available:
+            raise ConfigError(
+                f"The run needs {self.describe()}, but {where} is {_gib(available)}. Fix: shrink the policy "
+                f"({self.policy_text}), lower rollout_config.replay_buffer_config.max_chunks or fragment_length (an "
+                "in-memory store holds every chunk), run fewer rollout workers, envs or trainer ranks, or give the run a "
+                "larger machine or a cluster (--address)."
+            )
+
+
+def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_space: Any, action_space: Any,
+                    store_cls: type) -> MemoryEstimate:  # fmt: skip
+    """Estimate the memory ``cfg`` needs on one machine, building the policy on the meta device only."""
+    rc, tc = cfg.rollout_config, cfg.train_config
+    rb = rc.replay_buffer_config
+    policy = meta_policy(policy_generator)
+    parameters = sum(p.numel() for p in policy.parameters()) if policy is not None else 0
+    policy_bytes = _tensor_bytes(dict(policy.state_dict())) if policy is not None else 0
+    state_bytes = 0
+    if policy is not None and hasattr(policy, "initial_state"):
+        try:
+            state_bytes = _tensor_bytes(policy.initial_state(1))
+        except Exception:  # noqa: BLE001 - a state the meta device cannot build counts as none
+            state_bytes = 0
+    step_bytes = _space_bytes(observation_space) + _space_bytes(action_space) + STEP_COLUMNS_BYTES
+    fragments = 0 if getattr(store_cls, "persistent", False) else rb.max_chunks * rb.fragments_per_chunk
+    envs = rc.num_rollout_workers * rc.worker_config.num_envs
+    parts = {
+        "trainer ranks": tc.num_workers * (PROCESS_BYTES + TRAINER_COPIES * policy_bytes),
+        "rollout workers": rc.num_rollout_workers * (PROCESS_BYTES + ROLLOUT_COPIES * policy_bytes),
+        "replay (in memory)": fragments * (rc.fragment_length * step_bytes + state_bytes),
+        "envs": envs * ENV_PROCESS_BYTES if rc.worker_config.env_processes else 0,
+        "driver, bookkeeping actors and Ray": (1 + BOOKKEEPING_ACTORS) * PROCESS_BYTES + RAY_BYTES + policy_bytes,
+    }
+    if cfg.policy_config is not None:
+        from mineonline_core.config.secrets import redact
+
+        policy_text = f"policy_config={redact(cfg.policy_config.model_dump())}"[:200]
+    else:
+        policy_text = "policy_generator()"
+    return MemoryEstimate(policy=policy, parameters=parameters, policy_bytes=policy_bytes, parts=parts, policy_text=policy_text)

@@ -1,0 +1,150 @@
+"""Safe resume on a real run: the same run name twice, ``--resume`` after config edits, a damaged newest
+checkpoint, and a resume from a chosen checkpoint.
+
+One real run (CartPole, 2 iterations, a checkpoint each) is shared by the module. Every refusal must
+come before Ray starts, within seconds, and leave ``run.json``, ``config.yaml`` and ``metrics.jsonl``
+exactly as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mineonline_core.api import run
+from mineonline_core.errors import CheckpointError, ConfigError
+from mineonline_core.trainer import checkpoint as ckpt
+
+CONFIG = {
+    "run_name": "safe", "seed": 0,
+    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+    "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
+    "rollout_config": {
+        "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 32,
+        "worker_config": {"num_envs": 2, "batch_size": 2},
+        "replay_buffer_config": {"fragments_per_chunk": 1, "database_config": {"backend": "memory"}},
+    },
+    "train_config": {
+        "num_workers": 1, "num_cpus_per_worker": 0.5, "num_iterations": 2, "vf_warmup": 0, "batch_size_per_gpu": 2,
+        "batches_per_iteration": 2, "gradient_accumulation": 1, "context_length": 16, "save_interval": 1,
+        "keep_interval": 1, "record_video_interval": 0,
+    },
+    "logger_config": {"loggers": []},
+}  # fmt: skip
+KEPT = ("run.json", "config.yaml", "metrics.jsonl")
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def _iterations(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [int(r["trainer/iteration"]) for r in map(json.loads, lines) if "trainer/iteration" in r]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    result = run({**CONFIG, "output_dir": str(root)}, progress=False)
+    assert result["status"] == "completed", result
+    assert not _ray_running()
+    return root / "safe"
+
+
+@pytest.fixture
+def run_dir(finished_run: Path, tmp_path: Path) -> Path:
+    """A private copy of the finished run, so that a test that damages it leaves the others alone."""
+    copy = tmp_path / "runs" / "safe"
+    shutil.copytree(finished_run, copy)
+    return copy
+
+
+def _snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {name: (run_dir / name).read_bytes() for name in KEPT}
+
+
+def test_the_same_run_name_twice_is_refused_with_the_way_out(run_dir: Path) -> None:
+    before = _snapshot(run_dir)
+    with pytest.raises(ConfigError) as info:
+        run({**CONFIG, "output_dir": str(run_dir.parent)}, progress=False)
+    message = str(info.value)
+    assert "run_name='safe'" in message and "already holds a run" in message
+    assert f"--resume {run_dir}" in message and "run_name=..." in message
+    assert _snapshot(run_dir) == before and not _ray_running()
+    assert _iterations(run_dir) == [1, 2]  # never 1,2,1,2
+
+
+def test_resume_refuses_continuity_breaking_edits_listing_each(run_dir: Path) -> None:
+    before = _snapshot(run_dir)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        run(None, ["policy_config.hidden_sizes=[64]", "rollout_config.fragment_length=16", "train_config.learning_rate=1e-3"],
+            resume=str(run_dir), progress=False)  # fmt: skip
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert "policy_config.hidden_sizes: [32, 32] in checkpoint_000002, [64] now" in message
+    assert "rollout_config.fragment_length: 32 in checkpoint_000002, 16 now" in message
+    assert "learning_rate" not in message  # a hyperparameter change does not break continuity
+    assert "--force" in message
+    assert _snapshot(run_dir) == before and not _ray_running()
+    assert elapsed < 30
+    print(f"FIGURE continuity refusal in {elapsed:.1f}s")
+
+
+def test_an_edited_config_file_is_caught_too(run_dir: Path, tmp_path: Path) -> None:
+    """``--resume`` re-reads the run's config file: an edit there is a change like an override."""
+    import yaml
+
+    source = tmp_path / "edited.yaml"
+    source.write_text(yaml.safe_dump({**CONFIG, "env_config": {"name": "gymnasium", "id": "Acrobot-v1"}}))
+    record = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**record, "source_path": str(source)}))
+    with pytest.raises(ConfigError, match=r"env_config\.id: 'CartPole-v1' in checkpoint_000002, 'Acrobot-v1' now"):
+        run(None, [], resume=str(run_dir), progress=False)
+
+
+def test_a_damaged_newest_checkpoint_is_reported_before_ray_with_the_previous_one(run_dir: Path) -> None:
+    model = run_dir / "checkpoints" / "checkpoint_000002" / "model.pt"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model.write_bytes(bytes(data))
+    before = _snapshot(run_dir)
+    started = time.monotonic()
+    with pytest.raises(CheckpointError) as info:
+        run(None, [], resume=str(run_dir), progress=False)
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert "checkpoint_000002 is damaged" in message and "does not match its sha256" in message
+    assert f"--resume {run_dir / 'checkpoints' / 'checkpoint_000001'}" in message
+    assert _snapshot(run_dir) == before and not _ray_running()
+    assert elapsed < 30
+    print(f"FIGURE damaged checkpoint reported in {elapsed:.1f}s, before Ray")
+
+
+def test_a_forced_change_of_the_network_still_fails_before_ray(run_dir: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"mis-shaped keys: actor\.0\.weight \(file \(32, 4\), model \(64, 4\)\)"):
+        run(None, ["policy_config.hidden_sizes=[64, 32]"], resume=str(run_dir), force=True, progress=False)
+    assert not _ray_running()
+
+
+def test_resume_from_a_chosen_checkpoint_with_force(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    chosen = run_dir / "checkpoints" / "checkpoint_000001"
+    result = run(None, ["train_config.num_iterations=3", "rollout_config.fragment_length=16"], resume=str(chosen),
+                 force=True, progress=False)  # fmt: skip
+    assert result["status"] == "completed" and result["iteration"] == 3
+    out = capsys.readouterr().out
+    assert "resume: rollout_config.fragment_length: 32 -> 16  (breaks continuity; --force)" in out
+    assert "resume: train_config.num_iterations: 2 -> 3" in out
+    assert _iterations(run_dir) == [1, 2, 2, 3]  # continued after checkpoint 1, not after the latest
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["overrides"] == ["train_config.num_iterations=3", "rollout_config.fragment_length=16"]
+    saved = ckpt.saved_config(ckpt.checkpoint_dir(run_dir / "checkpoints", 3))
+    assert "fragment_length: 16" in saved
