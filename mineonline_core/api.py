@@ -104,7 +104,8 @@ def _trainer(resolved: ResolvedRun, manager: Any, hub: Any) -> Any:
     cfg = resolved.config
     return resolved.trainer_cls(
         rollout_manager=manager, policy_generator=resolved.policy_generator, env_generator=resolved.env_generator,
-        config=cfg, run_dir=str(cfg.run_dir()), logger_hub=hub, whole_config=_public_source(resolved, cfg),
+        config=cfg, run_dir=str(cfg.run_dir()), logger_hub=hub, whole_config=_public_source(resolved),
+        saved_config=_public_config(cfg),
     )  # fmt: skip
 
 
@@ -133,13 +134,9 @@ def _public_text(text: str) -> str:
     return _SECRET_ASSIGNMENT.sub(lambda m: m.group(1) + '"<redacted>"', text)
 
 
-def _public_source(resolved: ResolvedRun, cfg: OnlineConfig) -> str:
-    """What checkpoints store as the whole config: the scrubbed source text, else the public config."""
-    import yaml
-
-    if resolved.source_text:
-        return _public_text(resolved.source_text)
-    return yaml.safe_dump(_public_config(cfg), sort_keys=False)
+def _public_source(resolved: ResolvedRun) -> str | None:
+    """The config file's text as checkpoints store it (scrubbed), or None when there was no file."""
+    return _public_text(resolved.source_text) if resolved.source_text else None
 
 
 def _prepare_run_dir(resolved: ResolvedRun, *, overrides: Sequence[str] = ()) -> Path:

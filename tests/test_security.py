@@ -150,7 +150,7 @@ def test_no_secret_reaches_the_run_directory(tmp_path: Path) -> None:
 
 
 def test_no_secret_reaches_checkpoints() -> None:
-    """The trainer stores ``whole_config`` in every checkpoint: from a file or from a dict, it is scrubbed."""
+    """Checkpoints store the resolved config and the config file's text (``whole_config``): both scrubbed."""
     from mineonline_core import api
     from mineonline_core.config import load_config
     from mineonline_core.plugins import get_plugin_manager
@@ -159,10 +159,11 @@ def test_no_secret_reaches_checkpoints() -> None:
     data = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
             "logger_config": {"loggers": ["wandb"], "settings": {"api_key": SECRET}}}  # fmt: skip
     resolved = resolve(load_config(data), get_plugin_manager(), probe=False)
-    assert resolved.source_text is None
-    assert SECRET not in api._public_source(resolved, resolved.config)
+    assert resolved.source_text is None and api._public_source(resolved) is None
+    trainer = api._trainer(resolved, manager=None, hub=None)
+    assert SECRET not in repr(trainer.saved_config) and trainer.whole_config is None
     resolved.source_text = f'online_dict = {{"logger_config": {{"settings": {{"api_key": "{SECRET}"}}}}}}\n'
-    text = api._public_source(resolved, resolved.config)
+    text = api._public_source(resolved)
     assert SECRET not in text and '"api_key": "<redacted>"' in text
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mineonline_core.config.checks import check_consistency
+from mineonline_core.config.generators import KEYS, generator_spec
 from mineonline_core.config.messages import Loc, show, validate_online_config
 from mineonline_core.config.online import OnlineConfig
 from mineonline_core.errors import ConfigError
@@ -51,6 +52,10 @@ def load_config(
     loaded, raw, label = _read(source)
     data, origins = apply_overrides(raw, overrides)
     loaded.config = validate_online_config(data, origins=origins, source=label)
+    for key in KEYS:
+        # An override that names another generator replaces the module's own function.
+        if isinstance(raw, Mapping) and getattr(loaded.config, key) != raw.get(key):
+            setattr(loaded, key, None)
     check_consistency(loaded.config)
     return loaded
 
@@ -124,7 +129,7 @@ def _read(source: Any) -> tuple[LoadedConfig, Any, str | None]:
         suffix = path.suffix.lower()
         if suffix == ".py":
             text = _read_text(path)
-            return _from_module(_import_file(path), empty, text=text, path=str(path))
+            return _from_module(import_file(path), empty, text=text, path=str(path))
         if suffix in (".yaml", ".yml"):
             text = _read_text(path)
             loaded = LoadedConfig(config=empty, source_text=text, source_path=str(path))
@@ -157,7 +162,7 @@ def _parse_yaml(text: str, path: pathlib.Path) -> Any:
     return _plain(node)
 
 
-def _import_file(path: pathlib.Path) -> ModuleType:
+def import_file(path: pathlib.Path) -> ModuleType:
     """Execute a config module from its path under a unique name.
 
     It leaves ``sys.modules`` afterwards so that Ray's cloudpickle ships its generators by value:
@@ -213,10 +218,16 @@ def _from_module(
                 f"the {'env' if attr == 'env_generator' else 'policy'}."
             )
         generators[attr] = value
+    data = _plain(module.online_dict)
+    if isinstance(data, dict):
+        for attr, value in generators.items():
+            spec = generator_spec(value, attr=attr, module=module, path=path) if value is not None else None
+            if spec is not None and attr not in data:
+                data[attr] = spec  # saved with the resolved config, so a checkpoint names its generators
     loaded = LoadedConfig(
         config=empty,
         source_text=text,
         source_path=path or getattr(module, "__file__", None),
         **generators,
     )
-    return loaded, _plain(module.online_dict), label
+    return loaded, data, label

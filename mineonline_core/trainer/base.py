@@ -51,13 +51,17 @@ class BaseTrainer:
     Config: ClassVar[type[BaseModel]] = TrainerOptions
 
     def __init__(self, *, rollout_manager: Any, policy_generator: Callable[[], nn.Module], env_generator: Callable[[], Any],
-                 config: Any, run_dir: str, logger_hub: Any = None, whole_config: str | None = None) -> None:  # fmt: skip
+                 config: Any, run_dir: str, logger_hub: Any = None, whole_config: str | None = None,
+                 saved_config: dict | None = None) -> None:  # fmt: skip
         self.rollout_manager, self.logger_hub = rollout_manager, logger_hub
         self.policy_generator, self.env_generator = policy_generator, env_generator
         self.config, self.train_config = config, config.train_config
         self.run_dir = str(Path(run_dir).expanduser().resolve())
         self.save_dir = ckpt.resolve_save_path(self.train_config.save_path, self.run_dir)
-        self.whole_config = whole_config if whole_config is not None else yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+        # MineStudio's whole_config is the config file's text; checkpoints keep it beside the resolved
+        # config (saved_config: what the driver writes as the run's config.yaml), which rebuilds the run.
+        self.whole_config = whole_config
+        self.saved_config = saved_config if saved_config is not None else config.to_dict()
         # Live, per-rank state; built by setup_rank() on the rank, never pickled.
         self.model: nn.Module | None = None  # what forward/backward go through (DDP-wrapped when world > 1)
         self.policy: nn.Module | None = None  # the bare policy (heads, value normaliser)
@@ -344,7 +348,8 @@ class BaseTrainer:
                 self.save_dir, iteration=self.iteration, model_state=unwrap(self.model).state_dict(),
                 optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
                 trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate, "extra": self.trainer_state()},
-                config_yaml=self.whole_config, keep_interval=self.train_config.keep_interval,
+                config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False), source_text=self.whole_config,
+                keep_interval=self.train_config.keep_interval,
             )  # fmt: skip
         self.on_checkpoint(path)
         return path

@@ -6,7 +6,10 @@ Layout of ``<save_path>/checkpoint_{iteration:06d}/``::
     optimizer.pt      the optimiser's state dict
     scaler.pt         the AMP grad scaler's state dict (empty when AMP is off)
     trainer.pt        iteration, model version, KL weight rho, learning rate, RNG states, extra
-    config.yaml       the resolved run config
+    config.yaml       the resolved run config: overrides applied, every default, generators by import
+                      path; with the installed plugins it rebuilds the env and the policy
+    source_config.txt the config file as written (when there was one); a Python config module's
+                      generators are imported from it when the original file is gone
     manifest.json     sha256 and size of every file above
 
 A checkpoint is written into a temporary sibling directory, every file fsynced, then renamed into
@@ -35,6 +38,7 @@ from mineonline_core.policy import state_dict_mismatch
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 _FILES = ("model.pt", "optimizer.pt", "scaler.pt", "trainer.pt")
 MANIFEST = "manifest.json"
+SOURCE = "source_config.txt"
 
 
 def checkpoint_dir(save_dir: str | Path, iteration: int) -> Path:
@@ -136,6 +140,7 @@ def save_checkpoint(
     scaler_state: dict[str, Any] | None,
     trainer_state: dict[str, Any],
     config_yaml: str,
+    source_text: str | None = None,
     keep_interval: int | None = None,
 ) -> Path:
     """Write ``checkpoint_{iteration:06d}`` atomically, then apply the retention rule."""
@@ -151,8 +156,10 @@ def save_checkpoint(
     manifest: dict[str, Any] = {"format": 1, "iteration": iteration, "files": {}}
     for name, obj in contents.items():
         torch.save(obj, tmp / name)
-    (tmp / "config.yaml").write_text(config_yaml)
-    for name in (*_FILES, "config.yaml"):
+    texts = {"config.yaml": config_yaml, **({SOURCE: source_text} if source_text is not None else {})}
+    for name, text in texts.items():
+        (tmp / name).write_text(text)
+    for name in (*_FILES, *texts):
         _fsync(tmp / name)
         manifest["files"][name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -214,7 +221,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"train_config.resume: the manifest of {str(path)!r} is unreadable ({exc}); the checkpoint is corrupted.") from exc
-    for name in (*_FILES, "config.yaml"):
+    optional = [SOURCE] if SOURCE in files else []
+    for name in (*_FILES, "config.yaml", *optional):
         file = path / name
         if name not in files or not file.is_file():
             raise CheckpointError(f"train_config.resume: {str(path)!r} is truncated: {name} is missing. Use an earlier checkpoint.")
