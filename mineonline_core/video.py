@@ -46,6 +46,8 @@ GLYPH_H, GLYPH_W = 5, 3
 _RETURN_COLOUR = np.array([255, 255, 255], dtype=np.uint8)
 _VALUE_COLOUR = np.array([255, 210, 60], dtype=np.uint8)
 _STRIP_COLOUR = np.array([24, 24, 24], dtype=np.uint8)
+# Short side of a video by default: Crafter's 64 px frames are too small to watch.
+MIN_SIDE = 256
 
 
 def format_number(x: float) -> str:
@@ -92,16 +94,23 @@ def _as_hwc_uint8(frame: np.ndarray) -> np.ndarray:
     return frame
 
 
+def auto_upscale(shape: Sequence[int], *, min_side: int = MIN_SIDE) -> int:
+    """The smallest integer zoom that makes the short side of an (H, W) frame at least ``min_side``."""
+    return max(1, math.ceil(min_side / max(1, min(shape[0], shape[1]))))
+
+
 def compose_frames(
     frames: Sequence[np.ndarray],
     *,
     returns: Sequence[float] | None = None,
     values: Sequence[float] | None = None,
-    upscale: int = 1,
+    upscale: int | None = None,
 ) -> np.ndarray:
     """The frames as they will be encoded: (N, H', W', 3) uint8, upscaled, overlaid, even-sized."""
     if len(frames) == 0:
         raise ValueError("encode_episode_video needs at least one frame; got an empty list")
+    if upscale is None:
+        upscale = auto_upscale(_as_hwc_uint8(frames[0]).shape[:2])
     if upscale < 1:
         raise ValueError(f"video upscale must be an integer >= 1; got {upscale}")
     for name, series in (("returns", returns), ("values", values)):
@@ -140,14 +149,14 @@ def encode_episode_video(
     fps: int,
     returns: Sequence[float] | None = None,
     values: Sequence[float] | None = None,
-    upscale: int = 1,
+    upscale: int | None = None,
 ) -> bytes:
     """Encode one episode as an H.264 mp4 and return the file's bytes.
 
     ``frames``: (H, W, 3) uint8 arrays (grayscale, CHW and float-in-[0, 1] frames are converted).
     ``returns``/``values``: one number per frame (return so far, value estimate), drawn in a strip
-    under the frame when given. ``upscale``: integer nearest-neighbour zoom, for small frames such
-    as Crafter's 64x64.
+    under the frame when given. ``upscale``: integer nearest-neighbour zoom; None picks the smallest
+    that makes the short side at least 256 px (Crafter's 64x64 frames become 256x256).
     """
     import imageio_ffmpeg  # an ffmpeg process per video; imported here so the module stays light
 
