@@ -73,6 +73,7 @@ class BaseTrainer:
         self._fetcher: _Fetcher | None = None
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.iteration, self.version = 0, 0
+        self.env_steps = 0  # the run's env-step count when this iteration was logged (rank 0)
         self.learning_rate, self.rho = self.train_config.learning_rate, self.train_config.kl_divergence_coef_rho
         self.perf: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
@@ -201,6 +202,7 @@ class BaseTrainer:
     def _restore(self, resume: dict[str, Any]) -> None:
         state = resume["trainer"]
         self.iteration, self.version = int(state["iteration"]), int(state["version"])
+        self.env_steps = int(state.get("env_steps", 0))
         if self.train_config.resume_optimizer:
             self.optimizer.load_state_dict(resume["optimizer"])
             if resume["scaler"] and self.scaler.is_enabled():
@@ -336,9 +338,12 @@ class BaseTrainer:
     def _log(self, metrics: dict[str, float], batch: dict) -> None:
         if self.logger_hub is None:
             return
+        # The step is fixed here, not when the hub gets to the call, so that the checkpoint of this
+        # iteration records exactly the step its metrics carry (a resume continues from it).
+        self.env_steps = int(ray.get(self.logger_hub.env_steps.remote()))
         columns = {"trainer/advantages": "advantage", "trainer/values": "value", "trainer/staleness": "staleness"}
         histograms = {key: batch[column].detach().float().cpu().numpy().ravel() for key, column in columns.items()}
-        self.logger_hub.log_batch.remote(metrics, histograms)  # one actor task per iteration
+        self.logger_hub.log_batch.remote(metrics, histograms, self.env_steps)  # one actor task per iteration
 
     def save_checkpoint(self) -> Path | None:
         """Rank 0 writes the checkpoint of the current iteration; every rank then runs ``on_checkpoint``."""
@@ -347,7 +352,8 @@ class BaseTrainer:
             path = ckpt.save_checkpoint(
                 self.save_dir, iteration=self.iteration, model_state=unwrap(self.model).state_dict(),
                 optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
-                trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate, "extra": self.trainer_state()},
+                trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate,
+                               "env_steps": self.env_steps, "extra": self.trainer_state()},
                 config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False), source_text=self.whole_config,
                 keep_interval=self.train_config.keep_interval,
             )  # fmt: skip

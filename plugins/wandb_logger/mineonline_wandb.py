@@ -13,6 +13,8 @@ rejected by the core with the list of valid keys.
   minus any key that looks like a secret (api_key, token, secret, password).
 * One step axis: ``env_steps`` (total env steps) via ``define_metric("*", step_metric="env_steps")``,
   so metrics from rollout and training line up whatever order they arrive in.
+* One run across resumes: the wandb run id is stored in the run directory, and a run resumed from
+  a checkpoint reopens that run (``resume="allow"``) unless ``id`` is set; the env-step axis goes on.
 * ``log_*`` never block: items go to a queue that a background thread sends; ``finish`` flushes.
 
 The module imports nothing heavy: wandb loads when the logger is built, inside the logging actor.
@@ -35,6 +37,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 import mineonline_core
+from mineonline_core.continuity import is_resume, store_run_id, stored_run_id
 from mineonline_core.logger import Logger
 
 log = logging.getLogger(__name__)
@@ -134,12 +137,16 @@ class WandbLogger(Logger):
         kwargs["dir"] = directory if os.path.isabs(directory) else os.path.join(run_dir, directory)
         os.makedirs(kwargs["dir"], exist_ok=True)
         kwargs.setdefault("name", os.path.basename(os.path.normpath(run_dir)))
+        previous = stored_run_id(run_dir, self.name) if is_resume(self.config) else None
+        if previous is not None and "id" not in kwargs:  # a resumed run continues its wandb run: one curve
+            kwargs.update(id=previous, resume=kwargs.get("resume", "allow"))
         self.run = wandb.init(
             **kwargs,
             config=scrub_secrets(self.config),
             settings=wandb.Settings(**settings),
             reinit="create_new",  # several runs per process (tests, a restarted hub) stay apart
         )
+        store_run_id(run_dir, self.name, self.run.id)
         self.run.define_metric(STEP_METRIC)
         self.run.define_metric("*", step_metric=STEP_METRIC)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()

@@ -206,3 +206,21 @@ def test_short_run_through_the_ray_hub_leaves_metrics_video_and_report(offline_e
     assert list((offline_run / "files" / "media" / "videos").rglob("*.mp4"))
     assert (run_dir / "videos" / "video_worker_0_step000003000.mp4").stat().st_size > 200
     assert {p.name for p in write_report(run_dir)} >= {"report_learning_curve.png", "report_losses.png", "report_throughput.png"}
+
+
+def test_a_resumed_run_reopens_its_wandb_run(offline_env):
+    """The run id is stored in the run directory; a run resumed from a checkpoint logs to the same run."""
+    run_dir = offline_env / "run"
+    first = WandbLogger(run_dir=str(run_dir), options=WandbOptions(project="p"), config={"train_config": {"resume": None}})
+    first.log_metrics({"episode/return_mean": 1.0}, 100)
+    first.finish()
+    resumed = WandbLogger(run_dir=str(run_dir), options=WandbOptions(project="p"),
+                          config={"train_config": {"resume": str(run_dir / "checkpoints" / "checkpoint_000002")}})  # fmt: skip
+    resumed.log_metrics({"episode/return_mean": 2.0}, 200)
+    resumed.finish()
+    assert resumed.run.id == first.run.id
+    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(p.name.split("-")[3] == first.run.id for p in offline)  # `wandb sync` merges them
+    fresh = WandbLogger(run_dir=str(run_dir), options=WandbOptions(project="p"), config={"train_config": {}})
+    fresh.finish()
+    assert fresh.run.id != first.run.id  # only a resume reopens the stored run
