@@ -64,11 +64,13 @@ def test_full_loop_smoke(tmp_path, ray_local):
     shutil.rmtree(saved[-1][1])
     steps_at_2 = int(ckpt.load_checkpoint(saved[0][1])["trainer"]["env_steps"])
     assert steps_at_2 == next(r["step"] for r in train if r["trainer/iteration"] == 2)  # the step its metrics carry
-    result = run(None, ["train_config.num_iterations=5"], resume=str(tmp_path / "e2e"), progress=False)
-    assert result["status"] == "completed" and result["iteration"] == 5
+    # It stops at its env-step budget (already spent) long before num_iterations, with a final checkpoint.
+    result = run(None, ["train_config.num_iterations=100", "train_config.max_env_steps=1"], resume=str(tmp_path / "e2e"), progress=False)
+    assert result["status"] == "completed" and result["iteration"] == 3
+    assert [i for i, _ in ckpt.list_checkpoints(tmp_path / "e2e" / "checkpoints")] == [2, 3]
     records = [json.loads(line) for line in (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "trainer/iteration" in r]
-    assert [r["trainer/iteration"] for r in train] == [1, 2, 3, 4, 5]  # one record per iteration: 3 and 4 retrained
+    assert [r["trainer/iteration"] for r in train] == [1, 2, 3]  # one record per iteration: 4 was dropped, 3 retrained
     steps = [r["step"] for r in records]
     assert steps == sorted(steps)  # one env-step axis: the resumed run continues it, never restarts at 0
     assert train[2]["step"] > steps_at_2

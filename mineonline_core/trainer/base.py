@@ -32,6 +32,7 @@ from torch import nn
 from mineonline_core.errors import RunFailedError, find_user_error
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
+from mineonline_core.trainer.goals import BEST_DIR, Goals, replace_best
 from mineonline_core.trainer.sequence import unwrap
 
 _LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
@@ -77,6 +78,8 @@ class BaseTrainer:
         self.learning_rate, self.rho = self.train_config.learning_rate, self.train_config.kl_divergence_coef_rho
         self.perf: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
+        self.goals = Goals(config)  # max_env_steps, stop_at_return, keep_best (rank 0 judges)
+        self._goal_reached: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -203,6 +206,7 @@ class BaseTrainer:
         state = resume["trainer"]
         self.iteration, self.version = int(state["iteration"]), int(state["version"])
         self.env_steps = int(state.get("env_steps", 0))
+        self.goals.best_return = state.get("best_return")
         if self.train_config.resume_optimizer:
             self.optimizer.load_state_dict(resume["optimizer"])
             if resume["scaler"] and self.scaler.is_enabled():
@@ -223,7 +227,7 @@ class BaseTrainer:
         for iteration in range(self.iteration + 1, tc.num_iterations + 1):
             self.run_iteration(iteration)
             if iteration < tc.num_iterations and self._stop_requested():
-                # Ctrl-C / `mineonline stop`: leave a checkpoint of the last finished iteration.
+                # Ctrl-C, `mineonline stop` or a goal reached: leave a checkpoint of the last finished iteration.
                 if iteration % tc.save_interval != 0:
                     self.save_checkpoint()
                 self.last_metrics["trainer/stopped_early"] = 1.0
@@ -232,8 +236,8 @@ class BaseTrainer:
 
     def _stop_requested(self) -> bool:
         """Rank 0 asks the manager; every rank gets the same answer so that all stop together."""
-        flag = 0.0
-        if self.rank == 0 and hasattr(self.rollout_manager, "stop_requested"):
+        flag = float(self._goal_reached is not None)
+        if self.rank == 0 and not flag and hasattr(self.rollout_manager, "stop_requested"):
             flag = float(ray.get(self.rollout_manager.stop_requested.remote()))
         if self.world_size > 1:
             import torch.distributed as dist
@@ -273,7 +277,20 @@ class BaseTrainer:
                 self.rollout_manager.record_videos.remote()
         if iteration % tc.save_interval == 0 or iteration == tc.num_iterations:
             self.save_checkpoint()
+        if self.rank == 0 and self.goals.active and self.logger_hub is not None:
+            self._judge_goals(ray.get(self.logger_hub.latest.remote()))
         return metrics
+
+    def _judge_goals(self, latest: dict[str, float]) -> None:
+        """Rank 0: keep a new best checkpoint; note a reached stop criterion for ``_stop_requested``."""
+        best = self.goals.improved(latest)
+        if best is not None:
+            root = self.save_dir / BEST_DIR
+            written = self._write_checkpoint(root, keep_interval=None)
+            replace_best(root, written, {"iteration": self.iteration, "episode/return_mean": best, "env_steps": self.env_steps})
+        self._goal_reached = self.goals.stop_reason(latest)
+        if self._goal_reached is not None:
+            print(f"mineonline: stopping after iteration {self.iteration}: {self._goal_reached}", flush=True)
 
     def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
         """This iteration's chunks, with GAE columns. The chunks of the next iteration are fetched
@@ -347,18 +364,19 @@ class BaseTrainer:
 
     def save_checkpoint(self) -> Path | None:
         """Rank 0 writes the checkpoint of the current iteration; every rank then runs ``on_checkpoint``."""
-        path = None
-        if self.rank == 0:
-            path = ckpt.save_checkpoint(
-                self.save_dir, iteration=self.iteration, model_state=unwrap(self.model).state_dict(),
-                optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
-                trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate,
-                               "env_steps": self.env_steps, "extra": self.trainer_state()},
-                config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False), source_text=self.whole_config,
-                keep_interval=self.train_config.keep_interval,
-            )  # fmt: skip
+        path = self._write_checkpoint(self.save_dir, keep_interval=self.train_config.keep_interval) if self.rank == 0 else None
         self.on_checkpoint(path)
         return path
+
+    def _write_checkpoint(self, root: Path, *, keep_interval: int | None) -> Path:
+        return ckpt.save_checkpoint(
+            root, iteration=self.iteration, model_state=unwrap(self.model).state_dict(),
+            optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate,
+                           "env_steps": self.env_steps, "best_return": self.goals.best_return, "extra": self.trainer_state()},
+            config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False), source_text=self.whole_config,
+            keep_interval=keep_interval,
+        )  # fmt: skip
 
 
 class _Fetcher:
