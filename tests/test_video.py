@@ -8,7 +8,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from mineonline_core.video import GLYPHS, compose_frames, encode_episode_video, format_number
+from mineonline_core.video import compose_frames, encode_episode_video, format_number
 
 
 def decode(mp4: bytes) -> tuple[list[np.ndarray], dict]:
@@ -62,7 +62,7 @@ def test_overlay_strip_and_even_dimensions():
     assert h >= 45 + 7  # a strip of at least one text line under the frame
     assert (video[:, :45, :61] == 0).all()  # the agent's view is untouched
     strip = video[4, 45:]
-    ink = (strip == 255).all(-1)  # white return digits
+    ink = (strip > 200).all(-1)  # white return digits (anti-aliased)
     assert ink.sum() > 10
     assert not np.array_equal(video[0, 45:], video[4, 45:])  # numbers change with the return
     decoded, meta = decode(encode_episode_video(frames, fps=5, returns=returns, values=values, upscale=1))
@@ -98,6 +98,6 @@ def test_chw_grayscale_and_float_frames_are_converted():
     assert compose_frames(flt, upscale=1)[0, 0, 0, 0] == 127
 
 
-def test_font_covers_every_formatted_character():
-    for x in [0.0, -1.25, 3.14159, 123456.0, -9.9e9, 1e-7, float("nan"), float("inf")]:
-        assert set(format_number(x)) <= set(GLYPHS), format_number(x)
+def test_numbers_stay_short():
+    for x, text in [(0.0, "0.00"), (-1.25, "-1.25"), (123456.0, "1.23e5"), (-9.9e9, "-9.90e9"), (float("nan"), "?")]:
+        assert format_number(x) == text
