@@ -25,6 +25,8 @@ _LAZY = {
     "start_rolloutmanager": "mineonline_core.api",
     "start_trainer": "mineonline_core.api",
     "run": "mineonline_core.api",
+    "load_policy": "mineonline_core.evaluate",
+    "evaluate": "mineonline_core.evaluate",
 }
 
 __all__ = [

@@ -65,15 +65,27 @@ def _handles(cfg: OnlineConfig) -> tuple[Any, Any]:
 
 
 def _start_hub(resolved: ResolvedRun) -> Any:
+    import ray
+
+    from mineonline_core.console import METRICS_FILE
+    from mineonline_core.continuity import resume_point, truncate_metrics
     from mineonline_core.loggerhub import start_logger_hub
 
     cfg = resolved.config
-    return start_logger_hub(
+    point = resume_point(cfg.train_config.resume) if cfg.train_config.resume else None
+    if point is not None:  # iterations after the checkpoint are trained again: their records go
+        dropped = truncate_metrics(cfg.run_dir() / METRICS_FILE, point)
+        if dropped:
+            log.info("resume: dropped %d metrics records logged after iteration %d", dropped, point.iteration)
+    hub = start_logger_hub(
         run_name=cfg.run_name, namespace=NAMESPACE, lifetime="detached" if cfg.detach_rollout_manager else None,
         run_dir=str(cfg.run_dir()), loggers=resolved.loggers, config=public_config(cfg),
         num_iterations=cfg.train_config.num_iterations,
         video_dir=str(cfg.resolve_path(cfg.rollout_config.worker_config.video_output_dir)),
     )  # fmt: skip
+    if point is not None:
+        ray.get(hub.set_env_steps.remote(point.env_steps))  # before any rollout worker adds to it
+    return hub
 
 
 def _start_manager(resolved: ResolvedRun, hub: Any) -> Any:
@@ -105,17 +117,14 @@ def _trainer(resolved: ResolvedRun, manager: Any, hub: Any) -> Any:
     cfg = resolved.config
     return resolved.trainer_cls(
         rollout_manager=manager, policy_generator=resolved.policy_generator, env_generator=resolved.env_generator,
-        config=cfg, run_dir=str(cfg.run_dir()), logger_hub=hub, whole_config=_public_source(resolved, cfg),
+        config=cfg, run_dir=str(cfg.run_dir()), logger_hub=hub, whole_config=_public_source(resolved),
+        saved_config=public_config(cfg),
     )  # fmt: skip
 
 
-def _public_source(resolved: ResolvedRun, cfg: OnlineConfig) -> str:
-    """What checkpoints store as the whole config: the scrubbed source text, else the public config."""
-    import yaml
-
-    if resolved.source_text:
-        return redact_text(resolved.source_text)
-    return yaml.safe_dump(public_config(cfg), sort_keys=False)
+def _public_source(resolved: ResolvedRun) -> str | None:
+    """The config file's text as checkpoints store it (scrubbed), or None when there was no file."""
+    return redact_text(resolved.source_text) if resolved.source_text else None
 
 
 def _prepare_run_dir(resolved: ResolvedRun, *, overrides: Sequence[str] = ()) -> Path:

@@ -27,6 +27,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.get("status") in ("completed", "interrupted") else 1
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from mineonline_core.evaluate import EVAL_FILE, evaluate
+
+    result = evaluate(args.path, episodes=args.episodes, video=args.video, deterministic=args.deterministic,
+                      overrides=args.overrides, output=args.output, seed=args.seed, progress=not args.no_progress)  # fmt: skip
+    line = f"return {result['return_mean']:.2f} +- {result['return_std']:.2f}, length {result['length_mean']:.0f}"
+    if "crafter" in result:
+        line += f", Crafter score {result['crafter']['score']:.2f}%"
+    print(f"{result['episodes']} episodes of {result['checkpoint']}: {line}; {Path(result['output']) / EVAL_FILE}")
+    return 0
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     import yaml
 
@@ -122,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="the Ray cluster to join (default: start a local one)")
     run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
     run.set_defaults(func=_cmd_run)
+
+    ev = sub.add_parser("eval", help="run episodes with a trained policy; write eval.json (and videos)")
+    ev.add_argument("path", metavar="RUN_DIR|CHECKPOINT", help="a run directory (its latest checkpoint) or a checkpoint directory")
+    ev.add_argument("overrides", nargs="*", help="dotlist overrides of the saved config, e.g. env_config.length=500")
+    ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
+    ev.add_argument("--video", action="store_true", help="write an mp4 of every episode")
+    ev.add_argument("--deterministic", action="store_true", help="take the most likely action instead of sampling")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the action sampling and of episode i's env reset (seed + i)")
+    ev.add_argument("--output", help="directory for eval.json and videos (default: RUN_DIR/eval/checkpoint_NNNNNN)")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.set_defaults(func=_cmd_eval)
 
     check = sub.add_parser("check", help="validate and resolve a config without starting Ray")
     check.add_argument("config")

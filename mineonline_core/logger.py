@@ -40,5 +40,10 @@ class Logger(ABC):
     def log_video(self, key: str, path: str, step: int) -> None:
         """An mp4 file already written under the run directory. Optional."""
 
+    def resume(self, step: int) -> None:
+        """The run resumed from a checkpoint taken at env step ``step``: what the run logged after that
+        step is about to be logged again. Called before any new point. Optional: a logger whose
+        storage can drop later points (TensorBoard's purge step) does so here."""
+
     def finish(self) -> None:
         """Flush and close; called once at the end of the run."""

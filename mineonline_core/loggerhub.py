@@ -140,9 +140,11 @@ class LoggerHub:
             self._env_steps += int(n)
 
     def set_env_steps(self, n: int) -> None:
-        """Restore the step axis, e.g. from a checkpoint when a run resumes."""
+        """Restore the step axis from a checkpoint when a run resumes; loggers hear of it (``Logger.resume``)."""
         with self._lock:
             self._env_steps = int(n)
+            if not self._finished:
+                self._queue.put(("resume", int(n)))
 
     @ray.method(concurrency_group=CONTROL)
     def env_steps(self) -> int:
@@ -213,6 +215,9 @@ class LoggerHub:
         kind = item[0]
         if kind == "flush":
             item[1].set()
+        elif kind == "resume":
+            for logger in self._active():
+                self._call(logger, "resume", item[1])
         elif kind == "metrics":
             _, metrics, step = item
             for logger in self._active():

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from mineonline_core.config import LoadedConfig, OnlineConfig, check_consistency
 from mineonline_core.config.secrets import REDACTED, is_secret_key, redact
+from mineonline_core.config.generators import import_generator
 from mineonline_core.errors import ConfigError, MineOnlineError, closest
 from mineonline_core.plugins import PluginManager
 
@@ -94,8 +95,6 @@ def _prepared_policy(policy_generator: Callable[[], Any], use_normalized_vf: boo
 
 def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> ResolvedRun:
     """Resolve every component of ``loaded`` with ``pm``; raise one clear error for the first problem."""
-    from mineonline_core.envs import env_generator_from_config
-
     cfg = loaded.config
     trainer_cls = pm.lookup("trainer", cfg.trainer_name)
     db = cfg.rollout_config.replay_buffer_config.database_config
@@ -117,7 +116,37 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> R
     logger_data = {"project": cfg.logger_config.project, "name": cfg.logger_config.name, **extra}
     loggers = [(cls, _options(cls, logger_data, "logger_config")) for cls in logger_classes]
 
+    gens = resolve_generators(loaded, pm, probe=probe, store_cls=store_cls)
+    check_consistency(cfg)
+    return ResolvedRun(
+        config=cfg, env_generator=gens.env_generator, policy_generator=gens.policy_generator, trainer_cls=trainer_cls,
+        store_cls=store_cls, store_options=store_options, loggers=loggers, observation_space=gens.observation_space,
+        action_space=gens.action_space, source_text=loaded.source_text, source_path=loaded.source_path,
+        memory=gens.memory,
+    )  # fmt: skip
+
+
+@dataclasses.dataclass
+class Generators:
+    """The env and policy generators of a config, and the env's spaces when probed."""
+
+    env_generator: Callable[[], Any]
+    policy_generator: Callable[[], Any]
+    observation_space: Any = None
+    action_space: Any = None
+    memory: Any = None  # budget.MemoryEstimate when probed
+
+
+def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True,
+                       store_cls: type | None = None) -> Generators:  # fmt: skip
+    """The env and policy generators alone (what ``mineonline eval`` needs: no trainer, store or logger).
+    ``store_cls`` sizes the replay part of the memory estimate."""
+    from mineonline_core.envs import env_generator_from_config
+
+    cfg = loaded.config
     env_generator = loaded.env_generator
+    if env_generator is None and cfg.env_generator is not None:
+        env_generator = import_generator(cfg.env_generator, key="env_generator")
     if env_generator is None:
         if cfg.env_config is None:
             raise ConfigError(
@@ -139,6 +168,8 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> R
         env.close()
 
     policy_generator = loaded.policy_generator
+    if policy_generator is None and cfg.policy_generator is not None:
+        policy_generator = import_generator(cfg.policy_generator, key="policy_generator")
     if policy_generator is None:
         if cfg.policy_config is None:
             raise ConfigError(
@@ -162,9 +193,4 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> R
         memory.check_policy_fits()  # measured on the meta device: a huge network is refused, not allocated
         _call(policy_generator, "policy_generator()")
 
-    check_consistency(cfg)
-    return ResolvedRun(
-        config=cfg, env_generator=env_generator, policy_generator=policy_generator, trainer_cls=trainer_cls,
-        store_cls=store_cls, store_options=store_options, loggers=loggers, observation_space=observation_space,
-        action_space=action_space, source_text=loaded.source_text, source_path=loaded.source_path, memory=memory,
-    )  # fmt: skip
+    return Generators(env_generator, policy_generator, observation_space, action_space, memory)

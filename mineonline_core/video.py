@@ -6,8 +6,8 @@ logger. Encoding is H.264 in ``yuv420p`` through imageio-ffmpeg's bundled ffmpeg
 wandb can play the result.
 
 The overlay is a strip appended *below* the frame (it never hides what the agent saw) with two
-numbers written in a 3x5 bitmap font drawn with numpy: ``R`` the undiscounted return so far and
-``V`` the policy's value estimate. No PIL or OpenCV is needed.
+numbers written with Pillow's ``ImageDraw`` in its bundled font: ``R`` the undiscounted return so far
+and ``V`` the policy's value estimate.
 """
 
 from __future__ import annotations
@@ -16,40 +16,19 @@ import math
 import os
 import tempfile
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-# 3 columns x 5 rows per glyph; "1" = ink. Only what number formatting can produce, plus labels.
-_GLYPH_ROWS = {
-    "0": ("111", "101", "101", "101", "111"),
-    "1": ("010", "110", "010", "010", "111"),
-    "2": ("111", "001", "111", "100", "111"),
-    "3": ("111", "001", "111", "001", "111"),
-    "4": ("101", "101", "111", "001", "001"),
-    "5": ("111", "100", "111", "001", "111"),
-    "6": ("111", "100", "111", "101", "111"),
-    "7": ("111", "001", "001", "001", "001"),
-    "8": ("111", "101", "111", "101", "111"),
-    "9": ("111", "101", "111", "001", "111"),
-    ".": ("000", "000", "000", "000", "010"),
-    "-": ("000", "000", "111", "000", "000"),
-    "+": ("000", "010", "111", "010", "000"),
-    "e": ("111", "100", "111", "100", "111"),
-    "R": ("110", "101", "110", "101", "101"),
-    "V": ("101", "101", "101", "101", "010"),
-    "?": ("111", "001", "011", "000", "010"),
-    " ": ("000", "000", "000", "000", "000"),
-}
-GLYPHS = {c: np.array([[ch == "1" for ch in row] for row in rows], dtype=bool) for c, rows in _GLYPH_ROWS.items()}
-GLYPH_H, GLYPH_W = 5, 3
-
-_RETURN_COLOUR = np.array([255, 255, 255], dtype=np.uint8)
-_VALUE_COLOUR = np.array([255, 210, 60], dtype=np.uint8)
-_STRIP_COLOUR = np.array([24, 24, 24], dtype=np.uint8)
+_RETURN_COLOUR = (255, 255, 255)
+_VALUE_COLOUR = (255, 210, 60)
+_STRIP_COLOUR = (24, 24, 24)
+# Short side of a video by default: Crafter's 64 px frames are too small to watch.
+MIN_SIDE = 256
 
 
 def format_number(x: float) -> str:
-    """A short rendering of ``x`` using only characters the bitmap font has."""
+    """A short rendering of ``x`` for the overlay."""
     if x is None or not math.isfinite(x):
         return "?"
     if abs(x) >= 1e5:
@@ -57,22 +36,10 @@ def format_number(x: float) -> str:
     return f"{x:.2f}"
 
 
-def draw_text(image: np.ndarray, text: str, *, x: int, y: int, scale: int, colour: np.ndarray) -> int:
-    """Draw ``text`` in place with its top-left corner at (x, y); returns the x after the text.
+def _font(height: int) -> Any:
+    from PIL import ImageFont
 
-    Characters outside the font render as ``?``; text running past the right edge is clipped.
-    """
-    h, w = image.shape[:2]
-    for char in text:
-        glyph = GLYPHS.get(char, GLYPHS["?"])
-        big = np.repeat(np.repeat(glyph, scale, axis=0), scale, axis=1)
-        gh, gw = big.shape
-        if x >= w:
-            break
-        vis = big[: max(0, min(gh, h - y)), : max(0, min(gw, w - x))]
-        image[y : y + vis.shape[0], x : x + vis.shape[1]][vis] = colour
-        x += (GLYPH_W + 1) * scale
-    return x
+    return ImageFont.load_default(size=height)  # Pillow's bundled font, scaled: no font file to find
 
 
 def _as_hwc_uint8(frame: np.ndarray) -> np.ndarray:
@@ -92,16 +59,23 @@ def _as_hwc_uint8(frame: np.ndarray) -> np.ndarray:
     return frame
 
 
+def auto_upscale(shape: Sequence[int], *, min_side: int = MIN_SIDE) -> int:
+    """The smallest integer zoom that makes the short side of an (H, W) frame at least ``min_side``."""
+    return max(1, math.ceil(min_side / max(1, min(shape[0], shape[1]))))
+
+
 def compose_frames(
     frames: Sequence[np.ndarray],
     *,
     returns: Sequence[float] | None = None,
     values: Sequence[float] | None = None,
-    upscale: int = 1,
+    upscale: int | None = None,
 ) -> np.ndarray:
     """The frames as they will be encoded: (N, H', W', 3) uint8, upscaled, overlaid, even-sized."""
     if len(frames) == 0:
         raise ValueError("encode_episode_video needs at least one frame; got an empty list")
+    if upscale is None:
+        upscale = auto_upscale(_as_hwc_uint8(frames[0]).shape[:2])
     if upscale < 1:
         raise ValueError(f"video upscale must be an integer >= 1; got {upscale}")
     for name, series in (("returns", returns), ("values", values)):
@@ -109,13 +83,14 @@ def compose_frames(
             raise ValueError(f"{name} has {len(series)} entries but there are {len(frames)} frames; give one per frame")
     first = _as_hwc_uint8(frames[0])
     h, w = first.shape[0] * upscale, first.shape[1] * upscale
-    # The strip is sized for one line of text at a scale that stays legible on large frames.
-    scale = max(1, w // 100)
-    strip = (GLYPH_H + 2) * scale if (returns is not None or values is not None) else 0
+    # The strip holds one line of text, sized to stay legible on large frames.
+    text_h = max(10, w // 20)
+    strip = text_h + text_h // 2 if (returns is not None or values is not None) else 0
     out_h, out_w = h + strip, w
     out_h += out_h % 2  # yuv420p needs even dimensions
     out_w += out_w % 2
     video = np.zeros((len(frames), out_h, out_w, 3), dtype=np.uint8)
+    font = _font(text_h) if strip else None
     for i, frame in enumerate(frames):
         frame = _as_hwc_uint8(frame)
         if frame.shape[0] * upscale != h or frame.shape[1] * upscale != w:
@@ -125,13 +100,25 @@ def compose_frames(
         video[i, :h, :w] = frame
         if strip:
             video[i, h:] = _STRIP_COLOUR
-            x = scale
-            if returns is not None:
-                x = draw_text(video[i], "R " + format_number(float(returns[i])), x=x, y=h + scale, scale=scale, colour=_RETURN_COLOUR)
-                x += 2 * scale
-            if values is not None:
-                draw_text(video[i], "V " + format_number(float(values[i])), x=x, y=h + scale, scale=scale, colour=_VALUE_COLOUR)
+            video[i, h:] = _overlay(video[i, h:], font, returns[i] if returns is not None else None,
+                                    values[i] if values is not None else None)  # fmt: skip
     return video
+
+
+def _overlay(strip: np.ndarray, font: Any, ret: float | None, value: float | None) -> np.ndarray:
+    """The strip under a frame with ``R`` (return so far) and ``V`` (value estimate) written on it."""
+    from PIL import Image, ImageDraw
+
+    image = Image.fromarray(np.ascontiguousarray(strip))
+    draw = ImageDraw.Draw(image)
+    x, y = font.size // 2, font.size // 4
+    if ret is not None:
+        text = "R " + format_number(float(ret))
+        draw.text((x, y), text, fill=_RETURN_COLOUR, font=font)
+        x += draw.textlength(text + "   ", font=font)
+    if value is not None:
+        draw.text((x, y), "V " + format_number(float(value)), fill=_VALUE_COLOUR, font=font)
+    return np.asarray(image)
 
 
 def encode_episode_video(
@@ -140,14 +127,14 @@ def encode_episode_video(
     fps: int,
     returns: Sequence[float] | None = None,
     values: Sequence[float] | None = None,
-    upscale: int = 1,
+    upscale: int | None = None,
 ) -> bytes:
     """Encode one episode as an H.264 mp4 and return the file's bytes.
 
     ``frames``: (H, W, 3) uint8 arrays (grayscale, CHW and float-in-[0, 1] frames are converted).
     ``returns``/``values``: one number per frame (return so far, value estimate), drawn in a strip
-    under the frame when given. ``upscale``: integer nearest-neighbour zoom, for small frames such
-    as Crafter's 64x64.
+    under the frame when given. ``upscale``: integer nearest-neighbour zoom; None picks the smallest
+    that makes the short side at least 256 px (Crafter's 64x64 frames become 256x256).
     """
     import imageio_ffmpeg  # an ffmpeg process per video; imported here so the module stays light
 

@@ -185,6 +185,8 @@ def test_no_secret_reaches_the_run_directory(tmp_path: Path, vault_pm) -> None:
 
 def test_no_secret_reaches_checkpoints(tmp_path: Path, vault_pm) -> None:
     """Checkpoints keep the resolved config and the config file as written: both scrubbed."""
+    import yaml
+
     from mineonline_core import api
     from mineonline_core.config import load_config
     from mineonline_core.resolve import resolve
@@ -194,15 +196,14 @@ def test_no_secret_reaches_checkpoints(tmp_path: Path, vault_pm) -> None:
     data = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
             "logger_config": {"loggers": ["vault"], "api_token": SECRET}}  # fmt: skip
     resolved = resolve(load_config(data), vault_pm, probe=False)
-    assert resolved.source_text is None
-    assert SECRET not in api._public_source(resolved, resolved.config)
+    assert resolved.source_text is None and api._public_source(resolved) is None
     resolved.source_text = f'online_dict = {{"logger_config": {{"api_token": "{SECRET}"}}}}\n'
-    text = api._public_source(resolved, resolved.config)
+    text = api._public_source(resolved)
     assert SECRET not in text and '"api_token": "<redacted>"' in text
     trainer = PPOTrainer(rollout_manager=None, policy_generator=resolved.policy_generator, env_generator=resolved.env_generator,
                          config=resolved.config, run_dir=str(tmp_path), whole_config=resolved.source_text)  # fmt: skip
     saved = ckpt.save_checkpoint(tmp_path / "ck", iteration=1, model_state={}, optimizer_state={}, scaler_state=None,
-                                 trainer_state={"version": 0}, config_yaml=trainer.config_yaml, source_text=trainer.whole_config)  # fmt: skip
+                                 trainer_state={"version": 0}, config_yaml=yaml.safe_dump(trainer.saved_config), source_text=trainer.whole_config)  # fmt: skip
     files = {p.name: p.read_bytes() for p in saved.iterdir()}
     assert "source_config.txt" in files and "config.yaml" in files
     assert [name for name, raw in files.items() if SECRET.encode() in raw] == []

@@ -5,9 +5,11 @@ checkpoints exist."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import ray
+import yaml
 
 from mineonline_core.api import run
 from mineonline_core.trainer import checkpoint as ckpt
@@ -58,3 +60,19 @@ def test_full_loop_smoke(tmp_path, ray_local):
     assert [i for i, _ in saved] == [2, 4]
     state = ckpt.load_checkpoint(saved[-1][1])
     assert state["trainer"]["version"] == 3 and "e2e" in state["config_yaml"]
+    assert yaml.safe_load(state["config_yaml"]) == yaml.safe_load((tmp_path / "e2e" / "config.yaml").read_text())
+
+    # A crash after iteration 4 was logged but before its checkpoint: resume from checkpoint 2.
+    shutil.rmtree(saved[-1][1])
+    steps_at_2 = int(ckpt.load_checkpoint(saved[0][1])["trainer"]["env_steps"])
+    assert steps_at_2 == next(r["step"] for r in train if r["trainer/iteration"] == 2)  # the step its metrics carry
+    # It stops at its env-step budget (already spent) long before num_iterations, with a final checkpoint.
+    result = run(None, ["train_config.num_iterations=100", "train_config.max_env_steps=1"], resume=str(tmp_path / "e2e"), progress=False)
+    assert result["status"] == "completed" and result["iteration"] == 3
+    assert [i for i, _ in ckpt.list_checkpoints(tmp_path / "e2e" / "checkpoints")] == [2, 3]
+    records = [json.loads(line) for line in (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "trainer/iteration" in r]
+    assert [r["trainer/iteration"] for r in train] == [1, 2, 3]  # one record per iteration: 4 was dropped, 3 retrained
+    steps = [r["step"] for r in records]
+    assert steps == sorted(steps)  # one env-step axis: the resumed run continues it, never restarts at 0
+    assert train[2]["step"] > steps_at_2

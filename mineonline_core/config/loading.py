@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mineonline_core.config.checks import check_consistency, minestudio_only_warnings
+from mineonline_core.config.generators import KEYS, generator_spec
 from mineonline_core.config.messages import Loc, show, validate_online_config
 from mineonline_core.config.online import OnlineConfig
 from mineonline_core.config.secrets import find_expressions, override_expressions
@@ -59,6 +60,10 @@ def load_config(
     for path, item in origins.items():
         loaded.expressions = override_expressions(loaded.expressions, path, item.split("=", 1)[1])
     loaded.config._expressions = dict(loaded.expressions)
+    for key in KEYS:
+        # An override that names another generator replaces the module's own function.
+        if isinstance(raw, Mapping) and getattr(loaded.config, key) != raw.get(key):
+            setattr(loaded, key, None)
     check_consistency(loaded.config)
     for message in minestudio_only_warnings(loaded.config):
         log.warning(message)
@@ -134,7 +139,7 @@ def _read(source: Any) -> tuple[LoadedConfig, Any, str | None]:
         suffix = path.suffix.lower()
         if suffix == ".py":
             text = _read_text(path)
-            return _from_module(_import_file(path), empty, text=text, path=str(path))
+            return _from_module(import_file(path), empty, text=text, path=str(path))
         if suffix in (".yaml", ".yml"):
             text = _read_text(path)
             node = _parse_yaml(text, path)
@@ -184,7 +189,7 @@ def _expressions_of(source: Any) -> dict[tuple, str]:
     return {}
 
 
-def _import_file(path: pathlib.Path) -> ModuleType:
+def import_file(path: pathlib.Path) -> ModuleType:
     """Execute a config module from its path under a unique name.
 
     It leaves ``sys.modules`` afterwards so that Ray's cloudpickle ships its generators by value:
@@ -240,6 +245,12 @@ def _from_module(
                 f"the {'env' if attr == 'env_generator' else 'policy'}."
             )
         generators[attr] = value
+    data = _plain(module.online_dict)
+    if isinstance(data, dict):
+        for attr, value in generators.items():
+            spec = generator_spec(value, attr=attr, module=module, path=path) if value is not None else None
+            if spec is not None and attr not in data:
+                data[attr] = spec  # saved with the resolved config, so a checkpoint names its generators
     loaded = LoadedConfig(
         config=empty,
         source_text=text,
@@ -247,4 +258,4 @@ def _from_module(
         **generators,
     )
     loaded.expressions = _expressions_of(module.online_dict)
-    return loaded, _plain(module.online_dict), label
+    return loaded, data, label

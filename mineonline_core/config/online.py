@@ -111,6 +111,17 @@ class OnlineConfig(Section):
     # Key path -> the interpolation the user wrote (``${oc.env:X}``): saved files keep the expression,
     # not its value (``config.secrets.public_config``).
     _expressions: dict[tuple, str] = PrivateAttr(default_factory=dict)
+    policy_generator: str | None = Field(
+        None,
+        description="The policy generator by import path, 'package.module:function' or "
+        "'path/to/config.py:function'; filled in from a Python config module, so a saved config "
+        "names the function that builds its policy. null when policy_config names the policy.",
+    )
+    env_generator: str | None = Field(
+        None,
+        description="The env generator by import path, like policy_generator; filled in from a "
+        "Python config module. null when env_config names the env.",
+    )
 
     @field_validator("run_name")
     @classmethod

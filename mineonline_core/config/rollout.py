@@ -48,8 +48,11 @@ class WorkerConfig(Section):
         "within rollout_config.restart_window seconds before the run fails.",
         ge=0,
     )
-    video_upscale: int = setting(
-        1, "Integer factor by which recorded frames are enlarged (nearest neighbour).", ge=1
+    video_upscale: int | None = setting(
+        None,
+        "Integer factor by which recorded frames are enlarged (nearest neighbour, so pixel art stays "
+        "sharp); null picks the smallest factor that makes the short side at least 256 px.",
+        ge=1,
     )
     env_processes: bool = Field(
         True,

@@ -146,6 +146,24 @@ class TrainConfig(Section):
         "prefetch.)",
         ge=0,
     )
+    # --- when to stop, which checkpoint to keep -----------------------------------------------
+    max_env_steps: int | None = setting(
+        None,
+        "Stop after the first iteration at which the run has collected this many env steps (with a "
+        "final checkpoint); null: no limit, num_iterations alone ends the run.",
+        ge=1,
+    )
+    stop_at_return: float | None = Field(
+        None,
+        description="Stop once episode/return_mean, the mean return of the last "
+        "episode_statistics_config.window episodes, reaches this value (checked once the window is "
+        "full; with a final checkpoint); null: never.",
+    )
+    keep_best: bool = Field(
+        False,
+        description="Also keep the checkpoint of the iteration with the highest episode/return_mean so "
+        "far (window full), in <save_path>/best/ with best.json; keep_interval never deletes it.",
+    )
     # --- checkpoints, videos, resume ----------------------------------------------------------
     save_interval: int = setting(10, "Iterations between checkpoints.", ge=1)
     keep_interval: int = setting(

@@ -125,7 +125,7 @@ class RolloutWorker:
         env_processes: bool = True,
         device: str = "cpu",
         video_fps: int = 20,
-        video_upscale: int = 1,
+        video_upscale: int | None = None,
         report_interval: float = 0.5,  # the resolution of the env-step axis every metric is logged on
         seed: int | None = None,
         incarnation: int = 0,

@@ -39,6 +39,7 @@ from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.policy import zero_value_head
+from mineonline_core.trainer.goals import BEST_DIR, Goals, replace_best
 from mineonline_core.trainer.sequence import unwrap
 
 log = logging.getLogger(__name__)
@@ -61,15 +62,18 @@ class BaseTrainer:
     Config: ClassVar[type[BaseModel]] = TrainerOptions
 
     def __init__(self, *, rollout_manager: Any, policy_generator: Callable[[], nn.Module], env_generator: Callable[[], Any],
-                 config: Any, run_dir: str, logger_hub: Any = None, whole_config: str | None = None) -> None:  # fmt: skip
+                 config: Any, run_dir: str, logger_hub: Any = None, whole_config: str | None = None,
+                 saved_config: dict | None = None) -> None:  # fmt: skip
         self.rollout_manager, self.logger_hub = rollout_manager, logger_hub
         self.policy_generator, self.env_generator = policy_generator, env_generator
         self.config, self.train_config = config, config.train_config
         self.run_dir = str(Path(run_dir).expanduser().resolve())
         self.save_dir = ckpt.resolve_save_path(self.train_config.save_path, self.run_dir)
-        # Checkpoints keep the resolved config (what a resume compares against) and the file as written.
-        self.config_yaml = yaml.safe_dump(public_config(config), sort_keys=False)
+        # MineStudio's whole_config is the config file's text; checkpoints keep it beside the resolved
+        # config (saved_config: what the driver writes as the run's config.yaml, what a resume compares
+        # against, what rebuilds the run). Neither ever holds a secret.
         self.whole_config = redact_text(whole_config) if whole_config is not None else None
+        self.saved_config = saved_config if saved_config is not None else public_config(config)
         # Live, per-rank state; built by setup_rank() on the rank, never pickled.
         self.model: nn.Module | None = None  # what forward/backward go through (DDP-wrapped when world > 1)
         self.policy: nn.Module | None = None  # the bare policy (heads, value normaliser)
@@ -89,9 +93,12 @@ class BaseTrainer:
         self.iteration, self.version = 0, 0
         self._fit_started: float | None = None  # set by fit(): checkpoints written since are this run's
         self.restarts = 0  # times fit() restarted the ranks after one died
+        self.env_steps = 0  # the run's env-step count when this iteration was logged (rank 0)
         self.learning_rate, self.rho = self.train_config.learning_rate, self.train_config.kl_divergence_coef_rho
         self.perf: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
+        self.goals = Goals(config)  # max_env_steps, stop_at_return, keep_best (rank 0 judges)
+        self._goal_reached: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -241,6 +248,8 @@ class BaseTrainer:
     def _restore(self, resume: dict[str, Any]) -> None:
         state = resume["trainer"]
         self.iteration, self.version = int(state["iteration"]), int(state["version"])
+        self.env_steps = int(state.get("env_steps", 0))
+        self.goals.best_return = state.get("best_return")
         if self.train_config.resume_optimizer:
             self.optimizer.load_state_dict(resume["optimizer"])
             # The loaded state carries the checkpoint's hyperparameters; the config's win.
@@ -264,7 +273,7 @@ class BaseTrainer:
         for iteration in range(self.iteration + 1, tc.num_iterations + 1):
             self.run_iteration(iteration)
             if iteration < tc.num_iterations and self._stop_requested():
-                # Ctrl-C / `mineonline stop`: leave a checkpoint of the last finished iteration.
+                # Ctrl-C, `mineonline stop` or a goal reached: leave a checkpoint of the last finished iteration.
                 if iteration % tc.save_interval != 0:
                     self.save_checkpoint()
                 self.last_metrics["trainer/stopped_early"] = 1.0
@@ -273,8 +282,8 @@ class BaseTrainer:
 
     def _stop_requested(self) -> bool:
         """Rank 0 asks the manager; every rank gets the same answer so that all stop together."""
-        flag = 0.0
-        if self.rank == 0 and hasattr(self.rollout_manager, "stop_requested"):
+        flag = float(self._goal_reached is not None)
+        if self.rank == 0 and not flag and hasattr(self.rollout_manager, "stop_requested"):
             flag = float(ray.get(self.rollout_manager.stop_requested.remote()))
         if self.world_size > 1:
             import torch.distributed as dist
@@ -318,7 +327,20 @@ class BaseTrainer:
                 self.rollout_manager.record_videos.remote()
         if iteration % tc.save_interval == 0 or iteration == tc.num_iterations:
             self.save_checkpoint()
+        if self.rank == 0 and self.goals.active and self.logger_hub is not None:
+            self._judge_goals(ray.get(self.logger_hub.latest.remote()))
         return metrics
+
+    def _judge_goals(self, latest: dict[str, float]) -> None:
+        """Rank 0: keep a new best checkpoint; note a reached stop criterion for ``_stop_requested``."""
+        best = self.goals.improved(latest)
+        if best is not None:
+            root = self.save_dir / BEST_DIR
+            written = self._write_checkpoint(root, keep_interval=None)
+            replace_best(root, written, {"iteration": self.iteration, "episode/return_mean": best, "env_steps": self.env_steps})
+        self._goal_reached = self.goals.stop_reason(latest)
+        if self._goal_reached is not None:
+            print(f"mineonline: stopping after iteration {self.iteration}: {self._goal_reached}", flush=True)
 
     def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
         """This iteration's chunks, with GAE columns. The chunks of the next ``prefetch_batches``
@@ -450,24 +472,30 @@ class BaseTrainer:
     def _log(self, metrics: dict[str, float], batch: dict) -> None:
         if self.logger_hub is None:
             return
+        # The step is fixed here, not when the hub gets to the call, so that the checkpoint of this
+        # iteration records exactly the step its metrics carry (a resume continues from it).
+        self.env_steps = int(ray.get(self.logger_hub.env_steps.remote()))
         columns = {"trainer/advantages": "advantage", "trainer/values": "value", "trainer/staleness": "staleness"}
         histograms = {key: batch[column].detach().float().cpu().numpy().ravel() for key, column in columns.items()}
-        self.logger_hub.log_batch.remote(metrics, histograms)  # one actor task per iteration
+        self.logger_hub.log_batch.remote(metrics, histograms, self.env_steps)  # one actor task per iteration
 
     def save_checkpoint(self) -> Path | None:
         """Rank 0 writes the checkpoint of the current iteration; every rank then runs ``on_checkpoint``."""
-        path = None
-        if self.rank == 0:
-            model_state = unwrap(self.model).state_dict()
-            require_finite(model_state, what="checkpointed")
-            path = ckpt.save_checkpoint(
-                self.save_dir, iteration=self.iteration, model_state=model_state,
-                optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
-                trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate, "extra": self.trainer_state()},
-                config_yaml=self.config_yaml, source_text=self.whole_config, keep_interval=self.train_config.keep_interval,
-            )  # fmt: skip
+        path = self._write_checkpoint(self.save_dir, keep_interval=self.train_config.keep_interval) if self.rank == 0 else None
         self.on_checkpoint(path)
         return path
+
+    def _write_checkpoint(self, root: Path, *, keep_interval: int | None) -> Path:
+        model_state = unwrap(self.model).state_dict()
+        require_finite(model_state, what="checkpointed")
+        return ckpt.save_checkpoint(
+            root, iteration=self.iteration, model_state=model_state,
+            optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate,
+                           "env_steps": self.env_steps, "best_return": self.goals.best_return, "extra": self.trainer_state()},
+            config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False), source_text=self.whole_config,
+            keep_interval=keep_interval,
+        )  # fmt: skip
 
 
 class _Fetcher:

@@ -6,8 +6,11 @@ Layout of ``<save_path>/checkpoint_{iteration:06d}/``::
     optimizer.pt      the optimiser's state dict
     scaler.pt         the AMP grad scaler's state dict (empty when AMP is off)
     trainer.pt        iteration, model version, KL weight rho, learning rate, RNG states, extra
-    config.yaml       the resolved run config (secrets redacted, ``${oc.env:...}`` kept as written)
-    source_config.txt the config file as written, secrets redacted (when the run had one)
+    config.yaml       the resolved run config: overrides applied, every default, generators by import
+                      path, secrets redacted, ``${oc.env:...}`` kept as written; with the installed
+                      plugins it rebuilds the env and the policy
+    source_config.txt the config file as written, secrets redacted (when there was one); a Python
+                      config module's generators are imported from it when the original file is gone
     manifest.json     sha256 and size of every file above
 
 A checkpoint is written into a temporary sibling directory, every file fsynced, then renamed into

@@ -13,7 +13,10 @@ rejected by the core with the list of valid keys.
   minus any key that looks like a secret (api_key, token, secret, password).
 * One step axis: ``env_steps`` (total env steps) via ``define_metric("*", step_metric="env_steps")``,
   so metrics from rollout and training line up whatever order they arrive in.
-* ``log_*`` never block: items go to a queue that a background thread sends; ``finish`` flushes.
+* One run across resumes: the wandb run id is stored in the run directory, and a run resumed from
+  a checkpoint reopens that run (``resume="allow"``) unless ``id`` is set; the env-step axis goes on.
+* ``log_*`` run on the logging actor's feeder thread, never on a hot path, and hand rows to
+  ``run.log``, which queues them for wandb's own background process; ``finish`` flushes.
 
 The module imports nothing heavy: wandb loads when the logger is built, inside the logging actor.
 """
@@ -23,11 +26,7 @@ from __future__ import annotations
 import logging
 import netrc
 import os
-import queue
 import re
-import threading
-import time
-import traceback
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlparse
 
@@ -35,14 +34,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import mineonline_core
+from mineonline_core.continuity import is_resume, store_run_id, stored_run_id
 from mineonline_core.logger import Logger
 
 log = logging.getLogger(__name__)
 
 STEP_METRIC = "env_steps"
 SECRET_KEY = re.compile(r"api[_-]?key|token|secret|passw(or)?d|credential", re.IGNORECASE)
-LINGER_S = 0.05
-_STOP = object()
 # wandb.Settings a config may set: display, capture and timing only. Where the data goes (base_url,
 # proxies, app_url_override), which credentials are used (api_key, credentials_file, identity tokens)
 # and what is read or uploaded from disk (root_dir, code_dir, program, ignore_globs) come from the
@@ -142,7 +140,7 @@ def resolve_mode(mode: str | None, env: dict[str, str] | None = None) -> str:
 
 
 class WandbLogger(Logger):
-    """Sends scalars, histograms and videos to a wandb run from a background thread."""
+    """Sends scalars, histograms and videos to a wandb run, one row per env step."""
 
     name: ClassVar[str] = "wandb"
     Config: ClassVar[type[BaseModel]] = WandbOptions
@@ -160,95 +158,53 @@ class WandbLogger(Logger):
         kwargs["dir"] = directory if os.path.isabs(directory) else os.path.join(run_dir, directory)
         os.makedirs(kwargs["dir"], exist_ok=True)
         kwargs.setdefault("name", os.path.basename(os.path.normpath(run_dir)))
+        previous = stored_run_id(run_dir, self.name) if is_resume(self.config) else None
+        if previous is not None and "id" not in kwargs:  # a resumed run continues its wandb run: one curve
+            kwargs.update(id=previous, resume=kwargs.get("resume", "allow"))
         self.run = wandb.init(
             **kwargs,
             config=scrub_secrets(self.config),
             settings=wandb.Settings(**settings),
             reinit="create_new",  # several runs per process (tests, a restarted hub) stay apart
         )
+        store_run_id(run_dir, self.name, self.run.id)
         self.run.define_metric(STEP_METRIC)
         self.run.define_metric("*", step_metric=STEP_METRIC)
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._error: str | None = None
-        self._thread = threading.Thread(target=self._send_loop, name="wandb-sender", daemon=True)
-        self._thread.start()
-
-    def _check(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"the wandb sender thread failed; nothing more is sent to wandb:\n{self._error}")
+        self._row: dict[str, Any] = {}  # the row being merged, sent when the next item cannot join it
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._check()
-        self._queue.put(("log", dict(metrics), step))
+        self._add(dict(metrics), step)
 
     def log_histogram(self, key: str, values: np.ndarray, step: int) -> None:
-        self._check()
-        self._queue.put(("histogram", key, np.asarray(values), step))
+        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        values = values[np.isfinite(values)]
+        if values.size:  # np_histogram: wandb bins it without keeping the raw values (several times cheaper)
+            self._add({key: self._wandb.Histogram(np_histogram=np.histogram(values, bins=64))}, step)
 
     def log_video(self, key: str, path: str, step: int) -> None:
-        self._check()
-        self._queue.put(("video", key, path, step))
+        self._add({key: self._wandb.Video(path, format="mp4")}, step)
 
-    def _send_loop(self) -> None:
-        while True:
-            batch = [self._queue.get()]
-            # Linger briefly for the rest of the iteration's items (scalars and histograms arrive
-            # as separate calls): one wandb row per step instead of one per item is several times
-            # cheaper, and 50 ms of latency is invisible in a dashboard.
-            deadline = time.monotonic() + LINGER_S
-            while batch[-1] is not _STOP:
-                remaining = deadline - time.monotonic()
-                try:
-                    batch.append(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(item is _STOP for item in batch)
-            items = [item for item in batch if item is not _STOP]
-            if self._error is None and items:
-                try:
-                    for row in self._rows(items):
-                        self.run.log(row)
-                except Exception:  # noqa: BLE001 - surfaced through _check on the next call
-                    self._error = traceback.format_exc()
-                    log.error("wandb logger: sending to wandb failed:\n%s", self._error)
-            if stop:
-                return
-
-    def _rows(self, items: list[tuple]) -> list[dict[str, Any]]:
+    def _add(self, entries: dict[str, Any], step: int) -> None:
         """Merge consecutive items of one step into one row (wandb's per-row cost dominates).
 
         A key already in the row starts a new row, so two producers logging the same metric at the
-        same step both keep their value.
+        same step both keep their value. Sending is wandb's own business: ``run.log`` only enqueues
+        for its background process, so this logger keeps no queue or thread of its own.
         """
-        wandb = self._wandb
-        rows: list[dict[str, Any]] = []
-        row: dict[str, Any] = {}
-        for item in items:
-            kind, step = item[0], item[-1]
-            if kind == "log":
-                entries = item[1]
-            elif kind == "histogram":
-                values = np.asarray(item[2], dtype=np.float64).reshape(-1)
-                values = values[np.isfinite(values)]
-                # np_histogram: wandb bins it without keeping the raw values (several times cheaper)
-                entries = {item[1]: wandb.Histogram(np_histogram=np.histogram(values, bins=64))} if values.size else {}
-            else:
-                entries = {item[1]: wandb.Video(item[2], format="mp4")}
-            if row and (row[STEP_METRIC] != step or any(k in row for k in entries)):
-                rows.append(row)
-                row = {}
-            if not row:
-                row = {STEP_METRIC: step}
-            row.update(entries)
+        if self._row and (self._row[STEP_METRIC] != step or any(k in self._row for k in entries)):
+            self._send()
+        if not self._row:
+            self._row = {STEP_METRIC: step}
+        self._row.update(entries)
+
+    def _send(self) -> None:
+        row, self._row = self._row, {}
         if row:
-            rows.append(row)
-        return rows
+            self.run.log(row)
 
     def finish(self) -> None:
-        self._queue.put(_STOP)
-        self._thread.join()
+        self._send()
         self.run.finish()
-        self._check()
 
 
 @mineonline_core.hookimpl

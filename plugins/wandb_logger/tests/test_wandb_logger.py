@@ -87,7 +87,7 @@ def test_offline_run_holds_metrics_histograms_video_and_scrubbed_config(offline_
     assert [r["step"] for r in records if "trainer/policy_loss" in r] == [256, 512, 768, 1024, 1280]
 
 
-def test_failure_in_sender_surfaces_and_disables_only_wandb(offline_env):
+def test_failure_surfaces_and_disables_only_wandb(offline_env):
     run_dir = offline_env / "run2"
     hub = LoggerHub(
         run_dir=str(run_dir),
@@ -97,8 +97,8 @@ def test_failure_in_sender_surfaces_and_disables_only_wandb(offline_env):
         video_dir="videos",
     )
     wandb_logger = next(lg for lg in hub._loggers if isinstance(lg, WandbLogger))
-    # Fails in the sender thread; the next call (or finish) raises the stored error to the hub.
-    wandb_logger.log_video("video/x", str(run_dir / "does-not-exist.mp4"), 1)
+    # A video wandb cannot open fails inside the logger; the hub disables wandb alone and counts it.
+    hub._call(wandb_logger, "log_video", "video/x", str(run_dir / "does-not-exist.mp4"), 1)
     for i in range(200):
         hub.log_metrics({"a": float(i)})
     summary = hub.finish()
@@ -147,17 +147,26 @@ def test_registers_as_wandb():
 
 
 def test_items_of_one_step_merge_into_one_row():
-    logger = WandbLogger.__new__(WandbLogger)  # _rows needs only the wandb module
-    logger._wandb = wandb
-    items = [
-        ("log", {"a": 1.0, "b": 2.0}, 10),
-        ("histogram", "h", np.arange(100.0), 10),
-        ("log", {"c": 3.0}, 10),
-        ("log", {"a": 4.0}, 10),  # same key, same step (a second producer): a new row keeps both
-        ("histogram", "empty", np.array([np.nan]), 20),
-        ("log", {"a": 5.0}, 20),
-    ]
-    rows = logger._rows(items)
+    class Run:  # records what would reach wandb
+        rows: list = []
+
+        def log(self, row):
+            self.rows.append(row)
+
+        def finish(self):
+            pass
+
+    logger = WandbLogger.__new__(WandbLogger)  # the merging needs only the wandb module and a run
+    logger._wandb, logger._row, logger.run = wandb, {}, Run()
+    logger.log_metrics({"a": 1.0, "b": 2.0}, 10)
+    logger.log_histogram("h", np.arange(100.0), 10)
+    logger.log_metrics({"c": 3.0}, 10)
+    logger.log_metrics({"a": 4.0}, 10)  # same key, same step (a second producer): a new row keeps both
+    logger.log_histogram("empty", np.array([np.nan]), 20)
+    logger.log_metrics({"a": 5.0}, 20)
+    assert len(logger.run.rows) == 2  # a row goes out as soon as the next item cannot join it
+    logger.finish()
+    rows = logger.run.rows
     assert [sorted(r) for r in rows] == [["a", "b", "c", "env_steps", "h"], ["a", "env_steps"], ["a", "env_steps"]]
     assert [r["env_steps"] for r in rows] == [10, 10, 20]
     assert [r["a"] for r in rows] == [1.0, 4.0, 5.0]
@@ -206,3 +215,21 @@ def test_short_run_through_the_ray_hub_leaves_metrics_video_and_report(offline_e
     assert list((offline_run / "files" / "media" / "videos").rglob("*.mp4"))
     assert (run_dir / "videos" / "video_worker_0_step000003000.mp4").stat().st_size > 200
     assert {p.name for p in write_report(run_dir)} >= {"report_learning_curve.png", "report_losses.png", "report_throughput.png"}
+
+
+def test_a_resumed_run_reopens_its_wandb_run(offline_env):
+    """The run id is stored in the run directory; a run resumed from a checkpoint logs to the same run."""
+    run_dir = offline_env / "run"
+    first = WandbLogger(run_dir=str(run_dir), options=WandbOptions(project="p"), config={"train_config": {"resume": None}})
+    first.log_metrics({"episode/return_mean": 1.0}, 100)
+    first.finish()
+    resumed = WandbLogger(run_dir=str(run_dir), options=WandbOptions(project="p"),
+                          config={"train_config": {"resume": str(run_dir / "checkpoints" / "checkpoint_000002")}})  # fmt: skip
+    resumed.log_metrics({"episode/return_mean": 2.0}, 200)
+    resumed.finish()
+    assert resumed.run.id == first.run.id
+    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(p.name.split("-")[3] == first.run.id for p in offline)  # `wandb sync` merges them
+    fresh = WandbLogger(run_dir=str(run_dir), options=WandbOptions(project="p"), config={"train_config": {}})
+    fresh.finish()
+    assert fresh.run.id != first.run.id  # only a resume reopens the stored run

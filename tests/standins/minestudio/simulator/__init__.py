@@ -12,7 +12,7 @@ class MinecraftSim(gymnasium.Env):
     def __init__(self, obs_size=(128, 128), action_type="agent", timestep_limit=1000, callbacks=(), **kwargs: Any) -> None:
         assert action_type == "agent", "the stand-in models agent actions only"
         self.obs_size, self.timestep_limit, self.callbacks, self.kwargs = tuple(obs_size), timestep_limit, list(callbacks), kwargs
-        self.t = 0
+        self.t, self.kills = 0, 0
         self.rng = np.random.default_rng(kwargs.get("seed", 0))
 
     @property
@@ -27,10 +27,12 @@ class MinecraftSim(gymnasium.Env):
     def _obs(self) -> tuple[dict, dict]:
         h, w = self.obs_size
         frame = ((np.arange(h)[:, None, None] + np.arange(w)[None, :, None] + 7 * self.t + np.arange(3)) % 256).astype(np.uint8)
-        return {"image": frame}, {"pov": frame, "location_stats": {"xpos": float(self.t)}, "health": 20.0}
+        # Event counters as MineStudio reports them (info[event][object]), which its RewardsCallback reads.
+        info = {"pov": frame, "location_stats": {"xpos": float(self.t)}, "health": 20.0, "kill_entity": {"cow": self.kills}}
+        return {"image": frame}, info
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        self.t = 0
+        self.t, self.kills = 0, 0
         return self._obs()
 
     def step(self, action: dict) -> tuple[dict, float, bool, bool, dict]:
@@ -38,7 +40,8 @@ class MinecraftSim(gymnasium.Env):
         assert buttons.shape == (1,) and camera.shape == (1,), (buttons.shape, camera.shape)
         assert 0 <= int(buttons[0]) < 8641 and 0 <= int(camera[0]) < 121
         self.t += 1
+        reward = float(int(buttons[0]) % 5 == 4)  # "attack" pressed: a cow killed
+        self.kills += int(reward)
         obs, info = self._obs()
-        reward = float(int(buttons[0]) % 5 == 4)  # "attack" pressed
         done = self.t >= self.timestep_limit
         return obs, reward, done, done, info

@@ -1,0 +1,76 @@
+"""Env and policy generators named by import path, so that a saved config can rebuild them.
+
+A spec is ``package.module:function`` (an importable module) or ``path/to/file.py:function`` (a
+Python config module, imported from its file). ``generator_spec`` names a function that way when it
+can; ``import_generator`` turns a spec back into the function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pathlib
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from mineonline_core.errors import ConfigError
+
+KEYS = ("env_generator", "policy_generator")
+
+
+def generator_spec(fn: Callable[..., Any], *, attr: str, module: ModuleType | None = None, path: str | None = None) -> str | None:
+    """The import path of ``fn``, found as ``attr`` of config ``module`` (loaded from ``path``).
+
+    A function defined in the config file itself is named by the file; one the config imported
+    from a package is named by that package, so the spec stays valid if the file moves. None when
+    the function cannot be named (a lambda or a closure passed in from Python).
+    """
+    owner = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    if module is not None and owner == module.__name__:
+        if path is None and _importable(module.__name__):
+            return f"{module.__name__}:{attr}"
+        file = path or getattr(module, "__file__", None)
+        return f"{pathlib.Path(file).absolute()}:{attr}" if file else None
+    if owner and "<" not in qualname and _importable(owner):
+        return f"{owner}:{qualname}"
+    return None
+
+
+def _importable(name: str) -> bool:
+    if name == "__main__" or name.startswith("mineonline_user_config_"):
+        return False
+    return name in sys.modules or importlib.util.find_spec(name) is not None
+
+
+def import_generator(spec: str, *, key: str) -> Callable[[], Any]:
+    """The function ``spec`` names; a ``ConfigError`` naming ``key`` when it cannot be found."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise ConfigError(
+            f"{key}: {spec!r} is not an import path. Fix: write 'package.module:function' or "
+            f"'path/to/config.py:function'."
+        )
+    if target.endswith(".py"):
+        from mineonline_core.config.loading import import_file
+
+        path = pathlib.Path(target).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"{key}: {spec!r} names the file {str(path)!r}, which does not exist here. Fix: restore the "
+                f"file, or point {key} at the function elsewhere ({key}=package.module:function)."
+            )
+        module = import_file(path.absolute())
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise ConfigError(f"{key}: cannot import module {target!r} ({exc}). Fix: install the package that provides it.") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+    if not callable(obj):
+        raise ConfigError(f"{key}: {target!r} defines no function {attr!r}. Fix: name a function taking no arguments.")
+    return obj

@@ -1,0 +1,283 @@
+"""A trained policy outside training: ``load_policy`` for deployment, ``evaluate`` for ``mineonline eval``.
+
+Both read only a checkpoint: its ``config.yaml`` (the resolved run config, generators by import
+path) rebuilds the env and the policy with the installed plugins, and ``model.pt`` holds the
+weights. No Ray, trainer, replay store or logger is started. A Python config module's generators
+are imported from the file the config names, or, when that file is gone, from the copy of its text
+the checkpoint keeps (``source_config.txt``)::
+
+    policy = mineonline_core.load_policy("runs/demo")        # run dir, save dir or checkpoint dir
+    env = policy.make_env()
+    obs, _ = env.reset()
+    action, state = policy.act(obs)                          # state=None starts an episode
+    obs, reward, terminated, truncated, info = env.step(action)
+    action, state = policy.act(obs, state)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import yaml
+
+from mineonline_core.config import OnlineConfig, load_config
+from mineonline_core.config.generators import KEYS
+from mineonline_core.errors import CheckpointError, ConfigError
+from mineonline_core.plugins import PluginManager, get_plugin_manager
+from mineonline_core.tree import to_numpy, to_torch, tree_map
+
+EVAL_FILE = "eval.json"
+# The event counters MineStudio's MinecraftSim reports in ``info`` (``info[event][object] -> count``),
+# which its RewardsCallback turns into rewards.
+MINESTUDIO_EVENTS = ("mine_block", "craft_item", "use_item", "pickup", "drop", "break_item", "kill_entity")
+
+
+class LoadedPolicy:
+    """A checkpoint's policy with its weights, in eval mode, and what it needs to act."""
+
+    def __init__(self, *, policy: torch.nn.Module, config: OnlineConfig, checkpoint: pathlib.Path, iteration: int,
+                 version: int, env_generator: Callable[[], Any]) -> None:  # fmt: skip
+        self.policy, self.config, self.checkpoint = policy, config, checkpoint
+        self.iteration, self.version, self.env_generator = iteration, version, env_generator
+        self.device = next(iter(policy.parameters()), torch.zeros(())).device
+
+    def make_env(self) -> Any:
+        """The env the policy was trained in, adapted as during training (dict observations)."""
+        from mineonline_core.envs import adapt_env
+
+        return adapt_env(self.env_generator())
+
+    def initial_state(self, batch_size: int = 1) -> Any:
+        return self.policy.initial_state(batch_size)
+
+    @torch.no_grad()
+    def step(self, obs: Any, state: Any = None, *, deterministic: bool = False) -> tuple[Any, Any, float]:
+        """``act`` plus the value estimate of ``obs`` (in returns, denormalised)."""
+        first = state is None
+        if first:
+            state = self.initial_state(1)
+        batch = to_torch(tree_map(lambda x: np.asarray(x)[None, None], obs), self.device)
+        context = {"first": torch.tensor([[first]], device=self.device)}
+        latents, state = self.policy(input=batch, state_in=state, context=context)
+        head = self.policy.pi_head
+        action = head.sample(latents["pi_logits"], deterministic=True) if deterministic else head.sample(latents["pi_logits"])
+        value = float(self.policy.value_head.denormalize(latents["vpred"]).reshape(-1)[0])
+        return tree_map(lambda a: a[0, 0], to_numpy(action)), state, value
+
+    def act(self, obs: Any, state: Any = None, *, deterministic: bool = False) -> tuple[Any, Any]:
+        """The action for one env's observation and the recurrent state to pass next time.
+
+        ``state=None`` marks the first step of an episode (the policy starts from its initial
+        state); pass the returned state back on every later step of the same episode.
+        """
+        action, state, _ = self.step(obs, state, deterministic=deterministic)
+        return action, state
+
+
+def find_checkpoint(path: str | pathlib.Path) -> pathlib.Path:
+    """The checkpoint ``path`` names: a checkpoint directory, or the newest under a run or save dir."""
+    from mineonline_core.trainer import checkpoint as ckpt
+
+    try:
+        return ckpt.resolve_resume(path)
+    except CheckpointError:
+        raise CheckpointError(
+            f"{str(path)!r} holds no complete checkpoint. Fix: give a run directory (runs/<run_name>), its "
+            f"checkpoints/ directory or one checkpoint_NNNNNN directory in it."
+        ) from None
+
+
+def load_policy(path: str | pathlib.Path, *, overrides: Sequence[str] = (), device: str | torch.device = "cpu",
+                pm: PluginManager | None = None) -> LoadedPolicy:  # fmt: skip
+    """The policy of the checkpoint at ``path`` with its weights; ``overrides`` change its saved config."""
+    from mineonline_core.resolve import resolve_generators
+    from mineonline_core.trainer import checkpoint as ckpt
+
+    state = ckpt.load_checkpoint(find_checkpoint(path))
+    where = state["path"]
+    data = yaml.safe_load(state["config_yaml"])
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{str(where / 'config.yaml')!r} holds no config mapping; the checkpoint predates self-contained configs.")
+    with tempfile.TemporaryDirectory(prefix="mineonline-eval-") as scratch:
+        _use_saved_source(data, where, pathlib.Path(scratch))
+        loaded = load_config(data, overrides)
+        gens = resolve_generators(loaded, pm or get_plugin_manager(), probe=True)
+        policy = gens.policy_generator()
+    ckpt.check_compatible(policy, state["model"], source=str(where))
+    policy.load_state_dict(state["model"])
+    policy.to(device).eval()
+    trainer = state["trainer"]
+    return LoadedPolicy(policy=policy, config=loaded.config, checkpoint=where, iteration=int(trainer["iteration"]),
+                        version=int(trainer.get("version", 0)), env_generator=gens.env_generator)  # fmt: skip
+
+
+def _use_saved_source(data: dict, checkpoint: pathlib.Path, scratch: pathlib.Path) -> None:
+    """Point generators whose config file is gone at the checkpoint's copy of that file."""
+    source = checkpoint / "source_config.txt"
+    for key in KEYS:
+        spec = data.get(key)
+        if not isinstance(spec, str):
+            continue
+        target, _, attr = spec.rpartition(":")
+        if target.endswith(".py") and not pathlib.Path(target).exists() and source.is_file():
+            copy = scratch / pathlib.Path(target).name
+            copy.write_text(source.read_text())
+            data[key] = f"{copy}:{attr}"
+
+
+# ---------------------------------------------------------------------------------------------
+# mineonline eval
+# ---------------------------------------------------------------------------------------------
+
+
+def _event_counts(info: dict) -> dict[str, float]:
+    """``{"kill_entity:cow": 3.0, ...}``: MineStudio's event counters in one step's ``info``."""
+    out = {}
+    for event in MINESTUDIO_EVENTS:
+        counters = info.get(event)
+        if isinstance(counters, dict):
+            for obj, count in counters.items():
+                try:
+                    out[f"{event}:{obj}"] = float(np.asarray(count).reshape(-1)[0])
+                except (TypeError, ValueError, IndexError):
+                    continue
+    return out
+
+
+def run_episode(policy: LoadedPolicy, env: Any, *, deterministic: bool, seed: int | None, record: bool) -> dict[str, Any]:
+    """One whole episode; the record of it, with its frames, returns and values when ``record``."""
+    obs, info = env.reset(seed=seed) if seed is not None else env.reset()
+    start = _event_counts(info)
+    counts, state, total, length = dict(start), None, 0.0, 0
+    frames, returns, values = [], [], []
+    while True:
+        action, state, value = policy.step(obs, state, deterministic=deterministic)
+        if record and isinstance(obs, dict) and "image" in obs:
+            frames.append(np.asarray(obs["image"]).copy())
+            values.append(value)
+        obs, reward, terminated, truncated, info = env.step(action)
+        total, length = total + float(reward), length + 1
+        counts.update(_event_counts(info))
+        if record and frames:
+            returns.append(total)
+        if terminated or truncated:
+            break
+    episode: dict[str, Any] = {"return": total, "length": length, "terminated": bool(terminated), "truncated": bool(truncated)}
+    if info.get("achievements") is not None:
+        episode["achievements"] = {k: int(v) for k, v in info["achievements"].items()}
+    events = {k: v - start.get(k, 0.0) for k, v in counts.items() if v - start.get(k, 0.0) > 0}
+    if events:
+        episode["events"] = events
+    if record:
+        episode["_video"] = (frames, returns, values)
+    return episode
+
+
+def summarize(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Returns, lengths, Crafter's success rates and score, and MineStudio event counts per episode."""
+    from mineonline_core.rollout.stats import CRAFTER_ACHIEVEMENTS, crafter_score
+
+    returns = np.array([e["return"] for e in episodes], dtype=np.float64)
+    lengths = np.array([e["length"] for e in episodes], dtype=np.float64)
+    out: dict[str, Any] = {
+        "episodes": len(episodes), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+        "return_min": float(returns.min()), "return_max": float(returns.max()), "length_mean": float(lengths.mean()),
+    }  # fmt: skip
+    achieved = [e["achievements"] for e in episodes if "achievements" in e]
+    if achieved and set().union(*achieved) & set(CRAFTER_ACHIEVEMENTS):
+        rates = {name: float(np.mean([a.get(name, 0) > 0 for a in achieved])) for name in CRAFTER_ACHIEVEMENTS}
+        out["crafter"] = {"score": crafter_score(100.0 * r for r in rates.values()), "success_rates": rates}
+    names = sorted(set().union(*(e.get("events", {}) for e in episodes)))
+    if names:
+        out["events_per_episode"] = {n: float(np.mean([e.get("events", {}).get(n, 0.0) for e in episodes])) for n in names}
+    return out
+
+
+def default_output(checkpoint: pathlib.Path) -> pathlib.Path:
+    """``<run_dir>/eval/<checkpoint name>`` when the checkpoint sits in a run directory."""
+    run_dir = checkpoint.parent.parent
+    base = run_dir if (run_dir / "run.json").is_file() else pathlib.Path.cwd()
+    return base / "eval" / checkpoint.name
+
+
+def evaluate(path: str | pathlib.Path, *, episodes: int = 10, video: bool = False, deterministic: bool = False,
+             overrides: Sequence[str] = (), output: str | pathlib.Path | None = None, seed: int = 0,
+             progress: bool = True, pm: PluginManager | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run ``episodes`` episodes with the checkpoint's policy; write ``eval.json`` (and mp4s) and return it."""
+    if episodes < 1:
+        raise ConfigError(f"--episodes {episodes}: evaluate at least one episode. Fix: --episodes 10.")
+    policy = load_policy(path, overrides=overrides, pm=pm)
+    out_dir = pathlib.Path(output) if output is not None else default_output(policy.checkpoint)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    env = policy.make_env()
+    records, started = [], time.perf_counter()
+    bar = _Bar(episodes, enabled=progress)
+    try:
+        for i in range(episodes):
+            episode = run_episode(policy, env, deterministic=deterministic, seed=seed + i, record=video)
+            if video:
+                episode["video"] = _write_video(policy.config, out_dir / f"episode_{i:03d}.mp4", *episode.pop("_video"))
+            records.append(episode)
+            bar.advance(f"episode {i + 1}/{episodes}: return {episode['return']:.2f}, length {episode['length']}")
+    finally:
+        bar.close()
+        env.close()
+    wall = time.perf_counter() - started
+    result = {"checkpoint": str(policy.checkpoint), "iteration": policy.iteration, "model_version": policy.version,
+              "deterministic": deterministic, "seed": seed, "overrides": list(overrides), **summarize(records),
+              "env_steps_per_s": sum(e["length"] for e in records) / max(wall, 1e-9), "wall_s": wall,
+              "per_episode": records}  # fmt: skip
+    (out_dir / EVAL_FILE).write_text(json.dumps(result, indent=1, default=_json_default))
+    result["output"] = str(out_dir)
+    return result
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _write_video(config: OnlineConfig, path: pathlib.Path, frames: list, returns: list, values: list) -> str | None:
+    from mineonline_core.video import encode_episode_video
+
+    if not frames:
+        print("eval: --video needs image observations (obs['image']); this env has none, so no video", file=sys.stderr)
+        return None
+    wc = config.rollout_config.worker_config
+    path.write_bytes(encode_episode_video(frames, fps=wc.video_fps, returns=returns, values=values, upscale=wc.video_upscale))
+    return path.name
+
+
+class _Bar:
+    """A rich progress bar over episodes on a terminal; one line per episode otherwise."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.enabled, self._progress = enabled, None
+        if enabled and sys.stdout.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            self._task = self._progress.add_task("eval", total=total)
+            self._progress.start()
+
+    def advance(self, line: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(line)
+            self._progress.advance(self._task)
+        elif self.enabled:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,177 @@
+"""After training: a checkpoint holds the resolved config and is enough to load and evaluate its policy.
+
+Checkpoints here are written by the real trainer (``api._trainer`` + ``save_checkpoint``) from real
+configs, without Ray: what ``mineonline run`` writes, minus the rollout.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import imageio_ffmpeg
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from mineonline_core import api
+from mineonline_core.config import load_config
+from mineonline_core.errors import CheckpointError, ConfigError
+from mineonline_core.evaluate import evaluate, load_policy
+from mineonline_core.plugins import get_plugin_manager
+from mineonline_core.resolve import resolve
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PY_CONFIG = '''
+import gymnasium as gym
+
+from mineonline_core.envs import adapt_env
+from mineonline_core.models import MLPPolicy
+
+
+def env_generator():
+    return adapt_env(gym.make("CartPole-v1", max_episode_steps=30))
+
+
+def policy_generator():
+    return MLPPolicy(obs_dim=4, num_actions=2, hidden_sizes=[16])
+
+
+online_dict = {"train_config": {"learning_rate": 1e-3, "num_iterations": 5}, "logger_config": {"loggers": []},
+               "rollout_config": {"replay_buffer_config": {"database_config": {"backend": "memory"}}}}
+'''
+
+
+def write_checkpoint(source, overrides, output_dir: Path, *, iteration: int = 3) -> Path:
+    """What a run's trainer writes at ``iteration``: resolved config, source text, trained-looking weights."""
+    resolved = resolve(load_config(source, [*overrides, f"output_dir={output_dir}"]), get_plugin_manager())
+    api._prepare_run_dir(resolved)
+    trainer = api._trainer(resolved, manager=None, hub=None)
+    trainer.setup_rank(local=True)
+    with torch.no_grad():
+        for p in trainer.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # weights unlike a freshly built policy's
+    trainer.iteration, trainer.version = iteration, iteration - 1
+    return trainer.save_checkpoint()
+
+
+def test_checkpoint_config_is_resolved_with_overrides(tmp_path: Path) -> None:
+    path = write_checkpoint(ROOT / "examples" / "cartpole.yaml", ["run_name=lr", "train_config.learning_rate=0.5"], tmp_path)
+    saved = yaml.safe_load((path / "config.yaml").read_text())
+    assert saved["train_config"]["learning_rate"] == 0.5  # the override, not the file's 1.0e-3
+    assert saved["rollout_config"]["worker_config"]["step_timeout"] == 60.0  # defaults included
+    assert load_config(saved).config.to_dict() == saved  # it validates as it is
+    assert "learning_rate: 1.0e-3" in (path / "source_config.txt").read_text()  # the file as written, beside it
+
+
+def test_python_config_generators_are_named_and_survive_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "my_config.py"
+    config.write_text(PY_CONFIG)
+    path = write_checkpoint(config, ["run_name=py"], tmp_path / "runs")
+    saved = yaml.safe_load((path / "config.yaml").read_text())
+    assert saved["policy_generator"] == f"{config}:policy_generator" and saved["env_generator"] == f"{config}:env_generator"
+    weights = torch.load(path / "model.pt", weights_only=True)
+    config.unlink()  # the original file is gone: the checkpoint's copy of its text rebuilds the generators
+    policy = load_policy(path)
+    assert all(torch.equal(policy.policy.state_dict()[k], v) for k, v in weights.items())
+    assert policy.iteration == 3 and policy.version == 2
+
+
+def test_act_follows_the_policy_and_carries_state(tmp_path: Path) -> None:
+    path = write_checkpoint(ROOT / "examples" / "cartpole.yaml", ["run_name=act"], tmp_path)
+    policy = load_policy(tmp_path / "act")  # a run directory: its latest checkpoint
+    assert policy.checkpoint == path
+    env = policy.make_env()
+    obs, _ = env.reset(seed=1)
+    action, state = policy.act(obs, deterministic=True)
+    logits = policy.policy(input={"obs": torch.as_tensor(obs["obs"])[None, None]}, state_in=None,
+                           context={"first": torch.ones(1, 1, dtype=torch.bool)})[0]["pi_logits"]  # fmt: skip
+    assert int(action) == int(logits.argmax(-1))
+    assert env.action_space.contains(np.int64(action))
+    obs, *_ = env.step(action)
+    action, state = policy.act(obs, state)
+    assert env.action_space.contains(np.int64(action))
+
+
+def test_recurrent_act_resets_only_at_episode_start(tmp_path: Path) -> None:
+    config = {"env_config": {"name": "crafter", "length": 20}, "policy_config": {"name": "cnn_gru", "hidden_size": 16, "channels": [4, 8, 8]},
+              "logger_config": {"loggers": []}, "run_name": "rec",
+              "rollout_config": {"replay_buffer_config": {"database_config": {"backend": "memory"}}}}  # fmt: skip
+    write_checkpoint(config, [], tmp_path)
+    policy = load_policy(tmp_path / "rec")
+    env = policy.make_env()
+    obs, _ = env.reset()
+    _, state0, _ = policy.step(obs)
+    _, carried, value_carried = policy.step(obs, state0)
+    _, _, value_fresh = policy.step(obs)
+    assert not all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(state0), torch.utils._pytree.tree_leaves(carried)))
+    assert value_carried != value_fresh  # the state passed back is used
+
+
+def test_eval_command_writes_crafter_report_and_readable_videos(tmp_path: Path) -> None:
+    config = {"env_config": {"name": "crafter", "length": 25}, "policy_config": {"name": "cnn_gru", "hidden_size": 16, "channels": [4, 8, 8]},
+              "logger_config": {"loggers": []}, "run_name": "craft",
+              "rollout_config": {"replay_buffer_config": {"database_config": {"backend": "memory"}}}}  # fmt: skip
+    write_checkpoint(config, [], tmp_path)
+    done = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "eval", str(tmp_path / "craft"), "--episodes", "2",
+                           "--video", "--no-progress", "env_config.length=15"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "craft" / "eval" / "checkpoint_000003"
+    result = json.loads((out / "eval.json").read_text())
+    assert result["episodes"] == 2 and result["overrides"] == ["env_config.length=15"]
+    assert [e["length"] for e in result["per_episode"]] == [15, 15]  # the override reached the env
+    assert set(result["crafter"]["success_rates"]) >= {"collect_wood", "wake_up"} and result["crafter"]["score"] >= 0
+    assert all("achievements" in e for e in result["per_episode"])
+    reader = imageio_ffmpeg.read_frames(str(out / result["per_episode"][0]["video"]))
+    width, height = next(reader)["size"]
+    assert len(list(reader)) == 15 and min(width, height) >= 256  # Crafter's 64 px upscaled to be seen
+    assert "2 episodes of" in done.stdout and "Crafter score" in done.stdout
+
+
+def test_minestudio_reward_events_are_counted(tmp_path: Path) -> None:
+    from mineonline_core.evaluate import run_episode, summarize
+
+    class Scripted:
+        """Attacks every other step (the stand-in pays 1 per attack and counts a kill)."""
+
+        def __init__(self) -> None:
+            self.t = 0
+
+        def step(self, obs, state, *, deterministic):
+            self.t += 1
+            return {"buttons": np.array([4 if self.t % 2 else 0]), "camera": np.array([60])}, state, 0.0
+
+    sys.path.insert(0, str(ROOT / "tests" / "standins"))
+    try:
+        from minestudio.simulator import MinecraftSim
+
+        from mineonline_core.envs import adapt_env
+
+        env = adapt_env(MinecraftSim(obs_size=(16, 16), timestep_limit=6))
+        episode = run_episode(Scripted(), env, deterministic=False, seed=None, record=False)
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "standins"))
+        for name in [m for m in sys.modules if m.startswith("minestudio")]:
+            del sys.modules[name]
+    assert episode["return"] == 3.0 and episode["events"] == {"kill_entity:cow": 3.0}
+    assert summarize([episode, {**episode, "events": {}}])["events_per_episode"] == {"kill_entity:cow": 1.5}
+
+
+def test_bad_paths_and_configs_fail_clearly(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
+        load_policy(tmp_path)
+    path = write_checkpoint(ROOT / "examples" / "cartpole.yaml", ["run_name=bad"], tmp_path)
+    with pytest.raises(ConfigError, match="env_config.idd"):
+        load_policy(path, overrides=["env_config.idd=CartPole-v1"])
+    with pytest.raises(ConfigError, match="at least one episode"):
+        evaluate(path, episodes=0)
+    copy = tmp_path / "moved"
+    shutil.copytree(path, copy)
+    (copy / "model.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_policy(copy)
