@@ -191,7 +191,7 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     if resume is not None:
         source, overrides = _resume_source(resume, overrides)
     pm = pm or get_plugin_manager()
-    resolved = resolve(load_config(source, overrides), pm)
+    resolved = resolve(load_config(source, overrides), pm, isolate=True)
     cfg = resolved.config
     run_dir = _prepare_run_dir(resolved, overrides=[o for o in overrides if not o.startswith(("train_config.resume=", "run_name=", "output_dir="))])
     os.environ.setdefault("WANDB_MODE", "offline")

@@ -31,7 +31,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from mineonline_core.plugins import get_plugin_manager
     from mineonline_core.resolve import resolve
 
-    resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager())
+    # isolate: the env is built, reset and stepped once in a subprocess, as a rollout worker would.
+    resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager(), isolate=True)
     print(resolved.config.to_yaml(), end="")
     print(f"# ok: trainer {resolved.trainer_cls.name}, store {resolved.store_cls.name}, loggers "
           f"{', '.join(cls.name for cls, _ in resolved.loggers)}; observation {resolved.observation_space}, "
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
     run.set_defaults(func=_cmd_run)
 
-    check = sub.add_parser("check", help="validate and resolve a config without starting Ray")
+    check = sub.add_parser("check", help="validate and resolve a config, and build, reset and step its env once, without starting Ray")
     check.add_argument("config")
     check.add_argument("overrides", nargs="*")
     check.set_defaults(func=_cmd_check)

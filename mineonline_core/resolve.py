@@ -89,8 +89,12 @@ def _prepared_policy(policy_generator: Callable[[], Any], use_normalized_vf: boo
     return prepare_policy(policy_generator(), use_normalized_vf=use_normalized_vf)
 
 
-def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> ResolvedRun:
-    """Resolve every component of ``loaded`` with ``pm``; raise one clear error for the first problem."""
+def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isolate: bool = False) -> ResolvedRun:
+    """Resolve every component of ``loaded`` with ``pm``; raise one clear error for the first problem.
+
+    ``probe`` builds the env (for its spaces) and the policy; with ``isolate`` the env is built, reset
+    and stepped in a subprocess with the workers' time limits (``envcheck.probe_env``), as
+    ``mineonline run`` and ``mineonline check`` do."""
     from mineonline_core.envs import env_generator_from_config
 
     cfg = loaded.config
@@ -128,7 +132,14 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> R
     _picklable(env_generator, "env_generator")
 
     observation_space = action_space = None
-    if probe:
+    if probe and isolate:
+        from mineonline_core.envcheck import probe_env
+
+        wc = cfg.rollout_config.worker_config
+        observation_space, action_space = probe_env(
+            env_generator, startup_timeout=max(wc.step_timeout, 120.0), step_timeout=wc.step_timeout
+        )
+    elif probe:
         from mineonline_core.envs import adapt_env
 
         env = adapt_env(_call(env_generator, "env_generator()"))
