@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import math
 import re
+import sys
+import types
 from collections import deque
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import gymnasium
@@ -236,3 +240,18 @@ def _build_with_fake_engine(env_generator: Callable[[], Any]) -> Any:
 def with_fake_engine(env_generator: Callable[[], Any]) -> Callable[[], Any]:
     """``env_generator``, building its ``MinecraftSim`` on the fake engine in whatever process calls it."""
     return functools.partial(_build_with_fake_engine, env_generator)
+
+
+def import_minestudio_vpt() -> types.ModuleType:
+    """``minestudio.models.vpt`` (MineStudio's own ``VPTPolicy`` and ``load_vpt_policy``), imported
+    without running ``minestudio/models/__init__.py``. That file also imports the ROCKET-1 and GROOT
+    policies, which import torchvision, and torchvision's package-index wheels are built against CUDA
+    torch (``torchvision/_C.so`` needs ``libc10_cuda.so``), so it cannot import beside CPU torch. The
+    VPT subpackage itself needs no torchvision; every module of it runs as shipped."""
+    if "minestudio.models" not in sys.modules:
+        import minestudio
+
+        package = types.ModuleType("minestudio.models")
+        package.__path__ = [str(Path(minestudio.__file__).resolve().parent / "models")]
+        sys.modules["minestudio.models"] = package
+    return importlib.import_module("minestudio.models.vpt")
