@@ -36,6 +36,12 @@ def test_the_real_class_breaks_the_guarantees_the_refusal_names(minestudio_vpt: 
         a_first, _ = minestudio_vpt({"image": image}, state, context={"first": torch.tensor([[False, False, True, False]])})
     torch.testing.assert_close(no_firsts["vpred"], a_first["vpred"])  # an episode start changes nothing
     assert minestudio_vpt.initial_state(2)[0] is minestudio_vpt.initial_state(2)[0]  # one cached state, shared
+    normalizer = minestudio_vpt.value_head.normalizer
+    before = normalizer.running_mean.clone()
+    minestudio_vpt.train()
+    minestudio_vpt.value_head.normalize(torch.full((4, 1, 1), 3.0))  # normalising any values moves the statistics
+    minestudio_vpt.eval()
+    assert not torch.equal(before, normalizer.running_mean)
 
 
 def test_prepare_policy_refuses_minestudio_policies(minestudio_vpt: torch.nn.Module) -> None:
