@@ -14,7 +14,7 @@ import traceback
 from multiprocessing import connection
 from typing import Any, Callable
 
-from mineonline_core.errors import ConfigError
+from mineonline_core.errors import ConfigError, MineOnlineError
 
 def _child(conn: connection.Connection, env_fn_bytes: bytes, seed: int) -> None:
     import cloudpickle
@@ -33,6 +33,8 @@ def _child(conn: connection.Connection, env_fn_bytes: bytes, seed: int) -> None:
         spaces = cloudpickle.dumps((env.observation_space, env.action_space))
         env.close()
         conn.send(("ok", spaces))
+    except MineOnlineError as exc:  # the env factory's own message for the user (a bad env_config, say)
+        conn.send(("user", stage, str(exc)))
     except BaseException:  # noqa: BLE001 - whatever the env raised is the answer
         conn.send(("error", stage, traceback.format_exc()))
 
@@ -79,6 +81,8 @@ def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_
                 if stage == "stepped":
                     limit = step_timeout
                     deadline = time.monotonic() + limit
+            elif message[0] == "user":
+                raise ConfigError(message[2])
             elif message[0] == "error":
                 _, failed, trace = message
                 hint = (" Env factories are pickled into a fresh process: define env_generator in an importable module "
