@@ -8,12 +8,14 @@ export WANDB_MODE ?= offline
 
 .PHONY: install demo test test-faults mutations bench docs clean-runs
 
-$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml)
+$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) requirements-minestudio.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first, from the CPU build when it is missing, so that nothing pulls CUDA wheels.
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
 	$(PIP) install -q "torch>=2.3" -e ".[crafter,test]" $(foreach p,$(PLUGINS),-e $(p))
+	# MineStudio's real simulator and policies for the tests, without its CUDA/GUI dependency set.
+	$(PIP) install -q --no-deps -r requirements-minestudio.txt
 	touch $(STAMP)
 
 install: $(STAMP)

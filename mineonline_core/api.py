@@ -180,7 +180,7 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
         resuming_here = cfg.train_config.resume is not None and _inside(cfg.train_config.resume, cfg.run_dir())
         if plan is None and not resuming_here:
             refuse_existing_run(cfg.run_dir(), str(cfg.run_name))
-        resolved = resolve(loaded, pm)
+        resolved = resolve(loaded, pm, isolate=True)
         if address is None and resolved.memory is not None:
             available, where = machine_memory()
             resolved.memory.check(available, where)

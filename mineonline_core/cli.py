@@ -47,7 +47,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from mineonline_core.plugins import get_plugin_manager
     from mineonline_core.resolve import resolve
 
-    resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager())
+    # isolate: the env is built, reset and stepped once in a subprocess, as a rollout worker would.
+    resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager(), isolate=True)
     print(yaml.safe_dump(public_config(resolved.config), sort_keys=False), end="")  # secrets redacted, ${oc.env:..} kept
     if resolved.memory is not None:
         from mineonline_core.budget import machine_memory
@@ -146,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_cmd_eval)
 
-    check = sub.add_parser("check", help="validate and resolve a config without starting Ray")
+    check = sub.add_parser("check", help="validate and resolve a config, and build, reset and step its env once, without starting Ray")
     check.add_argument("config")
     check.add_argument("overrides", nargs="*")
     check.set_defaults(func=_cmd_check)

@@ -8,6 +8,7 @@ vector envs, so one policy contract covers CartPole, Crafter and Minecraft. Adap
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, ClassVar
 
 import gymnasium as gym
@@ -212,36 +213,70 @@ class MineStudioEnv(EnvFactory):
 
 
 class MinecraftAdapter(gym.Wrapper):
-    """Adapt ``MinecraftSim`` to the loop's contract.
+    """Adapt MineStudio's ``MinecraftSim`` to the loop's contract.
 
-    Observations keep only the policy's input (``image``); anything else moves to ``info`` so that
-    fragments hold fixed-shape arrays. ``MinecraftSim`` reports the end of an episode as
-    ``terminated = truncated = done``; Minecraft tasks end by time limits and reset judges, not by a
-    true terminal state, so such an end is a truncation here and GAE bootstraps through it. A wrapped
-    env that sets only ``terminated`` keeps it.
+    * ``reset``: ``MinecraftSim.reset(self)`` takes no argument (MineStudio 1.1.6; its world seed is
+      fixed when it is built), so ``seed`` goes to the wrapped reset only when its signature takes
+      one; otherwise it seeds the simulator's ``np_random``, which its callbacks draw from (where
+      ``SummonMobsCallback`` places mobs).
+    * Observations keep only the policy's input (``image``); the rest moves to ``info`` so that
+      fragments hold fixed-shape arrays.
+    * Episode ends are truncations. ``MinecraftSim`` reports the engine's ``done`` as ``terminated =
+      truncated = done`` and ``JudgeResetCallback``'s time limit as ``terminated`` alone; Minecraft has
+      no terminal state (dying respawns), so GAE bootstraps through every end.
+    * At an episode's end ``info["achievements"]`` holds what MineRL's statistics (``kill_entity``,
+      ``mine_block``, ``craft_item``, ``pickup``) counted during the episode, e.g. ``kill_entity/cow``;
+      they reach the metrics as ``achievement/success/...``.
     """
+
+    STATISTICS: ClassVar[tuple[str, ...]] = ("kill_entity", "mine_block", "craft_item", "pickup")
 
     def __init__(self, env: Any) -> None:
         super().__init__(env)
         space = getattr(env, "observation_space", None)
         image_space = space["image"] if isinstance(space, gym.spaces.Dict) and "image" in space.spaces else None
         self.observation_space = gym.spaces.Dict({"image": image_space or gym.spaces.Box(0, 255, (128, 128, 3), np.uint8)})
+        self._reset_takes_seed = _takes_keyword(env.reset, "seed")
+        self._counts_at_reset: dict[str, float] = {}
 
     def _split(self, obs: dict, info: dict) -> tuple[dict, dict]:
         extra = {k: v for k, v in obs.items() if k != "image"}
         return {"image": np.asarray(obs["image"], dtype=np.uint8)}, {**info, **({"obs_extra": extra} if extra else {})}
 
-    def reset(self, **kwargs: Any) -> tuple[dict, dict]:
-        obs, info = self.env.reset(**kwargs)
+    def _counts(self, info: dict) -> dict[str, float]:
+        counts = {}
+        for stat in self.STATISTICS:
+            for name, value in (info.get(stat) or {}).items():
+                counts[f"{stat}/{name}"] = float(np.asarray(value).sum())
+        return counts
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        if self._reset_takes_seed:
+            obs, info = self.env.reset(seed=seed, options=options)
+        else:
+            if seed is not None:
+                self.env.unwrapped.np_random = np.random.default_rng(seed)
+            obs, info = self.env.reset()
+        self._counts_at_reset = self._counts(info)
         return self._split(obs, info)
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         obs, info = self._split(obs, info)
-        terminated, truncated = bool(terminated), bool(truncated)
-        if terminated and truncated:
-            terminated = False
-        return obs, float(reward), terminated, truncated, info
+        ended = bool(terminated) or bool(truncated)
+        if ended:
+            before = self._counts_at_reset
+            counts = {k: v - before.get(k, 0.0) for k, v in self._counts(info).items()}
+            info["achievements"] = {k: int(v) for k, v in counts.items() if v > 0}
+        return obs, float(reward), False, ended, info
+
+
+def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def env_generator_from_config(env_cls: type[EnvFactory], options: BaseModel) -> Callable[[], gym.Env]:

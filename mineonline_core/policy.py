@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 from torch.nn import functional as F
 
+from mineonline_core.errors import ConfigError
+
 
 class PolicyOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -148,10 +150,30 @@ def prepare_policy(policy: nn.Module, *, use_normalized_vf: bool) -> nn.Module:
     Rollout workers and trainer ranks both call this on what ``policy_generator()`` returns, so the
     behaviour values they record and the values the trainer regresses are on the same scale.
     """
+    refuse_minestudio_policy(policy)
     value_head = getattr(policy, "value_head", None)
     if value_head is not None and hasattr(value_head, "use_normalizer"):
         value_head.use_normalizer = use_normalized_vf
     return policy
+
+
+def refuse_minestudio_policy(policy: nn.Module) -> None:
+    """MineStudio's own policy classes (``minestudio.models``, 1.1.6) break DESIGN.md §5's guarantees."""
+    cls = type(policy)
+    if not cls.__module__.startswith("minestudio."):
+        return
+    raise ConfigError(
+        f"policy_generator returned {cls.__module__}.{cls.__qualname__}, a MineStudio policy class, with which "
+        f"mineonline cannot keep its guarantees (DESIGN.md section 5): (1) its forward ignores context['first'] "
+        f"(MineStudio 1.1.6 passes first=False), so training would not reset the recurrent state at the episode "
+        f"starts inside a fragment as rollout did, and the training forward would not reproduce the rollout's "
+        f"log-probs; (2) its value head's EWMA normaliser updates its statistics on every normalize() call made "
+        f"in training mode, whatever the values (behaviour values included), not once per batch of returns; (3) initial_state returns one cached list of "
+        f"tensors per batch size, shared by every caller (aliased across envs with num_envs=1). Fix: load the "
+        f"same .model/.weights files with mineonline_vpt.load_vpt_policy(model_path, weights_path) (the vpt "
+        f"plugin: the same architecture and state-dict keys, loaded strictly, honouring 'first'), or set "
+        f"policy_config: {{name: vpt, model_path: ..., weights_path: ...}}."
+    )
 
 
 def state_dict_mismatch(module: nn.Module, state: dict, *, limit: int = 8) -> str | None:

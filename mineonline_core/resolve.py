@@ -93,8 +93,12 @@ def _prepared_policy(policy_generator: Callable[[], Any], use_normalized_vf: boo
     return prepare_policy(policy_generator(), use_normalized_vf=use_normalized_vf)
 
 
-def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> ResolvedRun:
-    """Resolve every component of ``loaded`` with ``pm``; raise one clear error for the first problem."""
+def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isolate: bool = False) -> ResolvedRun:
+    """Resolve every component of ``loaded`` with ``pm``; raise one clear error for the first problem.
+
+    ``probe`` builds the env (for its spaces) and the policy; with ``isolate`` the env is built, reset
+    and stepped in a subprocess with the workers' time limits (``envcheck.probe_env``), as
+    ``mineonline run`` and ``mineonline check`` do."""
     cfg = loaded.config
     trainer_cls = pm.lookup("trainer", cfg.trainer_name)
     db = cfg.rollout_config.replay_buffer_config.database_config
@@ -116,7 +120,7 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True) -> R
     logger_data = {"project": cfg.logger_config.project, "name": cfg.logger_config.name, **extra}
     loggers = [(cls, _options(cls, logger_data, "logger_config")) for cls in logger_classes]
 
-    gens = resolve_generators(loaded, pm, probe=probe, store_cls=store_cls)
+    gens = resolve_generators(loaded, pm, probe=probe, isolate=isolate, store_cls=store_cls)
     check_consistency(cfg)
     return ResolvedRun(
         config=cfg, env_generator=gens.env_generator, policy_generator=gens.policy_generator, trainer_cls=trainer_cls,
@@ -137,7 +141,7 @@ class Generators:
     memory: Any = None  # budget.MemoryEstimate when probed
 
 
-def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True,
+def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isolate: bool = False,
                        store_cls: type | None = None) -> Generators:  # fmt: skip
     """The env and policy generators alone (what ``mineonline eval`` needs: no trainer, store or logger).
     ``store_cls`` sizes the replay part of the memory estimate."""
@@ -160,7 +164,14 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
     _picklable(env_generator, "env_generator")
 
     observation_space = action_space = None
-    if probe:
+    if probe and isolate:
+        from mineonline_core.envcheck import probe_env
+
+        wc = cfg.rollout_config.worker_config
+        observation_space, action_space = probe_env(
+            env_generator, startup_timeout=max(wc.step_timeout, 120.0), step_timeout=wc.step_timeout
+        )
+    elif probe:
         from mineonline_core.envs import adapt_env
 
         env = adapt_env(_call(env_generator, "env_generator()"))

@@ -50,6 +50,9 @@ from mineonline_core.watchdog import RestartBudget
 
 log = logging.getLogger(__name__)
 
+# Starts of a never-started env that may fail with the same exception before the worker gives up.
+STARTUP_ATTEMPTS = 3
+
 
 class _Slot:
     """Everything the collector tracks for one env."""
@@ -65,6 +68,9 @@ class _Slot:
         self.started_at = 0.0
         self.restart_at: float | None = 0.0  # when down: the time to rebuild
         self.failures_in_row = 0
+        self.started = False  # has this env ever answered its first reset?
+        self.startup_error: str | None = None  # the exception that stopped its last start
+        self.same_startup_errors = 0
         self.builds = 0
         self.builder: FragmentBuilder | None = None
         self.next_index = 0
@@ -187,8 +193,9 @@ class FragmentCollector:
         end = time.monotonic() + timeout
         while not all(s.obs is not None for s in self._slots):
             if time.monotonic() >= end:
-                down = [s.env_id for s in self._slots if s.obs is None]
-                raise TimeoutError(f"worker {self.worker_id}: envs {down} not ready after {timeout:.0f}s")
+                down = [s for s in self._slots if s.obs is None]
+                causes = "".join(f"\n  env {s.env_id}: last failure {s.startup_error}" for s in down if s.startup_error)
+                raise TimeoutError(f"worker {self.worker_id}: envs {[s.env_id for s in down]} not ready after {timeout:.0f}s{causes}")
             self._poll(max_wait=0.5)
 
     def collect(self, num_fragments: int) -> list[dict]:
@@ -258,6 +265,8 @@ class FragmentCollector:
         slot.obs, slot.pending_t = None, None
 
     def _on_failure(self, slot: _Slot, exc: EnvFailure) -> None:
+        if not slot.started and exc.kind == "error":
+            self._check_startup(slot, exc)
         if exc.kind == "fatal":
             self.close()
             raise RunFailedError(
@@ -307,6 +316,22 @@ class FragmentCollector:
                 f"Rollout worker {self.worker_id}: env {slot.env_id} failed {slot.failures_in_row} times in a "
                 f"row (rollout_config.worker_config.max_env_restarts={self.max_env_restarts}). Last failure: "
                 f"{detail}\nFix the env, or raise max_env_restarts if failures are expected."
+            )
+
+    def _check_startup(self, slot: _Slot, exc: EnvFailure) -> None:
+        """An env that never started and raises the same exception ``STARTUP_ATTEMPTS`` times in a row
+        will not start: stop with its own error now, not at the warm-up timeout minutes later."""
+        from mineonline_core.envcheck import exception_line
+
+        error = exception_line(exc.detail)
+        slot.same_startup_errors = slot.same_startup_errors + 1 if error == slot.startup_error else 1
+        slot.startup_error = error
+        if slot.same_startup_errors >= STARTUP_ATTEMPTS:
+            self.close()
+            raise RunFailedError(
+                f"Rollout worker {self.worker_id}: env {slot.env_id} raised {error} while being built or reset, "
+                f"{STARTUP_ATTEMPTS} times in a row, and never started; every env of this worker would fail the "
+                f"same way. Fix the env (`mineonline check CONFIG` builds, resets and steps it once).\n{exc.detail}"
             )
 
     # -- gathering ready envs -----------------------------------------------------------------
@@ -371,6 +396,7 @@ class FragmentCollector:
             return
         now = time.monotonic()
         if slot.pending_t is None:  # the answer to a fresh process's reset
+            slot.started = True
             slot.task = (info.get("reset_info") or {}).get("task")
             slot.obs, slot.first = obs, True
             self._ready.append(slot.env_id)

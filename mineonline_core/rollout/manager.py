@@ -257,6 +257,10 @@ class RolloutManager:
             ray.get(refs, timeout=30)
         except Exception:  # noqa: BLE001 - dead or stuck workers are killed below
             log.warning("some rollout workers did not shut down cleanly", exc_info=True)
+        try:  # episodes since the last report_every-th one reach the metrics too (the workers flushed theirs)
+            ray.get(self._stats.report.remote(), timeout=30)
+        except Exception:  # noqa: BLE001
+            log.warning("the episode statistics actor did not report at shutdown", exc_info=True)
         try:
             ray.get(self._store_host.close.remote(), timeout=30)
         except Exception:  # noqa: BLE001

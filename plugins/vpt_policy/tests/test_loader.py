@@ -131,3 +131,26 @@ def test_public_fixture_loads_all_118_keys() -> None:
     assert all(torch.equal(policy.state_dict()[k], v) for k, v in state.items())
     normalizer = policy.value_head.normalizer
     assert not any(p.requires_grad for p in normalizer.parameters())
+
+
+MANIFEST = FIXTURES.parent / "vpt_manifest.json"
+
+
+@pytest.mark.skipif(not MANIFEST.exists(), reason="VPT manifest not present")
+def test_random_weights_of_the_real_1x_layout_load_strictly(tmp_path: Path) -> None:
+    """A .weights file with every key and shape of the released foundation-model-1x (random values)."""
+    import json
+
+    entry = json.loads(MANIFEST.read_text())["models"]["foundation-model-1x"]
+    model = write_model(tmp_path / "1x.model", entry["policy_kwargs"])
+    generator = torch.Generator().manual_seed(0)
+    state = OrderedDict((e["key"], torch.randn(e["shape"], generator=generator) * 0.02) for e in entry["state_dict"])
+    state["value_head.normalizer.running_mean_sq"] = state["value_head.normalizer.running_mean"] ** 2 + 1.0
+    torch.save(state, tmp_path / "1x.weights")
+    policy = load_vpt_policy(model, tmp_path / "1x.weights")
+    loaded = policy.state_dict()
+    assert list(loaded) == list(state) and all(torch.equal(loaded[k], v) for k, v in state.items())
+    del state["net.final_ln.weight"]
+    torch.save(state, tmp_path / "short.weights")
+    with pytest.raises(VPTWeightsError, match="net.final_ln.weight"):
+        load_vpt_policy(model, tmp_path / "short.weights")

@@ -1,0 +1,101 @@
+"""Build, reset and step the env once in a subprocess, as a rollout worker will, before Ray starts.
+
+``mineonline run`` and ``mineonline check`` call ``probe_env``: an env that raises while being built,
+reset or stepped, or hangs, is reported at once with its own exception (type, message, traceback)
+instead of surfacing minutes later as a worker's warm-up timeout. The probe goes through the same
+pickling, process start and ``apply_command`` protocol as ``EnvProcess``, so what passes here starts
+in a worker, and the env's spaces come back for the policy generator.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from multiprocessing import connection
+from typing import Any, Callable
+
+from mineonline_core.errors import ConfigError, MineOnlineError
+
+def _child(conn: connection.Connection, env_fn_bytes: bytes, seed: int) -> None:
+    import cloudpickle
+
+    from mineonline_core.rollout.envproc import apply_command
+
+    stage = "unpickled"
+    try:
+        env_fn = cloudpickle.loads(env_fn_bytes)
+        conn.send(("stage", stage := "built"))
+        env = env_fn()
+        conn.send(("stage", stage := "reset"))
+        apply_command(env, "reset", seed, ())
+        conn.send(("stage", stage := "stepped"))
+        apply_command(env, "step", env.action_space.sample(), ())
+        spaces = cloudpickle.dumps((env.observation_space, env.action_space))
+        env.close()
+        conn.send(("ok", spaces))
+    except MineOnlineError as exc:  # the env factory's own message for the user (a bad env_config, say)
+        conn.send(("user", stage, str(exc)))
+    except BaseException:  # noqa: BLE001 - whatever the env raised is the answer
+        conn.send(("error", stage, traceback.format_exc()))
+
+
+def exception_line(trace: str) -> str:
+    """``Type: message`` from a formatted traceback (its last non-blank line)."""
+    lines = [line for line in trace.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "unknown error"
+
+
+def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_timeout: float, seed: int = 0) -> tuple[Any, Any]:
+    """The adapted env's ``(observation_space, action_space)``; raises ``ConfigError`` naming the env's
+    own exception when building, resetting or stepping it fails, or when a stage outlasts its limit."""
+    import cloudpickle
+
+    from mineonline_core.envs import adapted
+    from mineonline_core.rollout.envproc import default_context
+
+    ctx = default_context()
+    parent, child = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_child, args=(child, cloudpickle.dumps(adapted(env_generator)), seed), daemon=True)
+    process.start()
+    child.close()
+    stage, limit = "unpickled", startup_timeout
+    deadline = time.monotonic() + limit
+    try:
+        while True:
+            if not parent.poll(max(0.0, deadline - time.monotonic())):
+                raise ConfigError(
+                    f"env_generator: the env was not {stage} within {limit:.0f}s in a test subprocess (pid "
+                    f"{process.pid}); a rollout worker would declare it hung. Fix the env, or raise "
+                    f"rollout_config.worker_config.step_timeout if it is merely slow."
+                )
+            try:
+                message = parent.recv()
+            except EOFError:
+                process.join(timeout=5.0)
+                raise ConfigError(
+                    f"env_generator: the env's process died (exit code {process.exitcode}) before the env was "
+                    f"{stage}; a crash in native code (the simulator) is the usual cause."
+                ) from None
+            if message[0] == "stage":
+                stage = message[1]
+                if stage == "stepped":
+                    limit = step_timeout
+                    deadline = time.monotonic() + limit
+            elif message[0] == "user":
+                raise ConfigError(message[2])
+            elif message[0] == "error":
+                _, failed, trace = message
+                hint = (" Env factories are pickled into a fresh process: define env_generator in an importable module "
+                        "or a Python config file.") if failed == "unpickled" else ""  # fmt: skip
+                raise ConfigError(
+                    f"env_generator: the env raised {exception_line(trace)} while being {failed} in a subprocess, as a "
+                    f"rollout worker would build, reset and step it. Every env would fail the same way.{hint}\n{trace}"
+                )
+            else:
+                return cloudpickle.loads(message[1])
+    finally:
+        if process.is_alive():
+            process.kill()
+        process.join(timeout=5.0)
+        parent.close()
+

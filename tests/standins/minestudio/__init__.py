@@ -1,1 +1,0 @@
-"""Stand-in for MineStudio (tests only; see tests/standins/README.md)."""

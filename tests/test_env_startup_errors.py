@@ -1,0 +1,114 @@
+"""An env that cannot start is reported with its own exception within seconds: by ``mineonline check``
+and ``mineonline run`` before Ray starts (built, reset and stepped once in a subprocess), and by a
+rollout worker after a few identical failures instead of at its warm-up timeout minutes later."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+from minestudio.simulator import MinecraftSim
+from minestudio.simulator.callbacks import MinecraftCallback
+
+from mineonline_core.envcheck import probe_env
+from mineonline_core.envs import adapted
+from mineonline_core.errors import ConfigError, RunFailedError
+from mineonline_core.rollout.collector import FragmentCollector
+from mineonline_core.testing.kit import cartpole
+from mineonline_core.testing.minecraft import with_fake_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its callbacks travel to env processes
+BROKEN = textwrap.dedent('''
+    """A MineStudio config whose simulator builds but cannot reset."""
+    from minestudio.simulator import MinecraftSim
+    from minestudio.simulator.callbacks import MinecraftCallback
+
+    from mineonline_core.testing.minecraft import fake_engine
+
+
+    class NoWorld(MinecraftCallback):
+        def after_reset(self, sim, obs, info):
+            raise RuntimeError("the world failed to load")
+
+
+    def env_generator():
+        with fake_engine():
+            return MinecraftSim(obs_size=(128, 128), num_empty_frames=1, callbacks=[NoWorld()])
+
+
+    online_dict = {
+        "policy_config": {"name": "vpt", "hidsize": 32, "impala_chans": [8, 8, 8], "n_recurrence_layers": 1,
+                          "attention_heads": 2, "attention_memory_size": 16, "timesteps": 8},
+        "rollout_config": {"num_rollout_workers": 1, "worker_config": {"num_envs": 1, "batch_size": 1},
+                           "replay_buffer_config": {"database_config": {"backend": "memory"}}},
+        "logger_config": {"loggers": []},
+    }
+''')
+
+
+class NoWorld(MinecraftCallback):
+    def after_reset(self, sim, obs, info):
+        raise RuntimeError("the world failed to load")
+
+
+class Hangs(MinecraftCallback):
+    def before_reset(self, sim, reset_flag):
+        time.sleep(600)
+
+
+def broken_sim(callback: MinecraftCallback) -> functools.partial:
+    return with_fake_engine(functools.partial(MinecraftSim, obs_size=(128, 128), num_empty_frames=1, callbacks=[callback]))
+
+
+def test_check_reports_the_envs_own_exception_in_seconds(tmp_path: Path) -> None:
+    config = tmp_path / "broken_cow.py"
+    config.write_text(BROKEN)
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "check", str(config)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    elapsed = time.monotonic() - t0
+    assert out.returncode == 2, out.stderr
+    assert "raised RuntimeError: the world failed to load while being reset" in out.stderr
+    assert elapsed < 30, f"mineonline check took {elapsed:.0f}s"
+
+
+def test_run_fails_before_ray_starts(tmp_path: Path) -> None:
+    import ray
+
+    from mineonline_core.api import run
+
+    config = tmp_path / "broken_cow.py"
+    config.write_text(BROKEN)
+    with pytest.raises(ConfigError, match="RuntimeError: the world failed to load while being reset"):
+        run(str(config), [f"output_dir={tmp_path}"], progress=False)
+    assert not ray.is_initialized()
+
+
+def test_probe_reports_a_hang_with_its_stage() -> None:
+    with pytest.raises(ConfigError, match="not reset within 2s"):
+        probe_env(broken_sim(Hangs()), startup_timeout=2.0, step_timeout=2.0)
+
+
+def test_probe_returns_the_adapted_spaces() -> None:
+    observation_space, action_space = probe_env(cartpole, startup_timeout=60.0, step_timeout=10.0)
+    assert set(observation_space.spaces) == {"obs"} and action_space.n == 2
+
+
+@pytest.mark.parametrize("env_processes", [True, False], ids=["subprocess", "inline"])
+def test_worker_stops_with_the_envs_exception_not_a_warmup_timeout(env_processes: bool) -> None:
+    from mineonline_core.testing.kit import mlp_policy
+
+    policy = mlp_policy()  # never runs: no env ever starts
+    collector = FragmentCollector(policy=policy, env_fns=[adapted(broken_sim(NoWorld()))] * 2, fragment_length=4,
+                                  batch_size=1, env_processes=env_processes)  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(RunFailedError, match="RuntimeError: the world failed to load while being built or reset, 3 times"):
+        collector.warmup(timeout=60.0)
+    assert time.monotonic() - t0 < 30
