@@ -24,7 +24,6 @@ from mineonline_core.rollout.collector import FragmentCollector
 from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.trainer.sequence import forward_sequence
-from mineonline_core.tree import tree_index
 from mineonline_ppo import PPOTrainer
 
 FRAGMENT, CONTEXT, PER_CHUNK = 8, 5, 2
