@@ -32,8 +32,12 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
 
     if ray.is_initialized():
         return
+    from mineonline_core.runlog import SETUP_HOOK
+
     env_vars = {k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR", "PYTHONPATH") if k in os.environ}
-    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": env_vars}, "log_to_driver": True}
+    # Actors mark mineonline's log records (runlog.py): the driver shows those and files the rest.
+    runtime_env = {"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
+    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": runtime_env, "log_to_driver": True}
     if address:
         from mineonline_core.lifecycle import prepare_auth_env
 
@@ -63,12 +67,12 @@ def _handles(cfg: OnlineConfig) -> tuple[Any, Any]:
     return manager, hub
 
 
-def _start_hub(resolved: ResolvedRun) -> Any:
+def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> Any:
     from mineonline_core.loggerhub import start_logger_hub
 
     cfg = resolved.config
     return start_logger_hub(
-        run_name=cfg.run_name, namespace=NAMESPACE, lifetime="detached" if cfg.detach_rollout_manager else None,
+        run_name=cfg.run_name, namespace=NAMESPACE, lifetime="detached" if cfg.detach_rollout_manager else None, wait=wait,
         run_dir=str(cfg.run_dir()), loggers=resolved.loggers, config=_public_config(cfg),
         num_iterations=cfg.train_config.num_iterations,
         video_dir=str(cfg.resolve_path(cfg.rollout_config.worker_config.video_output_dir)),
@@ -77,10 +81,11 @@ def _start_hub(resolved: ResolvedRun) -> Any:
 
 def _start_manager(resolved: ResolvedRun, hub: Any) -> Any:
     from mineonline_core.envs import adapted
+    from mineonline_core.resolve import Deferred
     from mineonline_core.rollout.manager import start_rolloutmanager as start
 
     cfg = resolved.config
-    return start(resolved.policy_generator, adapted(resolved.env_generator), cfg, run_dir=str(cfg.run_dir()),
+    return start(Deferred(resolved.policy_generator), Deferred(adapted(resolved.env_generator)), cfg, run_dir=str(cfg.run_dir()),
                  logger_hub=hub, store_cls=resolved.store_cls, store_options=resolved.store_options)  # fmt: skip
 
 
@@ -183,9 +188,13 @@ def _resume_source(run_dir: str, overrides: Sequence[str]) -> tuple[Any, list[st
 
 
 def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = None, resume: str | None = None,
-        progress: bool = True, pm: PluginManager | None = None) -> dict:  # fmt: skip
-    """Validate, start everything, train to ``num_iterations`` (or until Ctrl-C), clean up."""
-    import ray
+        progress: bool = True, verbose: bool = False, pm: PluginManager | None = None) -> dict:  # fmt: skip
+    """Validate, start everything, train to ``num_iterations`` (or until Ctrl-C), clean up.
+
+    The console shows mineonline's own output; Ray's and the libraries' go to ``run.log`` in the run
+    directory (``verbose``: to the console as well).
+    """
+    from mineonline_core.runlog import RunLog
 
     overrides = list(overrides)
     if resume is not None:
@@ -196,16 +205,39 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     run_dir = _prepare_run_dir(resolved, overrides=[o for o in overrides if not o.startswith(("train_config.resume=", "run_name=", "output_dir="))])
     os.environ.setdefault("WANDB_MODE", "offline")
     pm.hook.mineonline_run_start(config=cfg, run_dir=str(run_dir))
+    with RunLog(run_dir, verbose=verbose) as run_log:
+        status, result = _launch(resolved, pm, run_dir, address=address, progress=progress, run_log=run_log)
+    result["status"], result["run_dir"] = status, str(run_dir)
+    if result["summary"]:
+        from mineonline_core.console import print_summary
+
+        # The table is printed here, on the driver, not in the logging actor whose output Ray prefixes.
+        print_summary(result["summary"], env_steps=result["summary"].get("rollout/env_steps"))
+    print(f"run {cfg.run_name} {status}: {run_dir}")
+    return result
+
+
+def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address: str | None, progress: bool,
+            run_log: Any) -> tuple[str, dict]:  # fmt: skip
+    """Start Ray and the run's actors, train, and tear everything down whatever happens."""
+    import ray
+
+    from mineonline_core.loggerhub import check_logger_hub
+
+    cfg = resolved.config
     started_ray = not ray.is_initialized()
     init_ray(address)
+    run_log.attach_actor_output()
     status, result, manager, hub = "failed", {}, None, None
     try:
         check_resources(cfg, ray.cluster_resources())
-        hub = _start_hub(resolved)
+        # The hub and the manager start side by side: actor start-up is mostly process start-up.
+        hub = _start_hub(resolved, wait=False)
         try:
             manager = _start_manager(resolved, hub)
         except ray.exceptions.RayError as exc:
             raise find_user_error(exc) or RunFailedError(f"the rollout manager failed to start: {_first_line(exc)}") from exc
+        check_logger_hub(hub, cfg.run_name)
         result = _train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress)
         status = result.get("status", "completed")
     except KeyboardInterrupt:
@@ -219,14 +251,7 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
             pm.hook.mineonline_run_finish(config=cfg, run_dir=str(run_dir), status=status)
         except Exception:  # noqa: BLE001 - documented: a finish hook cannot change the outcome
             log.exception("a mineonline_run_finish hook failed")
-    result["status"], result["run_dir"] = status, str(run_dir)
-    if result["summary"]:
-        from mineonline_core.console import print_summary
-
-        # The table is printed here, on the driver, not in the logging actor whose output Ray prefixes.
-        print_summary(result["summary"], env_steps=result["summary"].get("rollout/env_steps"))
-    print(f"run {cfg.run_name} {status}: {run_dir}")
-    return result
+    return status, result
 
 
 def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig, progress: bool) -> dict:

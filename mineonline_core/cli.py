@@ -22,7 +22,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None and args.config is not None and "=" in args.config and not Path(args.config).exists():
         # `run --resume DIR key=value`: argparse hands the first override to the CONFIG slot; it is an override.
         args.overrides, args.config = [args.config, *args.overrides], None
-    result = run(args.config, args.overrides, address=args.address, resume=args.resume, progress=not args.no_progress)
+    result = run(args.config, args.overrides, address=args.address, resume=args.resume, progress=not args.no_progress,
+                 verbose=args.verbose)  # fmt: skip
     return 0 if result.get("status") in ("completed", "interrupted") else 1
 
 
@@ -107,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     run.add_argument("--address", help="the Ray cluster to join (default: start a local one)")
     run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="also print Ray's and the libraries' messages (always in the run directory's run.log)")  # fmt: skip
     run.set_defaults(func=_cmd_run)
 
     check = sub.add_parser("check", help="validate and resolve a config without starting Ray")
@@ -151,7 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except MineOnlineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from mineonline_core.runlog import console_error
+
+        print(f"error: {console_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
