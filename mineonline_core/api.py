@@ -244,9 +244,12 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
         status = "interrupted"
     finally:
         result["summary"] = _shutdown(manager, hub, cfg)
-        _write_report(run_dir)
+        # Plotting (CPU) and stopping Ray (mostly waiting for its processes) overlap.
+        report = threading.Thread(target=_write_report, args=(run_dir,), name="mineonline-report")
+        report.start()
         if started_ray:
             ray.shutdown()
+        report.join()
         try:
             pm.hook.mineonline_run_finish(config=cfg, run_dir=str(run_dir), status=status)
         except Exception:  # noqa: BLE001 - documented: a finish hook cannot change the outcome
