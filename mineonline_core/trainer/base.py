@@ -8,9 +8,9 @@ version minus the version that chose its action.
 The loop runs on ``train_config.num_workers`` Ray Train ranks (``TorchTrainer``; gloo on CPU, NCCL on
 GPU), or, for one CPU rank, in the driver's own process (``train_config.use_ray_train``): the same
 ``_train_func``, without Ray Train's seconds of start-up. The trainer object is pickled to each rank,
-so it holds only handles and config until ``_train_func`` builds the live model there. Subclasses implement ``setup_model_and_optimizer`` and
-``train`` (MineStudio's names) and may persist extra state through ``trainer_state`` /
-``load_trainer_state``; everything else (fetching, GAE, broadcast, checkpoints, metrics) lives here.
+so it holds only handles and config until ``_train_func`` builds the live model there. Subclasses
+implement ``setup_model_and_optimizer`` and ``train`` (MineStudio's names) and may persist extra
+state through ``trainer_state`` / ``load_trainer_state``; everything else (fetching, GAE, broadcast, checkpoints, metrics) lives here.
 """
 
 from __future__ import annotations
