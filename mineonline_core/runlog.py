@@ -36,7 +36,7 @@ _FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def _ours(record: logging.LogRecord) -> bool:
-    return record.name == "mineonline" or record.name.startswith("mineonline")
+    return record.name.startswith("mineonline")  # the core, its plugins, the driver ("mineonline")
 
 
 # ``package.Type: message`` (or Ray's ``package.Type(Cause): message``) at the start of a line: the
@@ -128,9 +128,10 @@ class RunLog:
         self._ray_handlers: list[logging.Handler] = []
         self._levels: list[tuple[logging.Logger, int]] = []
         self._ray_printer: Any = None
-        self._captured_warnings = False
 
     def __enter__(self) -> RunLog:
+        import ray  # noqa: F401 - Ray's logger gets its console handler when ray is imported
+
         self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed in __exit__
         file_handler = logging.StreamHandler(self._file)
         file_handler.setFormatter(logging.Formatter(_FILE_FORMAT))
@@ -160,13 +161,12 @@ class RunLog:
             for handler in self._ray_handlers:
                 ray_logger.removeHandler(handler)
         logging.captureWarnings(True)
-        self._captured_warnings = True
         self.attach_actor_output()
         return self
 
     def attach_actor_output(self) -> None:
         """Take over Ray's printer of actor output (call again after ``ray.init`` installed it)."""
-        if self._ray_printer is not None or "ray" not in sys.modules:
+        if self._ray_printer is not None:
             return
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
@@ -213,8 +213,7 @@ class RunLog:
             logger.removeHandler(handler)
         for logger, level in self._levels:
             logger.setLevel(level)
-        if self._captured_warnings:
-            logging.captureWarnings(False)
+        logging.captureWarnings(False)
         with self._lock:
             if self._file is not None:
                 self._file.close()
