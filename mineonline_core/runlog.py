@@ -59,7 +59,11 @@ def console_error(exc: BaseException) -> str:
     """What the console shows for a failed run, from an error that may carry the tracebacks of the
     processes it crossed (``run.log`` keeps them): mineonline's innermost message, the log file,
     and last the root cause, the exception type and message of the process where it happened."""
-    text = str(exc)
+    text = _ANSI.sub("", str(exc)).strip()
+    log_path = getattr(exc, "run_log", None)
+    log_line = [f"(full log: {log_path})"] if log_path else []
+    if "Traceback (most recent call last)" not in text and '\n  File "' not in text:
+        return "\n".join([text, *log_line])  # a message written for the user: as it is
     headline: list[str] = []
     cause = None
     collecting = False
@@ -73,10 +77,8 @@ def console_error(exc: BaseException) -> str:
             headline.append(line)
         if match and not any(w in match["type"] for w in _WRAPPERS):
             cause = f"{match['type'].rsplit('.', 1)[-1]}: {match['msg']}"
-    body = " ".join(one_line(part) for part in headline if one_line(part)) or one_line(text.strip().splitlines()[0])
-    log_path = getattr(exc, "run_log", None)
-    lines = [body, *([f"(full log: {log_path})"] if log_path else []), *([f"root cause: {cause}"] if cause else [])]
-    return "\n".join(lines)
+    body = " ".join(one_line(part) for part in headline if one_line(part)) or one_line(text.splitlines()[0])
+    return "\n".join([body, *log_line, *([f"root cause: {cause}"] if cause else [])])
 
 
 class _ActorFormatter(logging.Formatter):
