@@ -3,7 +3,7 @@
 ``mineonline run examples/crafter.py`` reads the same three names as MineStudio's ``run.py``:
 ``env_generator``, ``policy_generator`` and ``online_dict``. It fits a 2-core laptop: one rollout
 worker with 4 Crafter envs, one CPU train worker. ``make demo`` runs it for a short budget
-(20 iterations, see ``DEMO_OVERRIDES`` in the Makefile); ``benchmarks/bench_learning.py --env crafter`` measures it.
+(30 iterations, see ``DEMO_OVERRIDES`` in the Makefile); ``benchmarks/bench_learning.py --env crafter`` measures it.
 """
 
 from mineonline_core.models import RecurrentCNNPolicy

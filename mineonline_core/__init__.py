@@ -11,13 +11,13 @@ from typing import Any
 from mineonline_core.errors import ConfigError, MineOnlineError, UnknownComponentError
 from mineonline_core.hookspecs import hookimpl
 from mineonline_core.logger import Logger
-from mineonline_core.policy import Policy
 from mineonline_core.store import FragmentStore
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "BaseTrainer": "mineonline_core.trainer.base",
+    "Policy": "mineonline_core.policy",  # imports torch: not for processes that never build a network
     "EnvFactory": "mineonline_core.envs",
     "load_config": "mineonline_core.config",
     "OnlineConfig": "mineonline_core.config",

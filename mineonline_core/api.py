@@ -33,8 +33,12 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
 
     if ray.is_initialized():
         return
+    from mineonline_core.runlog import SETUP_HOOK
+
     env_vars = {k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR", "PYTHONPATH") if k in os.environ}
-    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": env_vars}, "log_to_driver": True}
+    # Actors mark mineonline's log records (runlog.py): the driver shows those and files the rest.
+    runtime_env = {"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
+    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": runtime_env, "log_to_driver": True}
     if address:
         from mineonline_core.lifecycle import prepare_auth_env
 
@@ -64,7 +68,7 @@ def _handles(cfg: OnlineConfig) -> tuple[Any, Any]:
     return manager, hub
 
 
-def _start_hub(resolved: ResolvedRun) -> Any:
+def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> Any:
     import ray
 
     from mineonline_core.console import METRICS_FILE
@@ -78,7 +82,7 @@ def _start_hub(resolved: ResolvedRun) -> Any:
         if dropped:
             log.info("resume: dropped %d metrics records logged after iteration %d", dropped, point.iteration)
     hub = start_logger_hub(
-        run_name=cfg.run_name, namespace=NAMESPACE, lifetime="detached" if cfg.detach_rollout_manager else None,
+        run_name=cfg.run_name, namespace=NAMESPACE, lifetime="detached" if cfg.detach_rollout_manager else None, wait=wait,
         run_dir=str(cfg.run_dir()), loggers=resolved.loggers, config=public_config(cfg),
         num_iterations=cfg.train_config.num_iterations,
         video_dir=str(cfg.resolve_path(cfg.rollout_config.worker_config.video_output_dir)),
@@ -90,10 +94,11 @@ def _start_hub(resolved: ResolvedRun) -> Any:
 
 def _start_manager(resolved: ResolvedRun, hub: Any) -> Any:
     from mineonline_core.envs import adapted
+    from mineonline_core.resolve import Deferred
     from mineonline_core.rollout.manager import start_rolloutmanager as start
 
     cfg = resolved.config
-    return start(resolved.policy_generator, adapted(resolved.env_generator), cfg, run_dir=str(cfg.run_dir()),
+    return start(Deferred(resolved.policy_generator), Deferred(adapted(resolved.env_generator)), cfg, run_dir=str(cfg.run_dir()),
                  logger_hub=hub, store_cls=resolved.store_cls, store_options=resolved.store_options)  # fmt: skip
 
 
@@ -162,12 +167,14 @@ def _inside(path: str, directory: Path) -> bool:
 
 
 def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = None, resume: str | None = None,
-        progress: bool = True, force: bool = False, pm: PluginManager | None = None) -> dict:  # fmt: skip
+        progress: bool = True, force: bool = False, verbose: bool = False, pm: PluginManager | None = None) -> dict:  # fmt: skip
     """Validate, start everything, train to ``num_iterations`` (or until Ctrl-C), clean up.
 
     Before Ray starts: the config is validated and resolved, the run directory (and a persistent
     store) locked for this process, and for a resume the checkpoint verified and the config compared
     with the one it was trained with (``resume``; ``force`` accepts continuity-breaking changes).
+    The console shows mineonline's own output; Ray's and the libraries' go to ``run.log`` in the run
+    directory (``verbose``: to the console as well).
     """
     from mineonline_core.budget import machine_memory
     from mineonline_core.resume import check_continuity, check_model, plan_resume, verified_resume
@@ -190,41 +197,20 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
                 for line in check_continuity(cfg, checkpoint, plan.run_dir if plan else cfg.run_dir(), force=force):
                     print(f"resume: {line}")
             check_model(resolved, checkpoint)
-        return _run_owned(resolved, pm, overrides=plan.recorded if plan else list(overrides), address=address, progress=progress)
+        return _run_owned(resolved, pm, overrides=plan.recorded if plan else list(overrides), address=address,
+                          progress=progress, verbose=verbose)  # fmt: skip
 
 
-def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str], address: str | None, progress: bool) -> dict:
-    import ray
+def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str], address: str | None, progress: bool,
+               verbose: bool) -> dict:  # fmt: skip
+    from mineonline_core.runlog import RunLog
 
     cfg = resolved.config
     run_dir = _prepare_run_dir(resolved, overrides=overrides)
     os.environ.setdefault("WANDB_MODE", "offline")
     pm.hook.mineonline_run_start(config=cfg, run_dir=str(run_dir))
-    started_ray = not ray.is_initialized()
-    init_ray(address)
-    status, result, manager, hub = "failed", {}, None, None
-    restore_sigterm = sigterm_as_ctrl_c()  # a preempted run stops like Ctrl-C: final checkpoint, clean exit
-    try:
-        check_resources(cfg, ray.cluster_resources())
-        hub = _start_hub(resolved)
-        try:
-            manager = _start_manager(resolved, hub)
-        except ray.exceptions.RayError as exc:
-            raise find_user_error(exc) or RunFailedError(f"the rollout manager failed to start: {_first_line(exc)}") from exc
-        result = _train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress)
-        status = result.get("status", "completed")
-    except KeyboardInterrupt:
-        status = "interrupted"
-    finally:
-        result["summary"] = _shutdown(manager, hub, cfg)
-        _write_report(run_dir)
-        if started_ray:
-            ray.shutdown()
-        try:
-            pm.hook.mineonline_run_finish(config=cfg, run_dir=str(run_dir), status=status)
-        except Exception:  # noqa: BLE001 - documented: a finish hook cannot change the outcome
-            log.exception("a mineonline_run_finish hook failed")
-        restore_sigterm()
+    with RunLog(run_dir, verbose=verbose) as run_log:
+        status, result = _launch(resolved, pm, run_dir, address=address, progress=progress, run_log=run_log)
     result["status"], result["run_dir"] = status, str(run_dir)
     if result["summary"]:
         from mineonline_core.console import print_summary
@@ -233,6 +219,48 @@ def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str]
         print_summary(result["summary"], env_steps=result["summary"].get("rollout/env_steps"))
     print(f"run {cfg.run_name} {status}: {run_dir}")
     return result
+
+
+def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address: str | None, progress: bool,
+            run_log: Any) -> tuple[str, dict]:  # fmt: skip
+    """Start Ray and the run's actors, train, and tear everything down whatever happens."""
+    import ray
+
+    from mineonline_core.loggerhub import check_logger_hub
+
+    cfg = resolved.config
+    started_ray = not ray.is_initialized()
+    init_ray(address)
+    run_log.attach_actor_output()
+    status, result, manager, hub = "failed", {}, None, None
+    restore_sigterm = sigterm_as_ctrl_c()  # a preempted run stops like Ctrl-C: final checkpoint, clean exit
+    try:
+        check_resources(cfg, ray.cluster_resources())
+        # The hub and the manager start side by side: actor start-up is mostly process start-up.
+        hub = _start_hub(resolved, wait=False)
+        try:
+            manager = _start_manager(resolved, hub)
+        except ray.exceptions.RayError as exc:
+            raise find_user_error(exc) or RunFailedError(f"the rollout manager failed to start: {_first_line(exc)}") from exc
+        check_logger_hub(hub, cfg.run_name)
+        result = _train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress)
+        status = result.get("status", "completed")
+    except KeyboardInterrupt:
+        status = "interrupted"
+    finally:
+        result["summary"] = _shutdown(manager, hub, cfg)
+        # Plotting (CPU) and stopping Ray (mostly waiting for its processes) overlap.
+        report = threading.Thread(target=_write_report, args=(run_dir,), name="mineonline-report")
+        report.start()
+        if started_ray:
+            ray.shutdown()
+        report.join()
+        try:
+            pm.hook.mineonline_run_finish(config=cfg, run_dir=str(run_dir), status=status)
+        except Exception:  # noqa: BLE001 - documented: a finish hook cannot change the outcome
+            log.exception("a mineonline_run_finish hook failed")
+        restore_sigterm()
+    return status, result
 
 
 def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig, progress: bool) -> dict:

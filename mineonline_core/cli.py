@@ -7,6 +7,7 @@ and exit with status 2. Heavy modules load only inside the command that needs th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -23,7 +24,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # `run --resume DIR key=value`: argparse hands the first override to the CONFIG slot; it is an override.
         args.overrides, args.config = [args.config, *args.overrides], None
     result = run(args.config, args.overrides, address=args.address, resume=args.resume, progress=not args.no_progress,
-                 force=args.force)  # fmt: skip
+                 force=args.force, verbose=args.verbose)  # fmt: skip
     return 0 if result.get("status") in ("completed", "interrupted") else 1
 
 
@@ -134,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --resume: accept config changes that break continuity (network, env, fragment length, ...)")
     run.add_argument("--address", help="the Ray cluster to join (default: start a local one)")
     run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="also print Ray's and the libraries' messages (always in the run directory's run.log)")  # fmt: skip
     run.set_defaults(func=_cmd_run)
 
     ev = sub.add_parser("eval", help="run episodes with a trained policy; write eval.json (and videos)")
@@ -189,12 +192,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except MineOnlineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from mineonline_core.runlog import console_error
+
+        print(f"error: {console_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
 
 
+def entry() -> None:
+    """The ``mineonline`` console script: ``main``, then, after ``run``, an exit without the
+    interpreter's teardown."""
+    code = main()
+    if sys.argv[1:2] == ["run"]:
+        # The run has stopped Ray and closed its files; unwinding the modules of torch and Ray would
+        # only add seconds to the wall clock of every run (issue 16).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -263,8 +263,11 @@ class LoggerHub:
             self._errors.append(f"{name}.{method}: {last}")
 
 
-def start_logger_hub(*, run_name: str, namespace: str = "mineonline", lifetime: str | None = None, **kwargs: Any) -> Any:
-    """Start the hub as the named actor ``{run_name}/logger_hub`` and wait until its loggers exist.
+def start_logger_hub(*, run_name: str, namespace: str = "mineonline", lifetime: str | None = None, wait: bool = True,
+                     **kwargs: Any) -> Any:  # fmt: skip
+    """Start the hub as the named actor ``{run_name}/logger_hub`` and wait until its loggers exist
+    (``wait=False``: return at once; ``check_logger_hub`` waits later, so the driver can start the
+    rollout manager meanwhile).
 
     Producer methods, ``flush`` and ``finish`` share one thread (per-producer order is kept);
     queries have a group of 4 threads of their own.
@@ -274,10 +277,16 @@ def start_logger_hub(*, run_name: str, namespace: str = "mineonline", lifetime: 
     """
     actor_cls = ray.remote(**ACTOR_OPTIONS)(LoggerHub)
     hub = actor_cls.options(name=f"{run_name}/logger_hub", namespace=namespace, lifetime=lifetime).remote(**kwargs)
+    if wait:
+        check_logger_hub(hub, run_name)
+    return hub
+
+
+def check_logger_hub(hub: Any, run_name: str) -> None:
+    """Wait until the hub's loggers exist; log each one that failed to start."""
     errors = ray.get(hub.errors.remote())  # constructor errors surface here, not at the first metric
     for line in errors:
         log.error("LoggerHub for run %r: %s", run_name, line)
-    return hub
 
 
 def get_logger_hub(run_name: str, *, namespace: str = "mineonline") -> Any:

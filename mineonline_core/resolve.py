@@ -38,6 +38,25 @@ class ResolvedRun:
     memory: Any = None  # budget.MemoryEstimate, when the generators were probed
 
 
+class Deferred:
+    """A generator carried as cloudpickle bytes, unpickled only by the process that calls it.
+
+    The rollout manager hands the policy and env generators to its workers without calling them:
+    deferred, it never imports what they need (torch, the env's package), which would add seconds
+    to every run's start-up before the workers even exist.
+    """
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        from ray import cloudpickle
+
+        self._payload = cloudpickle.dumps(fn)
+
+    def __call__(self) -> Any:
+        from ray import cloudpickle
+
+        return cloudpickle.loads(self._payload)()
+
+
 def _options(cls: type, data: dict[str, Any], key: str) -> BaseModel:
     try:
         return cls.Config(**data)

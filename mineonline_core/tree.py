@@ -7,10 +7,20 @@ and the trainer never need to know a policy's state layout.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import sys
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _is_tensor(x: Any) -> bool:
+    # torch is imported lazily: the bookkeeping actors (buffer, store host, logging) handle only
+    # numpy trees and must not pay torch's import at start-up. Without torch loaded, no leaf is a tensor.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
@@ -41,7 +51,9 @@ def tree_stack(trees: list[Any], axis: int = 0) -> Any:
         return type(first)(tree_stack([t[i] for t in trees], axis) for i in range(len(first)))
     if first is None:
         return None
-    if isinstance(first, torch.Tensor):
+    if _is_tensor(first):
+        import torch
+
         return torch.stack(trees, axis)
     return np.stack([np.asarray(t) for t in trees], axis)
 
@@ -55,7 +67,9 @@ def tree_cat(trees: list[Any], axis: int = 0) -> Any:
         return type(first)(tree_cat([t[i] for t in trees], axis) for i in range(len(first)))
     if first is None:
         return None
-    if isinstance(first, torch.Tensor):
+    if _is_tensor(first):
+        import torch
+
         return torch.cat(trees, axis)
     return np.concatenate(trees, axis)
 
@@ -67,9 +81,11 @@ def tree_index(tree: Any, index: Any) -> Any:
 
 def to_torch(tree: Any, device: torch.device | str = "cpu") -> Any:
     """Numpy leaves to tensors on ``device`` without copying when already there."""
+    import torch
+
     return tree_map(lambda x: torch.as_tensor(x).to(device, non_blocking=True), tree)
 
 
 def to_numpy(tree: Any) -> Any:
     """Tensor leaves to numpy (detached, on CPU)."""
-    return tree_map(lambda x: x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x), tree)
+    return tree_map(lambda x: x.detach().cpu().numpy() if _is_tensor(x) else np.asarray(x), tree)

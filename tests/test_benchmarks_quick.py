@@ -88,3 +88,12 @@ def test_memory_quick() -> None:
     for role in ("driver", "rollout_worker", "trainer_rank"):
         assert r["peak_rss_mib"][role] > 0
     assert len(r["series"]["t_s"]) >= 2
+
+
+@pytest.mark.slow
+def test_startup_quick() -> None:
+    r = run_quick("bench_startup.py")
+    (run,) = r["runs"]
+    assert "error" not in run, run
+    assert 0 < run["first_env_step_s"] <= run["first_iteration_s"] <= run["final_checkpoint_s"] < run["whole_s"]
+    assert run["iterations"] == 2 and run["noise_lines"] == 0

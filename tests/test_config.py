@@ -463,6 +463,10 @@ def test_consistency_accepts_defaults_and_examples():
             {"train_config": {"context_length": 300}, "rollout_config": {"fragment_length": 128}},
             ["context_length (300)", "128 steps", "at most 128"],
         ),
+        (
+            {"train_config": {"use_ray_train": False, "num_workers": 2}},
+            ["use_ray_train is false", "num_workers is 2", "set use_ray_train to null"],
+        ),
     ],
 )
 def test_each_consistency_check(data, expect):

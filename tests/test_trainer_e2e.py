@@ -1,6 +1,6 @@
-"""Smoke run of the whole loop: 2 rollout workers, 2 DDP train ranks (gloo, fractional CPUs), a few PPO
-iterations of CartPole through the memory store; versions advance, staleness stays bounded, and the
-checkpoints exist."""
+"""Smoke run of the whole loop: 2 rollout workers, a few PPO iterations of CartPole through the memory
+store, on each trainer path: 2 DDP ranks on Ray Train (gloo, fractional CPUs), and one rank in the
+driver's process. Versions advance, staleness stays bounded, and the checkpoints exist."""
 
 from __future__ import annotations
 
@@ -40,14 +40,25 @@ def ray_local(monkeypatch):
     ray.shutdown()
 
 
-def test_full_loop_smoke(tmp_path, ray_local):
-    result = run({**CONFIG, "output_dir": str(tmp_path)}, progress=False)
+# (train_config overrides, whether the loop runs on Ray Train)
+PATHS = {"ray_train_2_ranks": ({"num_workers": 2}, True), "in_process": ({"num_workers": 1}, False)}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_full_loop_smoke(tmp_path, ray_local, path):
+    train, on_ray_train = PATHS[path]
+    config = {**CONFIG, "output_dir": str(tmp_path), "train_config": {**CONFIG["train_config"], **train}}
+    result = run(config, progress=False)
     assert result["status"] == "completed"
+    assert (tmp_path / "e2e" / "ray_train").exists() == on_ray_train
     summary = result["summary"]
     # Iteration 1 is value-only warm-up, so 4 iterations make versions 1..3; the rollout follows.
     assert summary["trainer/iteration"] == 4 and summary["trainer/version"] == 3
-    assert summary["rollout/model_version"] == 3
-    assert summary["rollout/env_steps"] >= 4 * 2 * 2 * 2 * 32  # at least what the trainer consumed
+    # The workers followed the broadcasts (their last report can come before they loaded the final
+    # weights: the in-process trainer ends within a second of its last broadcast).
+    assert 1 <= summary["rollout/model_version"] <= 3
+    consumed = 4 * train["num_workers"] * 2 * 2 * 32
+    assert summary["rollout/env_steps"] >= consumed
     records = [json.loads(line) for line in (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "trainer/iteration" in r]
     assert [r["trainer/iteration"] for r in train] == [1, 2, 3, 4]

@@ -22,6 +22,13 @@ class TrainConfig(Section):
         ge=0,
     )
     num_cpus_per_worker: float = setting(1.0, "CPUs reserved for each train worker.", gt=0)
+    use_ray_train: bool | None = Field(
+        None,
+        description="Train on Ray Train ranks (true) or in the driver's own process (false). null: Ray "
+        "Train when num_workers > 1 or num_gpus_per_worker > 0, the driver otherwise, which starts "
+        "training about 10 s sooner (no controller, placement group or worker group). Both run the "
+        "same trainer code.",
+    )
     # --- schedule -----------------------------------------------------------------------------
     num_iterations: int = setting(
         4000, "Training iterations to run (each: fetch, advantages, optimise, broadcast).", ge=1

@@ -251,7 +251,11 @@ class RolloutManager:
         self._monitor.join(timeout=60)
         reports = self._worker_reports()  # a last report, so the run's summary has the final figures
         if self._hub is not None and reports:
-            self._hub.log_metrics.remote(self._aggregate(reports))
+            # Waited for: the driver finishes the hub next, and Ray orders calls per caller only.
+            try:
+                ray.get(self._hub.log_metrics.remote(self._aggregate(reports)), timeout=30)
+            except Exception:  # noqa: BLE001 - a dead logging actor must not keep the workers running
+                log.warning("the final rollout report did not reach the logging actor", exc_info=True)
         refs = [w.shutdown.remote() for w in self._workers]
         try:
             ray.get(refs, timeout=30)

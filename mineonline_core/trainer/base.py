@@ -6,10 +6,11 @@ version** and broadcasts the weights to the rollout workers. **Staleness** of a 
 version minus the version that chose its action.
 
 The loop runs on ``train_config.num_workers`` Ray Train ranks (``TorchTrainer``; gloo on CPU, NCCL on
-GPU). The trainer object is pickled to each rank, so it holds only handles and config until
-``_train_func`` builds the live model there. Subclasses implement ``setup_model_and_optimizer`` and
-``train`` (MineStudio's names) and may persist extra state through ``trainer_state`` /
-``load_trainer_state``; everything else (fetching, GAE, broadcast, checkpoints, metrics) lives here.
+GPU), or, for one CPU rank, in the driver's own process (``train_config.use_ray_train``): the same
+``_train_func``, without Ray Train's seconds of start-up. The trainer object is pickled to each rank,
+so it holds only handles and config until ``_train_func`` builds the live model there. Subclasses
+implement ``setup_model_and_optimizer`` and ``train`` (MineStudio's names) and may persist extra
+state through ``trainer_state`` / ``load_trainer_state``; everything else (fetching, GAE, broadcast, checkpoints, metrics) lives here.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class BaseTrainer:
         self._reference_ref: Any = None  # the reference's weights in the object store, once put
         self._fetcher: _Fetcher | None = None
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
+        self.in_process = False  # True while fit() runs the loop in this process instead of Ray Train
         self.iteration, self.version = 0, 0
         self._fit_started: float | None = None  # set by fit(): checkpoints written since are this run's
         self.restarts = 0  # times fit() restarted the ranks after one died
@@ -161,16 +163,25 @@ class BaseTrainer:
             policy = self.policy_generator()
             ckpt.check_compatible(policy, state["model"], source=str(state["path"]))
 
+    def uses_ray_train(self) -> bool:
+        """Ray Train for several ranks or GPUs (or when asked); otherwise the driver's process."""
+        tc = self.train_config
+        if tc.use_ray_train is not None:
+            return tc.use_ray_train
+        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0
+
     def fit(self) -> dict:
-        """Run every iteration on Ray Train ranks; return the final metrics."""
+        """Run every iteration, on Ray Train ranks or in this process; return the final metrics."""
+        self.preflight()
+        self._fit_started, self.restarts = time.time(), 0
+        if not self.uses_ray_train():
+            return self._fit_in_process()
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        self.preflight()
         tc = self.train_config
         use_gpu = tc.num_gpus_per_worker > 0
         resources = {"CPU": tc.num_cpus_per_worker, **({"GPU": tc.num_gpus_per_worker} if use_gpu else {})}
-        self._fit_started, self.restarts = time.time(), 0
         while True:  # one Ray Train run per attempt; see trainer/recovery.py for why not FailureConfig
             trainer = TorchTrainer(
                 self._train_func,
@@ -179,7 +190,7 @@ class BaseTrainer:
                 run_config=RunConfig(storage_path=str(Path(self.run_dir) / "ray_train"), name=f"train-{self.restarts}"),
             )  # fmt: skip
             try:
-                return self._final_metrics(trainer.fit())
+                return self._final_metrics(trainer.fit().metrics)
             except Exception as exc:
                 user_error = find_user_error(exc)
                 if user_error is not None:
@@ -191,10 +202,26 @@ class BaseTrainer:
                 log.warning("a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
                             str(exc).strip().splitlines()[-1][:200], self.restarts, tc.max_trainer_restarts)  # fmt: skip
 
-    def _final_metrics(self, result: Any) -> dict:
+    def _fit_in_process(self) -> dict:
+        """The single-rank loop in this process: what a Ray Train rank runs, without the seconds of
+        start-up of its controller, placement group, worker group and process group."""
+        threads = torch.get_num_threads()
+        # As Ray Train gives a rank (OMP_NUM_THREADS): more threads than reserved CPUs spin
+        # against the rollout workers for the same cores.
+        torch.set_num_threads(max(1, int(self.train_config.num_cpus_per_worker)))
+        self.in_process = True
+        try:
+            self._train_func()
+        except Exception as exc:
+            raise find_user_error(exc) or RunFailedError(f"Training failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            torch.set_num_threads(threads)
+        return self._final_metrics(self.last_metrics)
+
+    def _final_metrics(self, reported: dict | None) -> dict:
         """The last iteration's metrics plus ``iteration`` and ``version`` (the run's end point)."""
         # Ray Train v2 keeps metrics only alongside checkpoints; the hub has the latest of everything.
-        metrics = dict(result.metrics or {})
+        metrics = dict(reported or {})
         if not metrics and self.logger_hub is not None:
             latest = ray.get(self.logger_hub.latest.remote())
             metrics = {k: v for k, v in latest.items() if k.startswith(("trainer/", "perf/"))}
@@ -213,14 +240,14 @@ class BaseTrainer:
     def setup_rank(self, *, local: bool = False) -> None:
         """Build the policy, optimiser, DDP wrapper and AMP scaler on this rank (resuming if asked).
 
-        ``local=True`` sets up a single CPU rank outside Ray Train (unit tests, benchmarks).
+        ``local=True`` sets up a single CPU rank outside Ray Train (the in-process trainer, tests).
         """
-        import ray.train
-        import ray.train.torch
-
         if local:
             self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         else:
+            import ray.train
+            import ray.train.torch
+
             ctx = ray.train.get_context()
             self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
             self.device = ray.train.torch.get_device()
@@ -237,7 +264,11 @@ class BaseTrainer:
         policy.to(self.device)
         self.policy = policy
         model, self.optimizer = self.setup_model_and_optimizer(policy)
-        self.model = ray.train.torch.prepare_model(model, move_to_device=False) if self.world_size > 1 else model
+        if self.world_size > 1:
+            import ray.train.torch
+
+            model = ray.train.torch.prepare_model(model, move_to_device=False)
+        self.model = model
         cuda_amp = tc.use_amp and self.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=cuda_amp)
         self.update_guard = UpdateGuard(max_consecutive=tc.max_skipped_updates)
@@ -262,9 +293,8 @@ class BaseTrainer:
         self.load_trainer_state(state.get("extra", {}))
 
     def _train_func(self) -> None:
-        import ray.train
-
-        self.setup_rank()
+        # No parameter: Ray Train passes its config to a loop function that takes one.
+        self.setup_rank(local=self.in_process)
         self._connect()
         self.version = recovery.rejoin_version(self.rollout_manager, self.version)
         if self.rank == 0:
@@ -278,7 +308,10 @@ class BaseTrainer:
                     self.save_checkpoint()
                 self.last_metrics["trainer/stopped_early"] = 1.0
                 break
-        ray.train.report(dict(self.last_metrics))
+        if not self.in_process:
+            import ray.train
+
+            ray.train.report(dict(self.last_metrics))
 
     def _stop_requested(self) -> bool:
         """Rank 0 asks the manager; every rank gets the same answer so that all stop together."""

@@ -1,0 +1,125 @@
+"""What ``mineonline run`` prints, as a user sees it: the real command in a subprocess with its own
+local Ray cluster. A healthy run's console carries no Ray or library noise (it all goes to the run
+directory's ``run.log``); a failing run ends with the root cause from the process where it happened."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from mineonline_core.runlog import LOG_FILE, MARK, RunLog
+
+# The noise of issue 16, seen on the console of healthy runs before: Ray Train's controller and
+# placement-group cleaner, C++ log lines of actor processes, Ray's prefix of streamed actor output.
+NOISE = ("PlacementGroupCleaner", "GetTimeoutError", "core_worker.cc", "TrainController", "pid=", "Traceback",
+         "authentication_token_setup", "Started a local Ray instance")  # fmt: skip
+
+CARTPOLE = """
+run_name: {name}
+output_dir: {out}
+env_config: {{name: gymnasium, id: CartPole-v1}}
+policy_config: {{name: mlp, hidden_sizes: [16]}}
+rollout_config:
+  num_rollout_workers: 1
+  num_cpus_per_worker: 0.25
+  fragment_length: 16
+  worker_config: {{num_envs: 2, batch_size: 2}}
+  replay_buffer_config: {{fragments_per_chunk: 1, database_config: {{backend: memory}}}}
+train_config:
+  num_workers: 1
+  num_cpus_per_worker: 0.5
+  num_iterations: 3
+  batch_size_per_gpu: 2
+  batches_per_iteration: 1
+  gradient_accumulation: 1
+  context_length: 16
+logger_config: {{loggers: []}}
+"""
+
+
+def _mineonline(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "mineonline_core.cli", "run", *args, "--no-progress"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def test_healthy_run_prints_no_ray_noise(tmp_path):
+    config = tmp_path / "cartpole.yaml"
+    config.write_text(CARTPOLE.format(name="quiet", out=tmp_path / "runs"))
+    # The Ray Train path: its controller is where most of the noise came from.
+    proc = _mineonline(str(config), "train_config.use_ray_train=true", cwd=tmp_path)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-3000:]
+    noisy = [line for line in console.splitlines() if any(marker in line for marker in NOISE)]
+    assert noisy == [], noisy
+    assert console.strip().splitlines()[-1].startswith("run quiet completed")
+    # The noise still exists; it is in the run's log file, with the driver's and Ray's messages.
+    log = (tmp_path / "runs" / "quiet" / LOG_FILE).read_text()
+    assert "Started a local Ray instance" in log
+    assert "(TrainController pid=" in log
+
+
+FAILING_CONFIG = '''
+import gymnasium as gym
+
+
+class BrokenEnv(gym.Wrapper):
+    def step(self, action):
+        if self.unwrapped.steps_beyond_terminated is None and self.env.unwrapped.state[0] > -10:
+            raise ValueError("level 42 has no spawn point")
+        return super().step(action)
+
+
+def env_generator():
+    from mineonline_core.envs import DictObservation
+
+    return DictObservation(BrokenEnv(gym.make("CartPole-v1")))
+
+
+online_dict = {online}
+'''
+
+
+def test_failing_run_ends_with_the_root_cause(tmp_path):
+    import yaml
+
+    online = yaml.safe_load(CARTPOLE.format(name="broken", out=tmp_path / "runs"))
+    online.pop("env_config")
+    online["rollout_config"]["worker_config"]["max_env_restarts"] = 0
+    config = tmp_path / "broken.py"
+    config.write_text(textwrap.dedent(FAILING_CONFIG).format(online=repr(online)))
+    proc = _mineonline(str(config), cwd=tmp_path)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == "root cause: ValueError: level 42 has no spawn point", proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr  # it is in run.log
+    assert "level 42 has no spawn point" in (tmp_path / "runs" / "broken" / LOG_FILE).read_text()
+
+
+class _Printer:
+    def __init__(self) -> None:
+        self.batches: list[dict] = []
+
+    def __call__(self, data: dict) -> None:
+        self.batches.append(data)
+
+
+def test_actor_output_goes_to_the_file_and_marked_lines_to_the_console(tmp_path, capsys):
+    batch = {"pid": 7, "actor_name": "RolloutManager", "lines": [f"{MARK}WARNING: rollout worker 0 restarted",
+             "[2026-11-24 06:19:48 E 7 7] core_worker.cc:2465: constructor arguments"]}  # fmt: skip
+    for verbose in (False, True):
+        printer = _Printer()
+        with RunLog(tmp_path, verbose=verbose) as run_log:
+            run_log._ray_printer = printer  # what attach_actor_output takes from Ray
+            run_log._on_actor_output(batch)
+            run_log._ray_printer = None
+        err = capsys.readouterr().err
+        if verbose:
+            assert printer.batches == [batch] and err == ""  # Ray prints everything, as it would
+        else:
+            assert printer.batches == [] and err == "WARNING: rollout worker 0 restarted (RolloutManager)\n"
+    log = (tmp_path / LOG_FILE).read_text()
+    assert log.count("(RolloutManager pid=7) [2026-11-24 06:19:48 E 7 7] core_worker.cc") == 2
