@@ -208,7 +208,8 @@ def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Pat
     """SIGKILL the Ray Train rank mid-run: training restarts from the run's latest checkpoint, continues
     at the iteration after it (trainer/restarts 1) and finishes; the rollout side is untouched."""
     data = {**CONFIG, "run_name": "kill-rank", "output_dir": str(tmp_path / "runs")}
-    data["train_config"] = {**CONFIG["train_config"], "num_iterations": 6, "max_trainer_restarts": 1}
+    # Ray Train ranks: a single rank otherwise trains inside the driver, where it cannot die alone.
+    data["train_config"] = {**CONFIG["train_config"], "num_iterations": 6, "max_trainer_restarts": 1, "use_ray_train": True}
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "runs" / "kill-rank"
