@@ -93,8 +93,10 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
         if driver.poll() is None:
             os.kill(driver.pid, signal.SIGKILL)
         log.close()
-    # Ray's reaper ends the killed driver's local cluster; give it a moment, then clean up what we started.
-    end = time.monotonic() + 30
+    # Ray ends the killed driver's local cluster by itself: its raylet and GCS share the driver's fate at
+    # once, but its per-node agents first try to report the raylet's death to the dead GCS, which takes
+    # up to a minute of RPC timeouts on a loaded machine. Then clean up what we started, by pid.
+    end = time.monotonic() + 120
     while _session_pids(driver.pid) and time.monotonic() < end:
         time.sleep(0.5)
     gone_s = time.time() - killed_at
@@ -105,7 +107,7 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert leftovers == [], f"{len(leftovers)} processes of the killed driver's session outlived it by 30 s: {names}"
+    assert leftovers == [], f"{len(leftovers)} processes of the killed driver's session outlived it by 120 s: {names}"
 
     checkpoint_iteration = list_checkpoints(run_dir / "checkpoints")[-1][0]
     reached = max(_iterations_logged(run_dir), default=0)
@@ -135,7 +137,7 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     assert result["version"] == versions[final]
     print(f"FIGURE driver SIGKILL at iteration {reached} (checkpoint {checkpoint_iteration}): {lost} iteration(s) "
           f"lost, resumed at {checkpoint_iteration + 1}, finished {final} in {resume_s:.0f}s; "
-          f"0 processes of the killed driver's session left {gone_s:.1f}s after the kill")
+          f"the killed driver's session had 0 processes left {gone_s:.1f}s after the kill")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
