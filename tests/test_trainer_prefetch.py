@@ -136,3 +136,31 @@ def test_a_fragment_whose_checksum_does_not_match_is_dropped_and_counted(local_r
     batch = trainer.fetch_fragments_and_estimate_advantages(1)
     assert trainer.corrupt_fragments == 1 and trainer.perf["trainer/corrupt_fragments"] == 1.0
     assert batch["version"].unique().tolist() == [0]
+
+
+def test_a_trainer_waiting_for_chunks_fails_after_progress_timeout_saying_why(local_ray, tmp_path, caplog, monkeypatch) -> None:
+    ray = local_ray
+    from mineonline_core.errors import RunFailedError
+    from mineonline_core.rollout.buffer import ReplayBuffer
+    from mineonline_core.storehost import StoreClient, start_store_host
+    from mineonline_core.trainer import base
+
+    host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
+    store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
+    buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(store_client=store, max_chunks=16, max_reuse=1, max_staleness=0)
+    config = load_config({
+        "run_name": "starved", "output_dir": str(tmp_path), "progress_timeout": 2.5,
+        "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
+        "logger_config": {"loggers": []}, "rollout_config": {"fragment_length": 8},
+        "train_config": {"batch_size_per_gpu": 1, "batches_per_iteration": 1, "context_length": 8, "gradient_accumulation": 1},
+    }).config  # fmt: skip
+    trainer = RecordingTrainer(rollout_manager=None, policy_generator=tk.mlp_policy, env_generator=tk.cartpole,
+                               config=config, run_dir=str(tmp_path / "run"))  # fmt: skip
+    trainer.setup_rank(local=True)
+    trainer._buffer, trainer._store = buffer, store
+    monkeypatch.setattr(base, "SAMPLE_WAIT_S", 1.0)  # report every second instead of every 30
+    with caplog.at_level("WARNING", logger="mineonline_core.trainer.base"):
+        with pytest.raises(RunFailedError, match=r"within progress_timeout=2.5s: .*No rollout worker delivered a fragment"):
+            trainer.fetch_chunks(2)
+    waits = [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]
+    assert len(waits) == 2 and "0 of the 2 chunks asked for are eligible" in waits[0]

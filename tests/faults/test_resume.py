@@ -93,8 +93,10 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
         if driver.poll() is None:
             os.kill(driver.pid, signal.SIGKILL)
         log.close()
-    # Ray's reaper ends the killed driver's local cluster; give it a moment, then clean up what we started.
-    end = time.monotonic() + 30
+    # Ray ends the killed driver's local cluster by itself: its raylet and GCS share the driver's fate at
+    # once, but its per-node agents first try to report the raylet's death to the dead GCS, which takes
+    # up to a minute of RPC timeouts on a loaded machine. Then clean up what we started, by pid.
+    end = time.monotonic() + 120
     while _session_pids(driver.pid) and time.monotonic() < end:
         time.sleep(0.5)
     gone_s = time.time() - killed_at
@@ -105,7 +107,7 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert leftovers == [], f"{len(leftovers)} processes of the killed driver's session outlived it by 30 s: {names}"
+    assert leftovers == [], f"{len(leftovers)} processes of the killed driver's session outlived it by 120 s: {names}"
 
     checkpoint_iteration = list_checkpoints(run_dir / "checkpoints")[-1][0]
     reached = max(_iterations_logged(run_dir), default=0)
@@ -135,7 +137,7 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     assert result["version"] == versions[final]
     print(f"FIGURE driver SIGKILL at iteration {reached} (checkpoint {checkpoint_iteration}): {lost} iteration(s) "
           f"lost, resumed at {checkpoint_iteration + 1}, finished {final} in {resume_s:.0f}s; "
-          f"0 processes of the killed driver's session left {gone_s:.1f}s after the kill")
+          f"the killed driver's session had 0 processes left {gone_s:.1f}s after the kill")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
@@ -204,12 +206,17 @@ def _descendants(root: int) -> dict[int, str]:
     return {pid: _comm(pid) for pid in below}
 
 
+def _records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Path) -> None:
-    """SIGKILL the Ray Train rank mid-run: training restarts from the run's latest checkpoint, continues
-    at the iteration after it (trainer/restarts 1) and finishes; the rollout side is untouched."""
+    """SIGKILL the Ray Train rank mid-run: training restarts from the run's latest checkpoint and
+    continues at the iteration after it (trainer/restarts 1); the run then stops cleanly on Ctrl-C."""
     data = {**CONFIG, "run_name": "kill-rank", "output_dir": str(tmp_path / "runs")}
     # Ray Train ranks: a single rank otherwise trains inside the driver, where it cannot die alone.
-    data["train_config"] = {**CONFIG["train_config"], "num_iterations": 6, "max_trainer_restarts": 1, "use_ray_train": True}
+    data["train_config"] = {**CONFIG["train_config"], "max_trainer_restarts": 1, "use_ray_train": True}
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "runs" / "kill-rank"
@@ -217,31 +224,44 @@ def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Pat
     log = open(tmp_path / "driver.log", "w")
     driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"], cwd=ROOT,
                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    try:
-        end = time.monotonic() + 480
-        while not any(i >= 2 for i, _ in list_checkpoints(run_dir / "checkpoints")):
+
+    def wait_for(predicate, what: str, timeout: float = 300.0) -> float:
+        end = time.monotonic() + timeout
+        while not predicate():
             assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
-            assert time.monotonic() < end, "no checkpoint 2 within 480 s"
-            time.sleep(0.5)  # polling the file system for the checkpoint
+            assert time.monotonic() < end, f"{what} not within {timeout:.0f} s"
+            time.sleep(0.5)  # polling the run's files
+        return time.monotonic()
+
+    def restarted_iterations() -> list[int]:
+        return [int(r["trainer/iteration"]) for r in _records(run_dir) if r.get("trainer/restarts") == 1]
+
+    try:
+        wait_for(lambda: any(i >= 2 for i, _ in list_checkpoints(run_dir / "checkpoints")), "checkpoint 2")
         (rank,) = [pid for pid, cmd in _descendants(driver.pid).items() if "RayTrainWorker" in cmd]
         os.kill(rank, signal.SIGKILL)
-        killed_at = time.time()
-        code = driver.wait(timeout=400)
+        killed_at = time.monotonic()
+        recovered_s = wait_for(lambda: restarted_iterations(), "an iteration after the restart") - killed_at
+        wait_for(lambda: len(restarted_iterations()) >= 3, "three iterations after the restart")
+        os.kill(driver.pid, signal.SIGINT)
+        code = driver.wait(timeout=300)
     finally:
         if driver.poll() is None:
             os.kill(driver.pid, signal.SIGKILL)
         log.close()
     output = (tmp_path / "driver.log").read_text()
-    assert code == 0 and "run kill-rank completed" in output, output[-3000:]
+    assert code == 0 and "run kill-rank interrupted" in output, output[-3000:]
     assert "a train worker died" in output and "restart 1 of 1" in output
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    iterations = [r for r in records if "trainer/iteration" in r]
+    iterations = [r for r in _records(run_dir) if "trainer/iteration" in r]
     after = [int(r["trainer/iteration"]) for r in iterations if r.get("trainer/restarts") == 1]
     before = [int(r["trainer/iteration"]) for r in iterations if r.get("trainer/restarts") == 0]
-    assert after == list(range(after[0], 7))  # continues without a gap to the end
-    assert after[0] - 1 in [i for i, _ in list_checkpoints(run_dir / "checkpoints")] and after[0] - 1 >= 2
-    assert max(before) - (after[0] - 1) <= 1  # at most save_interval iterations were lost
-    recovered_s = min(r["time"] for r in iterations if r.get("trainer/restarts") == 1) - killed_at
+    resumed_from = after[0] - 1
+    assert after == list(range(after[0], after[0] + len(after)))  # no iteration skipped or repeated
+    assert resumed_from >= 2 and resumed_from in [i for i, _ in list_checkpoints(run_dir / "checkpoints")]
+    assert 0 <= max(before) - resumed_from <= 1  # at most save_interval iterations were lost
+    versions = [int(r["trainer/version"]) for r in iterations if r.get("trainer/restarts") == 1]
+    # Versions go on past what the dead rank published: the workers never see a version twice.
+    assert versions == sorted(versions) and versions[0] > max(int(r["trainer/version"]) for r in iterations if r.get("trainer/restarts") == 0)
     assert recovered_s < 120, f"the restarted trainer took {recovered_s:.0f}s to finish an iteration"
-    print(f"FIGURE trainer rank SIGKILL at iteration {max(before)}: restarted from checkpoint {after[0] - 1}, "
-          f"next iteration done {recovered_s:.0f}s after the kill, finished at 6")
+    print(f"FIGURE trainer rank SIGKILL at iteration {max(before)}: restarted from checkpoint {resumed_from}, "
+          f"next iteration logged {recovered_s:.0f}s after the kill, {len(after)} iterations after it")
