@@ -20,7 +20,7 @@ from mineonline_core.config.secrets import public_config, redact_override, redac
 from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
 from mineonline_core.plugins import PluginManager, get_plugin_manager
 from mineonline_core.resolve import ResolvedRun, resolve
-from mineonline_core.rundir import RUN_FILE, Ownership, claim, refuse_existing_run
+from mineonline_core.rundir import RUN_FILE, claim_run, refuse_existing_run, restore, snapshot
 from mineonline_core.watchdog import sigterm_as_ctrl_c
 
 log = logging.getLogger("mineonline")
@@ -154,14 +154,6 @@ def _prepare_run_dir(resolved: ResolvedRun, *, overrides: Sequence[str] = ()) ->
     return run_dir
 
 
-def _claim(cfg: OnlineConfig, pm: PluginManager) -> Ownership:
-    """Lock the run directory and a persistent store's path for this process (see ``rundir``)."""
-    db = cfg.rollout_config.replay_buffer_config.database_config
-    store_cls = pm.lookup("replay_store", db.backend)
-    store_path = cfg.resolve_path(db.path) if getattr(store_cls, "persistent", False) else None
-    return claim(cfg.run_dir(), run_name=str(cfg.run_name), store_path=store_path)
-
-
 def _inside(path: str, directory: Path) -> bool:
     return Path(path).expanduser().absolute().is_relative_to(directory)
 
@@ -177,13 +169,13 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     directory (``verbose``: to the console as well).
     """
     from mineonline_core.budget import machine_memory
-    from mineonline_core.resume import check_continuity, check_model, plan_resume, verified_resume
+    from mineonline_core.resume import check_continuity, check_model, plan_resume, progressed, verified_resume
 
     plan = plan_resume(resume, overrides) if resume is not None else None
     loaded = load_config(plan.source if plan else source, plan.overrides if plan else list(overrides))
     cfg = loaded.config
     pm = pm or get_plugin_manager()
-    with _claim(cfg, pm):
+    with claim_run(cfg, pm):
         resuming_here = cfg.train_config.resume is not None and _inside(cfg.train_config.resume, cfg.run_dir())
         if plan is None and not resuming_here:
             refuse_existing_run(cfg.run_dir(), str(cfg.run_name))
@@ -197,8 +189,15 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
                 for line in check_continuity(cfg, checkpoint, plan.run_dir if plan else cfg.run_dir(), force=force):
                     print(f"resume: {line}")
             check_model(resolved, checkpoint)
-        return _run_owned(resolved, pm, overrides=plan.recorded if plan else list(overrides), address=address,
-                          progress=progress, verbose=verbose)  # fmt: skip
+        records = snapshot(cfg.run_dir())
+        result: dict = {}
+        try:
+            result = _run_owned(resolved, pm, overrides=plan.recorded if plan else list(overrides), address=address,
+                                progress=progress, verbose=verbose)  # fmt: skip
+        finally:
+            if plan is not None and not progressed(cfg, plan.checkpoint) and result.get("status") != "completed":
+                restore(cfg.run_dir(), records)  # a failed attempt leaves run.json and config.yaml as they were
+        return result
 
 
 def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str], address: str | None, progress: bool,

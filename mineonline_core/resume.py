@@ -181,3 +181,9 @@ def check_continuity(cfg: Any, checkpoint: Path, run_dir: Path, *, force: bool) 
         )
     return [f"{key}: {old!r} -> {new!r}" + ("  (breaks continuity; --force)" if _under(key, CONTINUITY) else "")
             for key, old, new in diffs]  # fmt: skip
+
+
+def progressed(cfg: Any, resumed: Path) -> bool:
+    """Whether a resumed run wrote a checkpoint past the one it started from."""
+    latest = ckpt.latest_checkpoint(cfg.resolve_path(cfg.train_config.save_path))
+    return latest is not None and latest.name > resumed.name

@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from mineonline_core.errors import ConfigError
 
@@ -146,11 +147,37 @@ def claim(run_dir: Path, *, run_name: str, store_path: Path | None = None) -> Ow
     return Ownership(taken)
 
 
+def claim_run(cfg: Any, pm: Any) -> Ownership:
+    """Lock ``cfg``'s run directory and, when its store persists on disk, the store's path."""
+    db = cfg.rollout_config.replay_buffer_config.database_config
+    store_cls = pm.lookup("replay_store", db.backend)
+    store_path = cfg.resolve_path(db.path) if getattr(store_cls, "persistent", False) else None
+    return claim(cfg.run_dir(), run_name=str(cfg.run_name), store_path=store_path)
+
+
 def refuse_existing_run(run_dir: Path, run_name: str) -> None:
-    """A plain ``run`` never writes into a directory that holds an earlier run."""
-    if (run_dir / RUN_FILE).exists() or (run_dir / "metrics.jsonl").exists():
+    """A plain ``run`` never writes into a directory that holds an earlier run's metrics or checkpoints
+    (a run that failed before either may be started again under its name)."""
+    metrics = run_dir / "metrics.jsonl"
+    if (metrics.exists() and metrics.stat().st_size > 0) or any(run_dir.glob("checkpoints/checkpoint_*")):
         raise ConfigError(
             f"run_name={run_name!r}: {str(run_dir)!r} already holds a run, and a second run there would append to "
             f"its metrics and overwrite its checkpoints. Fix: continue it with `mineonline run --resume {run_dir}`, "
             "give this run another name (run_name=...), or delete the directory."
         )
+
+
+RECORDS = (RUN_FILE, "config.yaml", "source_config.txt")
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes | None]:
+    """The run's records as they are, to put back if an attempt to continue it fails."""
+    return {name: (run_dir / name).read_bytes() if (run_dir / name).is_file() else None for name in RECORDS}
+
+
+def restore(run_dir: Path, saved: dict[str, bytes | None]) -> None:
+    for name, data in saved.items():
+        if data is None:
+            (run_dir / name).unlink(missing_ok=True)
+        else:
+            (run_dir / name).write_bytes(data)

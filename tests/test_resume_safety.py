@@ -150,3 +150,14 @@ def test_resume_from_a_chosen_checkpoint_with_force(run_dir: Path, monkeypatch: 
     assert record["overrides"] == ["train_config.num_iterations=3", "rollout_config.fragment_length=16"]
     saved = ckpt.saved_config(ckpt.checkpoint_dir(run_dir / "checkpoints", 3))
     assert "fragment_length: 16" in saved
+
+
+def test_a_failed_attempt_to_continue_leaves_the_run_records_as_they_were(run_dir: Path) -> None:
+    """The resume passes every pre-Ray check, writes its records, then fails once Ray is up (the cluster
+    has too few CPUs): run.json and config.yaml go back to what they were, so the next --resume does not
+    inherit the failed attempt's overrides."""
+    before = _snapshot(run_dir)
+    with pytest.raises(ConfigError, match="CPUs"):
+        run(None, ["train_config.num_iterations=5", "train_config.num_cpus_per_worker=64"], resume=str(run_dir), progress=False)
+    assert _snapshot(run_dir) == before
+    assert json.loads((run_dir / "run.json").read_text())["overrides"] == []

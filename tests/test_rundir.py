@@ -1,7 +1,7 @@
 """One owner per run directory and per replay store (``mineonline_core.rundir``).
 
 The owner here is a real second process that takes the locks exactly as ``mineonline run`` does
-(``api._claim``) and, for the store test, fills a real LMDB store. ``run`` in this process must then
+(``rundir.claim_run``) and, for the store test, fills a real LMDB store. ``run`` in this process must then
 refuse, before Ray starts and without touching the directory or the store, naming the owner.
 """
 
@@ -31,17 +31,17 @@ BASE = {
     "train_config": {"num_iterations": 1},
 }
 
-# The owner: locks like `mineonline run` (api._claim), optionally fills an LMDB store, reports, then
+# The owner: locks like `mineonline run` (rundir.claim_run), optionally fills an LMDB store, reports, then
 # waits for a line on stdin; it answers with the store's size and exits.
 OWNER = """
 import json, sys
 import numpy as np
-from mineonline_core.api import _claim
+from mineonline_core.rundir import claim_run
 from mineonline_core.config import load_config
 from mineonline_core.plugins import get_plugin_manager
 
 cfg = load_config(json.loads(sys.argv[1])).config
-ownership = _claim(cfg, get_plugin_manager())
+ownership = claim_run(cfg, get_plugin_manager())
 store = None
 if cfg.rollout_config.replay_buffer_config.database_config.backend == "lmdb":
     from mineonline_lmdb import LMDBStore
@@ -53,11 +53,18 @@ print("size", store.size() if store else 0, flush=True)
 """
 
 
-@pytest.fixture(autouse=True)
-def _no_ray_started():
-    yield
+def _ray_running() -> bool:
     ray = sys.modules.get("ray")
-    assert ray is None or not ray.is_initialized(), "a refused run started Ray"
+    return ray is not None and ray.is_initialized()
+
+
+def _refused(config: dict) -> RunInUseError:
+    """``run(config)`` must refuse with ``RunInUseError`` and not start Ray on the way."""
+    assert not _ray_running()
+    with pytest.raises(RunInUseError) as info:
+        run(config, progress=False)
+    assert not _ray_running(), "a refused run started Ray"
+    return info.value
 
 
 def _owner(config: dict) -> subprocess.Popen:
@@ -78,11 +85,9 @@ def test_a_second_run_on_a_live_run_directory_is_refused_naming_the_owner(tmp_pa
     config = {**BASE, "output_dir": str(tmp_path)}
     owner = _owner(config)
     try:
-        with pytest.raises(RunInUseError) as info:
-            run(config, progress=False)
+        message = str(_refused(config))
     finally:
         _finish(owner)
-    message = str(info.value)
     assert f"pid {owner.pid} on host {socket.gethostname()}" in message and "run 'owned'" in message
     assert "output_dir/run_name" in message and "Fix:" in message
     assert sorted(p.name for p in (tmp_path / "owned").iterdir()) == [LOCK_NAME]  # nothing written
@@ -97,11 +102,9 @@ def test_a_second_run_on_a_live_lmdb_store_is_refused_and_its_fragments_survive(
              "rollout_config": {"replay_buffer_config": {"database_config": db}}}  # fmt: skip
     owner = _owner(first)
     try:
-        with pytest.raises(RunInUseError) as info:
-            run({**first, "run_name": "second"}, progress=False)
+        message = str(_refused({**first, "run_name": "second"}))
     finally:
         answer = _finish(owner)
-    message = str(info.value)
     assert "database_config.path" in message and str(store) in message and f"pid {owner.pid}" in message
     assert "run 'first'" in message
     assert "size 60" in answer  # the live store kept every fragment
