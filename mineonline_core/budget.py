@@ -44,10 +44,14 @@ ROLLOUT_COPIES = 2  # the live weights and the standby copy a broadcast is loade
 def meta_policy(policy_generator: Callable[[], Any]) -> Any | None:
     """The policy built on the ``meta`` device (shapes only, nothing allocated); None when the
     generator cannot build there (it computes with its weights, say) and only a real build can tell."""
+    import warnings
+
     import torch
 
     try:
-        with torch.device("meta"):
+        # A generator that loads weights copies them into meta parameters, a no-op torch warns about.
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
             return policy_generator()
     except Exception:  # noqa: BLE001 - any failure means "unknown here"; the real build reports errors
         return None
