@@ -27,9 +27,9 @@ def _child(conn: connection.Connection, env_fn_bytes: bytes, seed: int) -> None:
         conn.send(("stage", stage := "built"))
         env = env_fn()
         conn.send(("stage", stage := "reset"))
-        apply_command(env, "reset", seed, ())
+        check_observation(env.observation_space, apply_command(env, "reset", seed, ())[0], "reset")
         conn.send(("stage", stage := "stepped"))
-        apply_command(env, "step", env.action_space.sample(), ())
+        check_observation(env.observation_space, apply_command(env, "step", env.action_space.sample(), ())[0], "step")
         spaces = cloudpickle.dumps((env.observation_space, env.action_space))
         env.close()
         conn.send(("ok", spaces))
@@ -37,6 +37,31 @@ def _child(conn: connection.Connection, env_fn_bytes: bytes, seed: int) -> None:
         conn.send(("user", stage, str(exc)))
     except BaseException:  # noqa: BLE001 - whatever the env raised is the answer
         conn.send(("error", stage, traceback.format_exc()))
+
+
+def observation_mismatches(space: Any, obs: Any, path: str = "") -> list[str]:
+    """Where ``obs`` has another shape than ``space`` declares (Box leaves, through Dict spaces)."""
+    import gymnasium as gym
+    import numpy as np
+
+    if isinstance(space, gym.spaces.Dict) and isinstance(obs, dict):
+        return [m for key, sub in space.spaces.items() if key in obs
+                for m in observation_mismatches(sub, obs[key], f"{path}.{key}" if path else str(key))]  # fmt: skip
+    if isinstance(space, gym.spaces.Box) and tuple(np.shape(obs)) != tuple(space.shape):
+        return [f"{path or 'the observation'} has shape {tuple(np.shape(obs))}, the space says {tuple(space.shape)}"]
+    return []
+
+
+def check_observation(space: Any, obs: Any, after: str) -> None:
+    """A policy is built from the observation space: an env whose observations break it would fail
+    later inside the policy's first matmul, naming neither the env nor the key."""
+    wrong = observation_mismatches(space, obs)
+    if wrong:
+        raise ConfigError(
+            f"env_generator: the observation after {after} does not match the env's observation_space: "
+            f"{'; '.join(wrong)}. A policy built from the space would fail on it. Fix the env's "
+            f"observation_space (or the observation it returns) so the two agree."
+        )
 
 
 def exception_line(trace: str) -> str:

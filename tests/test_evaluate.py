@@ -134,32 +134,33 @@ def test_eval_command_writes_crafter_report_and_readable_videos(tmp_path: Path) 
 
 
 def test_minestudio_reward_events_are_counted(tmp_path: Path) -> None:
+    """MineStudio's real ``MinecraftSim`` (its callbacks and info) on the fake engine: a cow killed with
+    a sword is counted as a ``kill_entity:cow`` event and paid by ``RewardsCallback``."""
+    from minestudio.simulator import MinecraftSim
+    from minestudio.simulator.callbacks import CommandsCallback, JudgeResetCallback, RewardsCallback, SummonMobsCallback
+
+    from mineonline_core.envs import adapt_env
     from mineonline_core.evaluate import run_episode, summarize
+    from mineonline_core.testing.minecraft import fake_engine
 
     class Scripted:
-        """Attacks every other step (the stand-in pays 1 per attack and counts a kill)."""
-
-        def __init__(self) -> None:
-            self.t = 0
+        """Attacks at every step, looking straight ahead."""
 
         def step(self, obs, state, *, deterministic):
-            self.t += 1
-            return {"buttons": np.array([4 if self.t % 2 else 0]), "camera": np.array([60])}, state, 0.0
+            return {"buttons": np.array([4]), "camera": np.array([60])}, state, 0.0
 
-    sys.path.insert(0, str(ROOT / "tests" / "standins"))
-    try:
-        from minestudio.simulator import MinecraftSim
-
-        from mineonline_core.envs import adapt_env
-
-        env = adapt_env(MinecraftSim(obs_size=(16, 16), timestep_limit=6))
-        episode = run_episode(Scripted(), env, deterministic=False, seed=None, record=False)
-    finally:
-        sys.path.remove(str(ROOT / "tests" / "standins"))
-        for name in [m for m in sys.modules if m.startswith("minestudio")]:
-            del sys.modules[name]
-    assert episode["return"] == 3.0 and episode["events"] == {"kill_entity:cow": 3.0}
-    assert summarize([episode, {**episode, "events": {}}])["events_per_episode"] == {"kill_entity:cow": 1.5}
+    callbacks = [
+        JudgeResetCallback(4),
+        SummonMobsCallback([{"name": "cow", "number": 1, "range_x": [0, 0], "range_z": [2, 2]}]),
+        CommandsCallback(["/give @p minecraft:iron_sword 1"]),
+        RewardsCallback([{"event": "kill_entity", "objects": ["cow"], "reward": 1.0, "identity": "kill_cow", "max_reward_times": 5}]),
+    ]  # fmt: skip
+    with fake_engine():
+        env = adapt_env(MinecraftSim(obs_size=(32, 32), num_empty_frames=1, callbacks=callbacks))
+    episode = run_episode(Scripted(), env, deterministic=False, seed=None, record=False)
+    env.close()
+    assert episode["return"] == 1.0 and episode["events"] == {"kill_entity:cow": 1.0}
+    assert summarize([episode, {**episode, "events": {}}])["events_per_episode"] == {"kill_entity:cow": 0.5}
 
 
 def test_bad_paths_and_configs_fail_clearly(tmp_path: Path) -> None:

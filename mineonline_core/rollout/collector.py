@@ -469,13 +469,23 @@ class FragmentCollector:
 
     # -- inference ----------------------------------------------------------------------------
 
+    def _batch_failure(self, what: str, rows: list[int], exc: Exception) -> str:
+        slots = sorted((self._slots[i] for i in rows), key=lambda slot: slot.env_id)
+        shapes = "; ".join(f"env {slot.env_id}: {tree_map(lambda x: tuple(getattr(x, 'shape', ())), slot.obs)}" for slot in slots)
+        return (f"rollout worker {self.worker_id}: {what} failed on the observations of envs "
+                f"{[slot.env_id for slot in slots]} ({type(exc).__name__}: {exc}). Observation shapes: {shapes}. "
+                f"Check that the env's observations match the observation space the policy was built for.")
+
     @torch.no_grad()
     def _infer(self, rows: list[int]) -> None:
         t0 = time.perf_counter()
         n, values = len(rows), self._value_rows
         self._value_rows = []
         obs_list = [self._slots[i].obs for i in rows] + [v[2] for v in values]
-        obs = to_torch(tree_map(lambda x: x[:, None], tree_stack(obs_list)), self.device)
+        try:
+            obs = to_torch(tree_map(lambda x: x[:, None], tree_stack(obs_list)), self.device)
+        except Exception as exc:  # envs whose observations cannot be stacked: name them
+            raise RunFailedError(self._batch_failure("stacking the observations", rows, exc)) from exc
         idx = torch.as_tensor(rows, dtype=torch.long, device=self.device)
         state_sel = None
         if self.state is not None:
@@ -483,7 +493,10 @@ class FragmentCollector:
             if values:
                 state_sel = tree_map(lambda s, *vs: torch.cat([s, *vs]), state_sel, *[v[3] for v in values])
         first = torch.tensor([[self._slots[i].first] for i in rows] + [[False]] * len(values), device=self.device)
-        latents, state_out = self.policy(input=obs, state_in=state_sel, context={"first": first})
+        try:
+            latents, state_out = self.policy(input=obs, state_in=state_sel, context={"first": first})
+        except Exception as exc:  # a wrong observation shape fails deep in the policy: name the envs
+            raise RunFailedError(self._batch_failure("the policy's forward", rows, exc)) from exc
         pi_logits = latents["pi_logits"]
         action = self.policy.pi_head.sample(pi_logits)
         logprob = self.policy.pi_head.logprob(action, pi_logits).reshape(n + len(values))

@@ -155,6 +155,7 @@ class RolloutWorker:
         self._sent = 0
         self._timers = Timers()  # the send thread's perf/* (the collector keeps its own)
         self._reported_steps = 0
+        self._steps_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._guard, args=(fn,), name=f"rollout-{self.worker_id}-{fn.__name__}", daemon=True)
             for fn in (self._collect_loop, self._send_loop, self._fetch_loop, self._report_loop)
@@ -271,6 +272,9 @@ class RolloutWorker:
             metas = [fragment_meta(frag) for frag in frags]
             self._store.put_many([(meta["key"], frag) for meta, frag in zip(metas, frags)])
             t1 = time.perf_counter()
+            # The steps behind these fragments reach the env-step axis before the trainer can train on
+            # them: a fast trainer would otherwise log several iterations between two reports.
+            self._report_env_steps()
             in_flight.append(self._buffer.add_fragments.remote(metas))
             self._sent += len(frags)
             if len(in_flight) > 8:  # bound the calls in flight and surface a dead buffer
@@ -311,14 +315,19 @@ class RolloutWorker:
         while not self._stop.wait(self._report_interval):
             self._report_once()
 
+    def _report_env_steps(self) -> None:
+        c = self.collector
+        with self._steps_lock:  # the report and send threads both report
+            steps = c.env_steps if c is not None else 0
+            if self._hub is not None and steps > self._reported_steps:
+                self._hub.add_env_steps.remote(steps - self._reported_steps)
+                self._reported_steps = steps
+
     def _report_once(self) -> None:
         c = self.collector
         if c is None:
             return
-        steps = c.env_steps
-        if self._hub is not None and steps > self._reported_steps:
-            self._hub.add_env_steps.remote(steps - self._reported_steps)
-            self._reported_steps = steps
+        self._report_env_steps()
         records = c.episode_records()
         if records and self._stats is not None:
             self._stats.add_episodes.remote(records)

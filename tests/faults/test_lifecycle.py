@@ -176,7 +176,7 @@ def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) 
         while time.monotonic() < end:
             assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
             status = _cli("status", "--address", ray_cluster)
-            if "stop-me" in status.stdout and "version=" in status.stdout and "version=None" not in status.stdout:
+            if "rollout_worker_0" in status.stdout and "version=" in status.stdout and "version=None" not in status.stdout:
                 break
             time.sleep(1.0)  # polling the run's progress
         line = next(x for x in status.stdout.splitlines() if x.startswith("stop-me"))
