@@ -49,7 +49,7 @@ MUTATIONS = (
              "raise ResetFailed((float(reward), bool(terminated), bool(truncated), info, final_obs)) from exc", "raise",
              ("tests/test_rollout_collector.py::test_a_failed_reset_after_a_terminal_keeps_the_terminal_step",)),
     Mutation("B2", "a resumed run restarts stream incarnations at 0", "mineonline_core/rollout/manager.py",
-             "return self._first_incarnation.get(worker_id, 0) + restarts, self._latest", "return restarts, self._latest",
+             "return self._first_incarnation.get(worker_id, 0) + restarts, latest", "return restarts, latest",
              ("plugins/lmdb_buffer/tests/test_resume_streams.py::test_resumed_streams_never_reuse_stored_keys",)),
     Mutation("B3", "the KL reference starts each chunk from the trained policy's state", PPO,
              "ref_state = tree_index(batch[F.REF_STATE_IN], rows) if batch.get(F.REF_STATE_IN) is not None else None",
