@@ -31,6 +31,7 @@ as it would have run through the whole episode (DESIGN §5.4).
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 import time
@@ -291,10 +292,14 @@ class FragmentCollector:
                     "the env is reset", self.worker_id, slot.env_id, problem)  # fmt: skip
         self._fail_step(slot, problem)
         slot.obs, slot.pending_t = None, None
+        self._send(slot, functools.partial(slot.proc.send_reset, None), self.startup_timeout)
+
+    def _send(self, slot: _Slot, send: Callable[[], None], timeout: float) -> None:
+        """Send one command to the env with its deadline armed; a broken pipe is a failed env."""
         slot.sent_at = time.monotonic()
-        slot.deadline = slot.sent_at + self.startup_timeout
+        slot.deadline = slot.sent_at + timeout
         try:
-            slot.proc.send_reset(None)
+            send()
         except EnvFailure as exc:
             self._on_failure(slot, exc)
 
@@ -532,12 +537,7 @@ class FragmentCollector:
             )
             self.video.step(i, slot.obs, float(vpred_np[j]), slot.first)
             slot.obs, slot.first = None, False
-            slot.sent_at = time.monotonic()
-            slot.deadline = slot.sent_at + self.step_timeout
-            try:
-                slot.proc.send_step(act)
-            except EnvFailure as exc:
-                self._on_failure(slot, exc)
+            self._send(slot, functools.partial(slot.proc.send_step, act), self.step_timeout)
         self.timers.add("perf/record_ms", (time.perf_counter() - t1) * 1e3)
 
     def _step_reference(self, obs: Any, first: torch.Tensor, idx: torch.Tensor, n: int) -> Any:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -72,14 +73,21 @@ def _iterations_logged(run_dir: Path, after: float = 0.0) -> list[int]:
     return out
 
 
-def test_driver_killed_then_resumed(tmp_path: Path) -> None:
+def _start_run(tmp_path: Path, data: dict, log_name: str) -> tuple[subprocess.Popen, Any]:
+    """``mineonline run`` of ``data`` in a session of its own (so the test can signal it and count what it
+    leaves behind); returns the driver and its open log file, which the caller closes."""
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(tmp_path / "runs")}))
-    run_dir = tmp_path / "runs" / "kill-resume"
+    config.write_text(yaml.safe_dump(data))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
-    log = open(tmp_path / "first.log", "w")
+    log = open(tmp_path / log_name, "w")
     driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"], cwd=ROOT,
                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    return driver, log
+
+
+def test_driver_killed_then_resumed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "kill-resume"
+    driver, log = _start_run(tmp_path, {**CONFIG, "output_dir": str(tmp_path / "runs")}, "first.log")
     try:
         end = time.monotonic() + 480
         while not any(i >= 2 for i, _ in list_checkpoints(run_dir / "checkpoints")):
@@ -146,13 +154,8 @@ def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(tmp_path: Path, sig
     iteration, writes a final checkpoint (save_interval is far away), the driver ends every actor and exits 0."""
     data = {**CONFIG, "run_name": "ctrl-c", "output_dir": str(tmp_path / "runs")}
     data["train_config"] = {**CONFIG["train_config"], "save_interval": 1000, "keep_interval": 1000}
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "runs" / "ctrl-c"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
-    log = open(tmp_path / "driver.log", "w")
-    driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"], cwd=ROOT,
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    driver, log = _start_run(tmp_path, data, "driver.log")
     try:
         end = time.monotonic() + 480
         while not (run_dir / "metrics.jsonl").exists() or max(_iterations_logged(run_dir), default=0) < 2:
@@ -217,13 +220,8 @@ def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Pat
     data = {**CONFIG, "run_name": "kill-rank", "output_dir": str(tmp_path / "runs")}
     # Ray Train ranks: a single rank otherwise trains inside the driver, where it cannot die alone.
     data["train_config"] = {**CONFIG["train_config"], "max_trainer_restarts": 1, "use_ray_train": True}
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "runs" / "kill-rank"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
-    log = open(tmp_path / "driver.log", "w")
-    driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"], cwd=ROOT,
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    driver, log = _start_run(tmp_path, data, "driver.log")
 
     def wait_for(predicate, what: str, timeout: float = 300.0) -> float:
         end = time.monotonic() + timeout
