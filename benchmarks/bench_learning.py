@@ -1,4 +1,4 @@
-"""Learning benchmark: the full loop (``mineonline_core.api.run``) on CartPole-v1 or Crafter.
+"""Learning benchmark: the full loop (``mineonline_core.runtime.api.run``) on CartPole-v1 or Crafter.
 
 CartPole: for each seed, the env steps needed until the 20-episode mean return reaches 475, within
 a 150k env-step budget, and the wall time. Crafter: the mean episode reward of the last window after
@@ -85,7 +85,7 @@ def _last_metric(run_dir: Path, key: str) -> float | None:
 
 def run_one(source: str, seed: int, out: str, *, target: float | None, budget: int, overrides: list[str],
             memory_interval: float | None = None) -> dict:
-    from mineonline_core.api import run
+    from mineonline_core.runtime.api import run
 
     run_name = f"bench-{Path(source).stem}-seed{seed}-{os.getpid()}"
     done, seen = threading.Event(), {}

@@ -1,6 +1,6 @@
 """Memory: peak RSS of every process of a ``mineonline run``, and whether replay memory stays flat.
 
-Starts a Crafter PPO run (``mineonline_core.api.run``, LMDB store) in a thread of this process (so
+Starts a Crafter PPO run (``mineonline_core.runtime.api.run``, LMDB store) in a thread of this process (so
 this process is the driver), samples the RSS of every process of the run every ``--interval``
 seconds from ``/proc`` (Ray's worker processes are titled ``ray::<ActorClass>``; the env processes
 are their children), and after ``--minutes`` asks the run to stop (``RolloutManager.request_stop``,
@@ -132,7 +132,7 @@ def main() -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
     import ray
 
-    from mineonline_core.api import run
+    from mineonline_core.runtime.api import run
 
     outcome: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:

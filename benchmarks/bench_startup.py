@@ -43,7 +43,7 @@ import time
 
 import gymnasium as gym
 
-from mineonline_core.envs import CrafterEnv, GymnasiumEnv, adapt_env, env_generator_from_config
+from mineonline_core.contracts.envs import CrafterEnv, GymnasiumEnv, adapt_env, env_generator_from_config
 
 STAMP = {stamp!r}
 WORKLOAD = {workload!r}

@@ -6,14 +6,14 @@ worker with 4 Crafter envs, one CPU train worker. ``make demo`` runs it for a sh
 (30 iterations, see ``DEMO_OVERRIDES`` in the Makefile); ``benchmarks/bench_learning.py --env crafter`` measures it.
 """
 
-from mineonline_core.models import RecurrentCNNPolicy
+from mineonline_core.builtin.models import RecurrentCNNPolicy
 
 
 def env_generator():
     # Crafter's old-gym 4-tuple API is adapted by the core (terminated = death, truncated = time limit).
     import crafter
 
-    from mineonline_core.envs import CrafterAchievements, adapt_env
+    from mineonline_core.contracts.envs import CrafterAchievements, adapt_env
 
     return CrafterAchievements(adapt_env(crafter.Env(size=(64, 64), length=10000)))
 

@@ -9,24 +9,24 @@ from __future__ import annotations
 from typing import Any
 
 from mineonline_core.errors import ConfigError, MineOnlineError, UnknownComponentError
-from mineonline_core.hookspecs import hookimpl
-from mineonline_core.logger import Logger
-from mineonline_core.store import FragmentStore
+from mineonline_core.contracts.hookspecs import hookimpl
+from mineonline_core.contracts.logger import Logger
+from mineonline_core.contracts.store import FragmentStore
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "BaseTrainer": "mineonline_core.trainer.base",
-    "Policy": "mineonline_core.policy",  # imports torch: not for processes that never build a network
-    "EnvFactory": "mineonline_core.envs",
+    "Policy": "mineonline_core.contracts.policy",  # imports torch: not for processes that never build a network
+    "EnvFactory": "mineonline_core.contracts.envs",
     "load_config": "mineonline_core.config",
     "OnlineConfig": "mineonline_core.config",
-    "get_plugin_manager": "mineonline_core.plugins",
-    "start_rolloutmanager": "mineonline_core.api",
-    "start_trainer": "mineonline_core.api",
-    "run": "mineonline_core.api",
-    "load_policy": "mineonline_core.evaluate",
-    "evaluate": "mineonline_core.evaluate",
+    "get_plugin_manager": "mineonline_core.registry",
+    "start_rolloutmanager": "mineonline_core.runtime.api",
+    "start_trainer": "mineonline_core.runtime.api",
+    "run": "mineonline_core.runtime.api",
+    "load_policy": "mineonline_core.runtime.evaluate",
+    "evaluate": "mineonline_core.runtime.evaluate",
 }
 
 __all__ = [

@@ -16,7 +16,7 @@ from mineonline_core.errors import MineOnlineError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from mineonline_core.api import run
+    from mineonline_core.runtime.api import run
 
     if args.config is None and args.resume is None:
         raise MineOnlineError("mineonline run: give a CONFIG file, or --resume RUN_DIR to continue a run.")
@@ -29,7 +29,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from mineonline_core.evaluate import EVAL_FILE, evaluate
+    from mineonline_core.runtime.evaluate import EVAL_FILE, evaluate
 
     result = evaluate(args.path, episodes=args.episodes, video=args.video, deterministic=args.deterministic,
                       overrides=args.overrides, output=args.output, seed=args.seed, progress=not args.no_progress)  # fmt: skip
@@ -45,14 +45,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     from mineonline_core.config import load_config
     from mineonline_core.config.secrets import public_config
-    from mineonline_core.plugins import get_plugin_manager
-    from mineonline_core.resolve import resolve
+    from mineonline_core.registry import get_plugin_manager
+    from mineonline_core.runtime.resolve import resolve
 
     # isolate: the env is built, reset and stepped once in a subprocess, as a rollout worker would.
     resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager(), isolate=True)
     print(yaml.safe_dump(public_config(resolved.config), sort_keys=False), end="")  # secrets redacted, ${oc.env:..} kept
     if resolved.memory is not None:
-        from mineonline_core.budget import machine_memory
+        from mineonline_core.runtime.budget import machine_memory
 
         available, where = machine_memory()
         print(f"# memory on one machine: {resolved.memory.describe()}", file=sys.stderr)
@@ -65,7 +65,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from mineonline_core.plugins import TITLES, get_plugin_manager
+    from mineonline_core.registry import TITLES, get_plugin_manager
 
     pm = get_plugin_manager()
     for kind, registry in pm.registries.items():
@@ -96,7 +96,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from mineonline_core.report import write_report
+    from mineonline_core.runtime.report import write_report
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "metrics.jsonl").exists():
@@ -107,13 +107,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from mineonline_core.lifecycle import print_status
+    from mineonline_core.runtime.lifecycle import print_status
 
     return print_status(address=args.address)
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    from mineonline_core.lifecycle import stop_runs
+    from mineonline_core.runtime.lifecycle import stop_runs
 
     if args.grace < 0:
         print(f"error: --grace={args.grace} is negative. Fix: give the seconds to wait for the run's driver "
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except MineOnlineError as exc:
-        from mineonline_core.runlog import console_error
+        from mineonline_core.runtime.runlog import console_error
 
         print(f"error: {console_error(exc)}", file=sys.stderr)
         return 2

@@ -17,8 +17,8 @@ import torch
 
 from mineonline_core.config import LoadedConfig, check_resources, load_config
 from mineonline_core.errors import CheckpointError, ConfigError, MineOnlineError, UnknownComponentError
-from mineonline_core.plugins import get_plugin_manager
-from mineonline_core.resolve import resolve
+from mineonline_core.registry import get_plugin_manager
+from mineonline_core.runtime.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {
@@ -62,7 +62,7 @@ def test_config_mistakes_name_key_and_value(override: str, key: str, value: str,
 
 
 def test_run_rejects_a_bad_value_before_ray_starts(tmp_path: Path) -> None:
-    from mineonline_core.api import run
+    from mineonline_core.runtime.api import run
 
     with pytest.raises(ConfigError, match=r"train_config\.ppo_clip"):
         run(BASE, ["train_config.ppo_clip=0", f"output_dir={tmp_path}"], progress=False)
@@ -203,7 +203,7 @@ def test_checkpoint_from_an_incompatible_model(checkpoint: Path) -> None:
 
 
 def test_unwritable_save_path(tmp_path: Path) -> None:
-    from mineonline_core.api import _prepare_run_dir
+    from mineonline_core.runtime.api import _prepare_run_dir
 
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")  # works as root too, unlike chmod
@@ -371,8 +371,8 @@ def test_a_huge_network_is_refused_before_it_is_allocated(tmp_path: Path) -> Non
 
 
 def test_a_run_that_cannot_fit_the_machine_is_refused_before_ray(tmp_path: Path) -> None:
-    from mineonline_core.api import run
-    from mineonline_core.budget import machine_memory
+    from mineonline_core.runtime.api import run
+    from mineonline_core.runtime.budget import machine_memory
 
     overrides = [f"output_dir={tmp_path}", "rollout_config.replay_buffer_config.database_config.backend=memory",
                  "rollout_config.replay_buffer_config.max_chunks=100000000", "rollout_config.fragment_length=512",
@@ -387,7 +387,7 @@ def test_a_run_that_cannot_fit_the_machine_is_refused_before_ray(tmp_path: Path)
 def test_the_memory_estimate_counts_what_a_real_build_allocates() -> None:
     """The meta-device build counts exactly the real policy's parameters and bytes; the in-memory replay
     part is max_chunks x fragments_per_chunk x fragment_length steps of observation, action and columns."""
-    from mineonline_core.budget import STEP_COLUMNS_BYTES
+    from mineonline_core.runtime.budget import STEP_COLUMNS_BYTES
 
     overrides = ["policy_config.hidden_sizes=[48,40]", "rollout_config.replay_buffer_config.database_config.backend=memory",
                  "rollout_config.replay_buffer_config.max_chunks=100", "rollout_config.replay_buffer_config.fragments_per_chunk=2",

@@ -8,11 +8,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import ConfigError
 from mineonline_core.rollout.buffer import ReplayBuffer
 from mineonline_core.rollout.worker import fragment_meta
-from mineonline_core.store import MemoryStore
+from mineonline_core.contracts.store import MemoryStore
 
 
 def make_fragment(stream: str, index: int, version: int, T: int = 4) -> dict:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.config import OnlineConfig
 from mineonline_core.rollout.collector import FragmentCollector
 from mineonline_core.testing import kit as tk

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from mineonline_core.console import ConsoleLogger, Progress, format_eta, summary_table
+from mineonline_core.runtime.console import ConsoleLogger, Progress, format_eta, summary_table
 
 
 def read_jsonl(path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mineonline_core.errors import ConfigError
-from mineonline_core.policy import prepare_policy
+from mineonline_core.contracts.policy import prepare_policy
 from mineonline_core.testing.minecraft import import_minestudio_vpt
 
 ROOT = Path(__file__).resolve().parents[1]

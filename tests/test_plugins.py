@@ -11,10 +11,11 @@ import importlib_metadata
 import pytest
 from pydantic import BaseModel
 
-from mineonline_core import hookimpl, hookspecs
+from mineonline_core import hookimpl
+from mineonline_core.contracts import hookspecs
 from mineonline_core.errors import DuplicateComponentError, UnknownComponentError
-from mineonline_core.plugins import PluginManager, get_plugin_manager
-from mineonline_core.store import MemoryStore
+from mineonline_core.registry import PluginManager, get_plugin_manager
+from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.testing.fixtures import registered
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,20 +156,20 @@ def test_hook_mineonline_register_replay_stores(plugin_manager: PluginManager) -
 
 
 def test_hook_mineonline_register_loggers(plugin_manager: PluginManager) -> None:
-    from mineonline_core.logger import Logger
+    from mineonline_core.contracts.logger import Logger
 
     cls = type("L", (Logger,), {"name": "hooklogger", "log_metrics": lambda self, metrics, step: None})
     _register_one(plugin_manager, "mineonline_register_loggers", "logger", cls)
 
 
 def test_hook_mineonline_register_policies(plugin_manager: PluginManager) -> None:
-    from mineonline_core.models import MLPPolicy
+    from mineonline_core.builtin.models import MLPPolicy
 
     _register_one(plugin_manager, "mineonline_register_policies", "policy", type("P", (MLPPolicy,), {"name": "hookpolicy"}))
 
 
 def test_hook_mineonline_register_envs(plugin_manager: PluginManager) -> None:
-    from mineonline_core.envs import GymnasiumEnv
+    from mineonline_core.contracts.envs import GymnasiumEnv
 
     _register_one(plugin_manager, "mineonline_register_envs", "env", type("E", (GymnasiumEnv,), {"name": "hookenv"}))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from mineonline_core.models import MLPPolicy, RecurrentCNNPolicy
+from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy
 from mineonline_core.testing.policy_conformance import PolicyConformance
 
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from mineonline_core.console import ConsoleLogger
+from mineonline_core.runtime.console import ConsoleLogger
 from mineonline_core.errors import MineOnlineError
-from mineonline_core.report import read_metrics, write_report
+from mineonline_core.runtime.report import read_metrics, write_report
 from mineonline_core.rollout.stats import CRAFTER_ACHIEVEMENTS
 
 TAB_BLUE = np.array([31, 119, 180])  # matplotlib's first line colour

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mineonline_core.api import run
+from mineonline_core.runtime.api import run
 from mineonline_core.errors import CheckpointError, ConfigError
 from mineonline_core.trainer import checkpoint as ckpt
 

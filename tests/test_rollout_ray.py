@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.config import load_config
 from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.worker import RolloutWorker, fragment_checksum
-from mineonline_core.store import MemoryStore
+from mineonline_core.contracts.store import MemoryStore
 
 POLICY = functools.partial(tk.TinyMLPPolicy, 4, 2)
 ENV = functools.partial(tk.cartpole, 50)
@@ -112,7 +112,7 @@ class GatedStore(MemoryStore):
 def test_full_send_queue_blocks_collection(local_ray) -> None:
     ray = local_ray
     from mineonline_core.rollout.buffer import ReplayBuffer
-    from mineonline_core.storehost import StoreClient, start_store_host
+    from mineonline_core.runtime.storehost import StoreClient, start_store_host
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     client = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
@@ -221,8 +221,8 @@ def test_worker_records_the_reference_policys_own_state_at_each_fragment_start(l
     import torch
 
     from mineonline_core.rollout.buffer import ReplayBuffer
-    from mineonline_core.storehost import StoreClient, start_store_host
-    from mineonline_core.tree import tree_stack
+    from mineonline_core.runtime.storehost import StoreClient, start_store_host
+    from mineonline_core.contracts.tree import tree_stack
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from mineonline_core.runlog import LOG_FILE, MARK, RunLog
+from mineonline_core.runtime.runlog import LOG_FILE, MARK, RunLog
 
 # The noise of issue 16, seen on the console of healthy runs before: Ray Train's controller and
 # placement-group cleaner, C++ log lines of actor processes, Ray's prefix of streamed actor output.
@@ -79,7 +79,7 @@ class BrokenEnv(gym.Wrapper):
 
 
 def env_generator():
-    from mineonline_core.envs import DictObservation
+    from mineonline_core.contracts.envs import DictObservation
 
     return DictObservation(BrokenEnv(gym.make("CartPole-v1")))
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from mineonline_core.logger import Logger, LoggerOptions
-from mineonline_core.loggerhub import LoggerHub
+from mineonline_core.contracts.logger import Logger, LoggerOptions
+from mineonline_core.runtime.loggerhub import LoggerHub
 from mineonline_core.rollout.stats import CRAFTER_ACHIEVEMENTS, EpisodeStatistics, crafter_score
 
 

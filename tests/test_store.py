@@ -1,6 +1,6 @@
 """The core's in-memory store against the FragmentStore conformance suite."""
 
-from mineonline_core.store import MemoryStore
+from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.testing.store_conformance import FragmentStoreConformance
 
 

@@ -11,7 +11,7 @@ import torch
 
 from mineonline_core.config import OnlineConfig
 from mineonline_core.errors import UnknownComponentError
-from mineonline_core.plugins import Origin, get_plugin_manager
+from mineonline_core.registry import Origin, get_plugin_manager
 from mineonline_core.trainer import BaseTrainer
 from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout_fragments
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages

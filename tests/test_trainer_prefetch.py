@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.config import load_config
-from mineonline_core.store import MemoryStore
+from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.base import BaseTrainer
 from mineonline_core.rollout.worker import fragment_meta
@@ -37,7 +37,7 @@ def fragment(stream: str, index: int, version: int) -> dict:
 def setup(ray, tmp_path, *, max_staleness: int = 0, **train):
     """A trainer reading from a real ``ReplayBuffer`` actor and store; returns it, ``add`` and the store."""
     from mineonline_core.rollout.buffer import ReplayBuffer
-    from mineonline_core.storehost import StoreClient, start_store_host
+    from mineonline_core.runtime.storehost import StoreClient, start_store_host
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
@@ -142,7 +142,7 @@ def test_a_trainer_waiting_for_chunks_fails_after_progress_timeout_saying_why(lo
     ray = local_ray
     from mineonline_core.errors import RunFailedError
     from mineonline_core.rollout.buffer import ReplayBuffer
-    from mineonline_core.storehost import StoreClient, start_store_host
+    from mineonline_core.runtime.storehost import StoreClient, start_store_host
     from mineonline_core.trainer import base
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)

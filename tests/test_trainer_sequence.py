@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.trainer.batch import assemble_chunks, denormalized_value, estimate_advantages
 from mineonline_core.trainer.sequence import forward_sequence, windows
 from mineonline_core.testing.kit import TinyImageEnv, cartpole, chunks_of, cnn_policy, mlp_policy, rollout_fragments

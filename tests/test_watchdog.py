@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from mineonline_core.watchdog import ProgressWatchdog, RestartBudget, sigterm_as_ctrl_c
+from mineonline_core.runtime.watchdog import ProgressWatchdog, RestartBudget, sigterm_as_ctrl_c
 
 
 class Clock:

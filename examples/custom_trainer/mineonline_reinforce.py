@@ -11,7 +11,7 @@ Install it next to mineonline (``pip install -e examples/custom_trainer``) and s
 
 The core does the rest: fetching chunks, GAE (``batch["advantage"]``, ``batch["return"]``),
 DDP, weight broadcast, checkpoints and metrics. The batch holds (N, L) tensors keyed by the
-``mineonline_core.fragment`` column names plus ``advantage``, ``return``, ``value``, ``staleness``.
+``mineonline_core.contracts.fragment`` column names plus ``advantage``, ``return``, ``value``, ``staleness``.
 This trainer ignores staleness (no importance ratio), so keep ``max_staleness`` small.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import mineonline_core
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.trainer.sequence import forward_sequence
 
 

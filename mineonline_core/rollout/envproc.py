@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mineonline_core.tree import tree_leaves, tree_map
+from mineonline_core.contracts.tree import tree_leaves, tree_map
 
 _ALIGN = 64
 # ``info`` keys that travel back to the parent: the rest of ``info`` is dropped in the child so

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from mineonline_core import fragment as F
-from mineonline_core.tree import tree_map
+from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.tree import tree_map
 
 log = logging.getLogger(__name__)
 

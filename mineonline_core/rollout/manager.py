@@ -1,6 +1,6 @@
 """``RolloutManager``: the named actor that owns a run's rollout side.
 
-It starts the store host (``mineonline_core.storehost``), the ``ReplayBuffer`` and
+It starts the store host (``mineonline_core.runtime.storehost``), the ``ReplayBuffer`` and
 ``EpisodeStatistics`` actors (``num_cpus=0``: bookkeeping must never take a CPU slot from rollout
 or training) and ``num_rollout_workers`` ``RolloutWorker`` actors. Ray restarts a killed worker
 (``max_restarts=-1``); the restarted worker registers again and receives the latest weights, which
@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from mineonline_core.errors import RunFailedError
-from mineonline_core.watchdog import RestartBudget
+from mineonline_core.runtime.watchdog import RestartBudget
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class RolloutManager:
         from mineonline_core.rollout.buffer import ReplayBuffer
         from mineonline_core.rollout.stats import EpisodeStatistics
         from mineonline_core.rollout.worker import RolloutWorker
-        from mineonline_core.storehost import StoreClient, start_store_host
+        from mineonline_core.runtime.storehost import StoreClient, start_store_host
 
         self.config, self.run_name = config, str(config.run_name)
         rc = config.rollout_config
@@ -380,7 +380,7 @@ def start_rolloutmanager(
 
     cfg = online_cfg if isinstance(online_cfg, OnlineConfig) else load_config(online_cfg).config
     if store_cls is None:
-        from mineonline_core.plugins import get_plugin_manager
+        from mineonline_core.registry import get_plugin_manager
 
         backend = cfg.rollout_config.replay_buffer_config.database_config.backend
         store_cls = get_plugin_manager().lookup("replay_store", backend)

@@ -27,10 +27,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import MineOnlineError, RunFailedError
 from mineonline_core.rollout.fragbuild import Timers
-from mineonline_core.store import payload_nbytes
+from mineonline_core.contracts.store import payload_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -340,7 +340,7 @@ class RolloutWorker:
     def _send_video(self, video: dict) -> None:
         if self._hub is None:
             return
-        from mineonline_core.video import encode_episode_video
+        from mineonline_core.runtime.video import encode_episode_video
 
         fps, upscale = self._video
         mp4 = encode_episode_video(video["frames"], fps=fps, returns=video["returns"], values=video["values"], upscale=upscale)

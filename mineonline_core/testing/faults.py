@@ -148,7 +148,7 @@ class FaultyEnv(gym.Wrapper):
 
 def _poison(obs: Any) -> Any:
     """``obs`` with a NaN in the first element of every floating-point leaf."""
-    from mineonline_core.tree import tree_map
+    from mineonline_core.contracts.tree import tree_map
 
     def nan_first(leaf: Any) -> Any:
         arr = np.array(leaf, copy=True)
@@ -189,7 +189,7 @@ def stream_report(fragments: list[dict]) -> dict[str, dict[str, Any]]:
     fragment boundaries) ended an episode, terminated or truncated. ``broken_boundaries`` counts
     violations; a lost or reordered fragment, or an episode not closed at a fault, shows up there.
     """
-    from mineonline_core import fragment as F
+    from mineonline_core.contracts import fragment as F
 
     by_stream: dict[str, list[dict]] = {}
     for frag in fragments:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mineonline_core.plugins import Origin, PluginManager, get_plugin_manager
+from mineonline_core.registry import Origin, PluginManager, get_plugin_manager
 
 
 @pytest.fixture

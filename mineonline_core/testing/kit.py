@@ -6,7 +6,7 @@
 * policies honouring the policy contract: ``TinyMLPPolicy``, ``TinyGRUPolicy``, and the core's own
   networks at test size (``mlp_policy``, ``cnn_policy``);
 * ``rollout_fragments``: a step-by-step rollout loop producing fragments with every
-  ``mineonline_core.fragment`` column, as a rollout worker would (one policy step at a time, state
+  ``mineonline_core.contracts.fragment`` column, as a rollout worker would (one policy step at a time, state
   reset at ``first``, behaviour log-prob and denormalised value stored per step), so the trainer's
   sequence forward can be checked against it without Ray; ``chunks_of`` and ``ddp_train_step``.
 
@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from mineonline_core import fragment as F
-from mineonline_core.envs import DictObservation
-from mineonline_core.models import MLPPolicy, RecurrentCNNPolicy
-from mineonline_core.policy import CategoricalHead, Policy, ValueHead
-from mineonline_core.tree import tree_index, tree_map, tree_stack
+from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.envs import DictObservation
+from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy
+from mineonline_core.contracts.policy import CategoricalHead, Policy, ValueHead
+from mineonline_core.contracts.tree import tree_index, tree_map, tree_stack
 
 class CountingEnv(gym.Env):
     """Observation ``{"obs": [tag, t, episode]}`` (float32): lets tests check step continuity.
@@ -281,7 +281,7 @@ def ddp_train_step(config: dict) -> None:
     import ray.train
 
     from mineonline_core.config import OnlineConfig
-    from mineonline_core.plugins import import_string
+    from mineonline_core.registry import import_string
 
     cls = import_string(config["trainer_cls"])
     trainer = cls(rollout_manager=None, policy_generator=mlp_policy, env_generator=None,

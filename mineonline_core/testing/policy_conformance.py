@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from mineonline_core.tree import tree_leaves, tree_map
+from mineonline_core.contracts.tree import tree_leaves, tree_map
 
 
 class PolicyConformance:

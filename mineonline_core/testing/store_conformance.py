@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
-from mineonline_core.store import FragmentStore
+from mineonline_core.contracts.store import FragmentStore
 
 
 def assert_tree_equal(got: Any, want: Any, where: str = "payload") -> None:

@@ -34,12 +34,12 @@ from torch import nn
 
 from mineonline_core.config.secrets import public_config, redact_text
 from mineonline_core.errors import RunFailedError, find_user_error
-from mineonline_core.finite import UpdateGuard, require_finite
+from mineonline_core.runtime.finite import UpdateGuard, require_finite
 from mineonline_core.rollout.worker import fragment_checksum
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
-from mineonline_core.policy import zero_value_head
+from mineonline_core.contracts.policy import zero_value_head
 from mineonline_core.trainer.goals import BEST_DIR, Goals, replace_best
 from mineonline_core.trainer.sequence import unwrap
 

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.trainer.gae import compute_gae
 from mineonline_core.trainer.sequence import forward_sequence, unwrap
-from mineonline_core.tree import to_torch, tree_cat, tree_map, tree_stack
+from mineonline_core.contracts.tree import to_torch, tree_cat, tree_map, tree_stack
 
 
 def assemble_chunks(chunks: list[list[dict]], *, device: torch.device | str = "cpu") -> dict[str, Any]:

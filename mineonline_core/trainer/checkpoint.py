@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from mineonline_core.errors import CheckpointError, ConfigError
-from mineonline_core.policy import state_dict_mismatch
+from mineonline_core.contracts.policy import state_dict_mismatch
 
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
 _FILES = ("model.pt", "optimizer.pt", "scaler.pt", "trainer.pt")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mineonline_core.tree import tree_cat, tree_map
+from mineonline_core.contracts.tree import tree_cat, tree_map
 
 
 def unwrap(model: nn.Module) -> nn.Module:

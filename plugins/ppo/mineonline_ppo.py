@@ -43,11 +43,11 @@ import torch.distributed as dist
 from torch import nn
 
 import mineonline_core
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import ConfigError, RunFailedError
 from mineonline_core.trainer.base import BaseTrainer
 from mineonline_core.trainer.sequence import detach_state, slice_time, squeeze_value, windows
-from mineonline_core.tree import tree_index, tree_map
+from mineonline_core.contracts.tree import tree_index, tree_map
 
 METRICS = ("policy_loss", "value_loss", "entropy", "kl_ref", "approx_kl", "clipfrac", "ratio_deviation")
 

@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 import mineonline_core
-from mineonline_core.logger import Logger
+from mineonline_core.contracts.logger import Logger
 
 
 class TensorBoardOptions(BaseModel):

@@ -34,8 +34,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import mineonline_core
-from mineonline_core.continuity import is_resume, store_run_id, stored_run_id
-from mineonline_core.logger import Logger
+from mineonline_core.runtime.continuity import is_resume, store_run_id, stored_run_id
+from mineonline_core.contracts.logger import Logger
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import RunFailedError
 from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.collector import FragmentCollector

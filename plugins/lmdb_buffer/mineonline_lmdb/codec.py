@@ -104,7 +104,7 @@ def _encode_node(x: Any, parts: list, values: list, blob: bytearray, depth: int)
     raise TypeError(
         f"a replay payload holds a {type(x).__module__}.{type(x).__qualname__}; stores accept numpy "
         "arrays, dict/list/tuple, None, bool, int, float, str and bytes (convert tensors with "
-        "mineonline_core.tree.to_numpy)."
+        "mineonline_core.contracts.tree.to_numpy)."
     )
 
 

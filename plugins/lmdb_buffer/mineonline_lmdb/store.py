@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from mineonline_core.errors import ConfigError, MineOnlineError
-from mineonline_core.store import FragmentStore
+from mineonline_core.contracts.store import FragmentStore
 from mineonline_lmdb import codec
 from mineonline_lmdb.shard import Shard, StoreFullError
 

@@ -6,8 +6,8 @@ import pydantic
 import pytest
 
 import mineonline_lmdb
-from mineonline_core.plugins import Origin, PluginManager
-from mineonline_core.store import FragmentStore
+from mineonline_core.registry import Origin, PluginManager
+from mineonline_core.contracts.store import FragmentStore
 from mineonline_lmdb import LMDBOptions, LMDBStore
 
 

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.config import load_config
 from mineonline_core.rollout.manager import first_free_incarnations, start_rolloutmanager
 from mineonline_core.testing import kit as tk

@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 
-from mineonline_core import fragment as F
+from mineonline_core.contracts import fragment as F
 from mineonline_core.config import OnlineConfig
 from mineonline_core.errors import ConfigError
-from mineonline_core.policy import CategoricalHead
+from mineonline_core.contracts.policy import CategoricalHead
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer, ppo_loss
 from mineonline_core.testing.kit import TinyImageEnv, cartpole, chunks_of, cnn_policy, mlp_policy, rollout_fragments

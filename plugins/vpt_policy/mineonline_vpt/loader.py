@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from mineonline_core.errors import MineOnlineError
-from mineonline_core.policy import state_dict_mismatch
+from mineonline_core.contracts.policy import state_dict_mismatch
 
 
 class VPTModelFileError(MineOnlineError):

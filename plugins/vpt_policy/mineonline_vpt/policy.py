@@ -10,7 +10,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mineonline_core.errors import ConfigError
-from mineonline_core.policy import CategoricalHead, Policy, ValueHead
+from mineonline_core.contracts.policy import CategoricalHead, Policy, ValueHead
 from mineonline_vpt.actions import N_BUTTONS, N_CAMERA
 from mineonline_vpt.heads import DictActionHead, minecraft_head
 from mineonline_vpt.loader import VPTModelFileError, load_weights_strict, read_model_file, read_weights

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mineonline_core.errors import ConfigError
-from mineonline_core.tree import tree_cat, tree_index
+from mineonline_core.contracts.tree import tree_cat, tree_index
 from mineonline_vpt import VPTPolicy
 
 CRAFTER_OBS = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)})
@@ -124,7 +124,7 @@ def test_build_errors_are_config_errors() -> None:
 
 def test_plugin_registers_vpt_policy() -> None:
     import mineonline_vpt
-    from mineonline_core.plugins import Origin, get_plugin_manager
+    from mineonline_core.registry import Origin, get_plugin_manager
 
     pm = get_plugin_manager(load_entry_points=False)
     pm.add_plugin(mineonline_vpt, Origin("vpt", "mineonline-vpt-policy", "test"))

@@ -17,7 +17,7 @@ from mineonline_core.config import LoadedConfig, OnlineConfig, check_consistency
 from mineonline_core.config.secrets import REDACTED, is_secret_key, redact
 from mineonline_core.config.generators import import_generator
 from mineonline_core.errors import ConfigError, MineOnlineError, closest
-from mineonline_core.plugins import PluginManager
+from mineonline_core.registry import PluginManager
 
 
 @dataclasses.dataclass
@@ -107,7 +107,7 @@ def _build_policy(policy_cls: type, options: BaseModel, observation_space: Any, 
 
 
 def _prepared_policy(policy_generator: Callable[[], Any], use_normalized_vf: bool) -> Any:
-    from mineonline_core.policy import prepare_policy
+    from mineonline_core.contracts.policy import prepare_policy
 
     return prepare_policy(policy_generator(), use_normalized_vf=use_normalized_vf)
 
@@ -164,7 +164,7 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
                        store_cls: type | None = None) -> Generators:  # fmt: skip
     """The env and policy generators alone (what ``mineonline eval`` needs: no trainer, store or logger).
     ``store_cls`` sizes the replay part of the memory estimate."""
-    from mineonline_core.envs import env_generator_from_config
+    from mineonline_core.contracts.envs import env_generator_from_config
 
     cfg = loaded.config
     env_generator = loaded.env_generator
@@ -184,14 +184,14 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
 
     observation_space = action_space = None
     if probe and isolate:
-        from mineonline_core.envcheck import probe_env
+        from mineonline_core.runtime.envcheck import probe_env
 
         wc = cfg.rollout_config.worker_config
         observation_space, action_space = probe_env(
             env_generator, startup_timeout=max(wc.step_timeout, 120.0), step_timeout=wc.step_timeout
         )
     elif probe:
-        from mineonline_core.envs import adapt_env
+        from mineonline_core.contracts.envs import adapt_env
 
         env = adapt_env(_call(env_generator, "env_generator()"))
         observation_space, action_space = env.observation_space, env.action_space
@@ -217,7 +217,7 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
     _picklable(policy_generator, "policy_generator")
     memory = None
     if probe:
-        from mineonline_core.budget import estimate_memory
+        from mineonline_core.runtime.budget import estimate_memory
 
         memory = estimate_memory(cfg, policy_generator, observation_space, action_space, store_cls)
         memory.check_policy_fits()  # measured on the meta device: a huge network is refused, not allocated

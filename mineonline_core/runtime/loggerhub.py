@@ -24,7 +24,7 @@ import numpy as np
 import ray
 from pydantic import BaseModel
 
-from mineonline_core.logger import Logger
+from mineonline_core.contracts.logger import Logger
 
 log = logging.getLogger(__name__)
 

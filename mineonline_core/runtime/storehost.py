@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mineonline_core.store import FragmentStore
+from mineonline_core.contracts.store import FragmentStore
 
 # Threads of the host actor: enough for every rollout worker and trainer reader to be served at once.
 HOST_MAX_CONCURRENCY = 32

@@ -1,7 +1,7 @@
 """Names of the columns of a fragment and of a training batch.
 
 A **fragment** is ``fragment_length`` consecutive steps of one env, cut by a rollout worker. It is a
-dict (a tree, see ``mineonline_core.tree``) with these keys; T is ``fragment_length``:
+dict (a tree, see ``mineonline_core.contracts.tree``) with these keys; T is ``fragment_length``:
 
 =================  ==========================================================================
 ``obs``            tree of arrays, leaves (T, ...): the observation the policy acted on

@@ -19,7 +19,7 @@ from typing import IO, Any, Callable, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from mineonline_core.logger import Logger
+from mineonline_core.contracts.logger import Logger
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"

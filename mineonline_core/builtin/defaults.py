@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-from mineonline_core.hookspecs import Register, hookimpl
+from mineonline_core.contracts.hookspecs import Register, hookimpl
 
 
 @hookimpl
 def mineonline_register_replay_stores(register: Register) -> None:
-    from mineonline_core.store import MemoryStore
+    from mineonline_core.contracts.store import MemoryStore
 
     register(MemoryStore)
 
 
 @hookimpl
 def mineonline_register_loggers(register: Register) -> None:
-    from mineonline_core.console import ConsoleLogger
+    from mineonline_core.runtime.console import ConsoleLogger
 
     register(ConsoleLogger)
 
 
 @hookimpl
 def mineonline_register_policies(register: Register) -> None:
-    from mineonline_core.models import MLPPolicy, RecurrentCNNPolicy
+    from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy
 
     register(MLPPolicy)
     register(RecurrentCNNPolicy)
@@ -29,7 +29,7 @@ def mineonline_register_policies(register: Register) -> None:
 
 @hookimpl
 def mineonline_register_envs(register: Register) -> None:
-    from mineonline_core.envs import CrafterEnv, GymnasiumEnv, MineStudioEnv
+    from mineonline_core.contracts.envs import CrafterEnv, GymnasiumEnv, MineStudioEnv
 
     register(GymnasiumEnv)
     register(CrafterEnv)

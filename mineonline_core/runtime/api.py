@@ -18,10 +18,10 @@ from typing import Any, Callable, Sequence
 from mineonline_core.config import LoadedConfig, OnlineConfig, check_resources, load_config
 from mineonline_core.config.secrets import public_config, redact_override, redact_text
 from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
-from mineonline_core.plugins import PluginManager, get_plugin_manager
-from mineonline_core.resolve import ResolvedRun, resolve
-from mineonline_core.rundir import RUN_FILE, claim_run, refuse_existing_run, restore, snapshot
-from mineonline_core.watchdog import sigterm_as_ctrl_c
+from mineonline_core.registry import PluginManager, get_plugin_manager
+from mineonline_core.runtime.resolve import ResolvedRun, resolve
+from mineonline_core.runtime.rundir import RUN_FILE, claim_run, refuse_existing_run, restore, snapshot
+from mineonline_core.runtime.watchdog import sigterm_as_ctrl_c
 
 log = logging.getLogger("mineonline")
 NAMESPACE = "mineonline"
@@ -33,14 +33,14 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
 
     if ray.is_initialized():
         return
-    from mineonline_core.runlog import SETUP_HOOK
+    from mineonline_core.runtime.runlog import SETUP_HOOK
 
     env_vars = {k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR", "PYTHONPATH") if k in os.environ}
     # Actors mark mineonline's log records (runlog.py): the driver shows those and files the rest.
     runtime_env = {"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": runtime_env, "log_to_driver": True}
     if address:
-        from mineonline_core.lifecycle import prepare_auth_env
+        from mineonline_core.runtime.lifecycle import prepare_auth_env
 
         prepare_auth_env()  # Ray presents the cluster's token by itself only for "auto", not for host:port
         ray.init(address=address, **kwargs)
@@ -71,9 +71,9 @@ def _handles(cfg: OnlineConfig) -> tuple[Any, Any]:
 def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> Any:
     import ray
 
-    from mineonline_core.console import METRICS_FILE
-    from mineonline_core.continuity import resume_point, truncate_metrics
-    from mineonline_core.loggerhub import start_logger_hub
+    from mineonline_core.runtime.console import METRICS_FILE
+    from mineonline_core.runtime.continuity import resume_point, truncate_metrics
+    from mineonline_core.runtime.loggerhub import start_logger_hub
 
     cfg = resolved.config
     point = resume_point(cfg.train_config.resume) if cfg.train_config.resume else None
@@ -93,8 +93,8 @@ def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> Any:
 
 
 def _start_manager(resolved: ResolvedRun, hub: Any) -> Any:
-    from mineonline_core.envs import adapted
-    from mineonline_core.resolve import Deferred
+    from mineonline_core.contracts.envs import adapted
+    from mineonline_core.runtime.resolve import Deferred
     from mineonline_core.rollout.manager import start_rolloutmanager as start
 
     cfg = resolved.config
@@ -168,8 +168,8 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     The console shows mineonline's own output; Ray's and the libraries' go to ``run.log`` in the run
     directory (``verbose``: to the console as well).
     """
-    from mineonline_core.budget import machine_memory
-    from mineonline_core.resume import check_continuity, check_model, plan_resume, progressed, verified_resume
+    from mineonline_core.runtime.budget import machine_memory
+    from mineonline_core.runtime.resume import check_continuity, check_model, plan_resume, progressed, verified_resume
 
     plan = plan_resume(resume, overrides) if resume is not None else None
     loaded = load_config(plan.source if plan else source, plan.overrides if plan else list(overrides))
@@ -202,7 +202,7 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
 
 def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str], address: str | None, progress: bool,
                verbose: bool) -> dict:  # fmt: skip
-    from mineonline_core.runlog import RunLog
+    from mineonline_core.runtime.runlog import RunLog
 
     cfg = resolved.config
     run_dir = _prepare_run_dir(resolved, overrides=overrides)
@@ -212,7 +212,7 @@ def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str]
         status, result = _launch(resolved, pm, run_dir, address=address, progress=progress, run_log=run_log)
     result["status"], result["run_dir"] = status, str(run_dir)
     if result["summary"]:
-        from mineonline_core.console import print_summary
+        from mineonline_core.runtime.console import print_summary
 
         # The table is printed here, on the driver, not in the logging actor whose output Ray prefixes.
         print_summary(result["summary"], env_steps=result["summary"].get("rollout/env_steps"))
@@ -225,7 +225,7 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
     """Start Ray and the run's actors, train, and tear everything down whatever happens."""
     import ray
 
-    from mineonline_core.loggerhub import check_logger_hub
+    from mineonline_core.runtime.loggerhub import check_logger_hub
 
     cfg = resolved.config
     started_ray = not ray.is_initialized()
@@ -266,8 +266,8 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
     """Run ``trainer.fit()`` in a thread; the main thread shows progress and turns Ctrl-C into a stop."""
     import ray
 
-    from mineonline_core.console import Progress
-    from mineonline_core.watchdog import ProgressWatchdog, stall_report
+    from mineonline_core.runtime.console import Progress
+    from mineonline_core.runtime.watchdog import ProgressWatchdog, stall_report
 
     outcome: dict[str, Any] = {}
     # Not thread.join/is_alive: on Python < 3.12 a KeyboardInterrupt inside join() marks the thread as
@@ -363,7 +363,7 @@ def _shutdown(manager: Any, hub: Any, cfg: OnlineConfig) -> dict:
 
 
 def _write_report(run_dir: Path) -> None:
-    from mineonline_core.report import write_report
+    from mineonline_core.runtime.report import write_report
 
     if (run_dir / "metrics.jsonl").exists():
         try:

@@ -1,6 +1,6 @@
 """The core's default policies: an MLP for vector observations and a CNN with a GRU for images.
 
-Both follow ``mineonline_core.policy``'s contract: inputs (B, T, ...), ``first`` (B, T) resets the
+Both follow ``mineonline_core.contracts.policy``'s contract: inputs (B, T, ...), ``first`` (B, T) resets the
 recurrent memory at any t, ``pi_logits`` are normalised log-probs and ``vpred`` is the normalised value.
 """
 
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from mineonline_core.errors import ConfigError
-from mineonline_core.policy import CategoricalHead, Policy, ValueHead
+from mineonline_core.contracts.policy import CategoricalHead, Policy, ValueHead
 
 
 def _discrete_actions(action_space: gym.Space, policy: str) -> int:

@@ -1,6 +1,6 @@
 """The FragmentStore contract and the core's in-memory reference store.
 
-A store keeps fragment payloads by key. A payload is a tree (``mineonline_core.tree``) of numpy
+A store keeps fragment payloads by key. A payload is a tree (``mineonline_core.contracts.tree``) of numpy
 arrays, Python scalars, strings and None: dicts with string keys, lists and tuples. Stores must
 round-trip it exactly: dtype, shape, bit pattern, and the container types (a tuple stays a tuple).
 The replay buffer keeps only keys and small metadata; trainers and rollout workers reach payloads
@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from mineonline_core.tree import tree_leaves
+from mineonline_core.contracts.tree import tree_leaves
 
 
 class StoreOptions(BaseModel):

@@ -17,7 +17,7 @@ from typing import Any
 import importlib_metadata
 import pluggy
 
-from mineonline_core import hookspecs
+from mineonline_core.contracts import hookspecs
 from mineonline_core.errors import DuplicateComponentError, UnknownComponentError, closest
 
 KINDS = ("trainer", "replay_store", "logger", "policy", "env")
@@ -179,11 +179,11 @@ def _distribution_of(entry_point: importlib_metadata.EntryPoint) -> tuple[str, s
 
 def get_plugin_manager(*, load_entry_points: bool = True) -> PluginManager:
     """Build a fresh plugin manager: hook specs, the core's defaults, then every installed plugin."""
-    from mineonline_core import defaults
+    from mineonline_core.builtin import defaults
 
     pm = PluginManager()
     core_version = importlib_metadata.version("mineonline-core") if _installed("mineonline-core") else "dev"
-    pm.add_plugin(defaults, Origin("mineonline_core.defaults", "mineonline-core", core_version))
+    pm.add_plugin(defaults, Origin("mineonline_core.builtin.defaults", "mineonline-core", core_version))
     if load_entry_points:
         for entry_point in importlib_metadata.entry_points(group="mineonline"):
             distribution, version = _distribution_of(entry_point)

@@ -32,8 +32,8 @@ import yaml
 from mineonline_core.config import OnlineConfig, load_config
 from mineonline_core.config.generators import KEYS
 from mineonline_core.errors import CheckpointError, ConfigError
-from mineonline_core.plugins import PluginManager, get_plugin_manager
-from mineonline_core.tree import to_numpy, to_torch, tree_map
+from mineonline_core.registry import PluginManager, get_plugin_manager
+from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map
 
 EVAL_FILE = "eval.json"
 # The event counters MineStudio's MinecraftSim reports in ``info`` (``info[event][object] -> count``),
@@ -52,7 +52,7 @@ class LoadedPolicy:
 
     def make_env(self) -> Any:
         """The env the policy was trained in, adapted as during training (dict observations)."""
-        from mineonline_core.envs import adapt_env
+        from mineonline_core.contracts.envs import adapt_env
 
         return adapt_env(self.env_generator())
 
@@ -99,7 +99,7 @@ def find_checkpoint(path: str | pathlib.Path) -> pathlib.Path:
 def load_policy(path: str | pathlib.Path, *, overrides: Sequence[str] = (), device: str | torch.device = "cpu",
                 pm: PluginManager | None = None) -> LoadedPolicy:  # fmt: skip
     """The policy of the checkpoint at ``path`` with its weights; ``overrides`` change its saved config."""
-    from mineonline_core.resolve import resolve_generators
+    from mineonline_core.runtime.resolve import resolve_generators
     from mineonline_core.trainer import checkpoint as ckpt
 
     state = ckpt.load_checkpoint(find_checkpoint(path))
@@ -249,7 +249,7 @@ def _json_default(value: Any) -> Any:
 
 
 def _write_video(config: OnlineConfig, path: pathlib.Path, frames: list, returns: list, values: list) -> str | None:
-    from mineonline_core.video import encode_episode_video
+    from mineonline_core.runtime.video import encode_episode_video
 
     if not frames:
         print("eval: --video needs image observations (obs['image']); this env has none, so no video", file=sys.stderr)
