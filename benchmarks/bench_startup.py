@@ -2,7 +2,8 @@
 
 Figures (seconds from the moment the command is started):
 
-* ``first_env_step_s``: the first ``step()`` of any env (stamped by the env itself, in its process);
+* ``first_env_step_s``: the first ``step()`` of any rollout env (stamped by the env itself, in its
+  process); ``probe_env_step_s``: the step of the driver's pre-Ray env probe;
 * ``first_iteration_s``: the first finished training iteration (its metrics record in ``metrics.jsonl``);
 * ``last_iteration_s``: the last one;
 * ``final_checkpoint_s``: the final checkpoint's ``manifest.json`` written;
@@ -50,17 +51,18 @@ WORKLOAD = {workload!r}
 
 
 class FirstStepStamp(gym.Wrapper):
+    """Stamps each process's first step as STAMP.<parent pid>.<grandparent pid>: the benchmark tells
+    the driver's pre-Ray env probe (started through the driver's forkserver) from the rollout's envs."""
+
     stamped = False
 
     def step(self, action):
         if not FirstStepStamp.stamped:
             FirstStepStamp.stamped = True
-            try:
-                fd = os.open(STAMP, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-                os.write(fd, repr(time.time()).encode())
-                os.close(fd)
-            except FileExistsError:
-                pass
+            with open(f"/proc/{{os.getppid()}}/stat") as f:
+                grandparent = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"{{STAMP}}.{{os.getppid()}}.{{grandparent}}", "w") as f:
+                f.write(repr(time.time()))
         return self.env.step(action)
 
 
@@ -94,9 +96,13 @@ def run_cli(workload: str, iterations: int, *, inline: bool = False, extra: list
         cmd = [sys.executable, "-m", "mineonline_core.cli", "run", str(config), *overrides, *extra, "--no-progress"]
         env = {**os.environ, "WANDB_MODE": "disabled"}
         start = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=bl.ROOT)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=bl.ROOT)
+        stdout, stderr = proc.communicate(timeout=timeout)
         end = time.time()
-        console = (proc.stdout + proc.stderr).strip().splitlines()
+        console = (stdout + stderr).strip().splitlines()
+        stamps = {tuple(int(x) for x in path.name.split(".")[1:]): float(path.read_text()) for path in Path(tmp).glob("first_step.*")}
+        probe = [t for ancestors, t in stamps.items() if proc.pid in ancestors]
+        rollout = [t for ancestors, t in stamps.items() if proc.pid not in ancestors]
         if proc.returncode != 0:
             return {"error": f"exit code {proc.returncode}: " + " | ".join(console[-6:])}
         run_dir = Path(tmp) / name
@@ -105,7 +111,8 @@ def run_cli(workload: str, iterations: int, *, inline: bool = False, extra: list
         manifests = sorted(run_dir.glob("checkpoints/*/manifest.json"))
         final_ckpt = manifests[-1].stat().st_mtime
         out = {
-            "first_env_step_s": float(stamp.read_text()) - start,
+            "probe_env_step_s": min(probe) - start if probe else None,
+            "first_env_step_s": min(rollout) - start,
             "first_iteration_s": iters[0] - start,
             "last_iteration_s": iters[-1] - start,
             "final_checkpoint_s": final_ckpt - start,
