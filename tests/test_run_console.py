@@ -128,3 +128,45 @@ def test_actor_output_goes_to_the_file_and_marked_lines_to_the_console(tmp_path,
             assert printer.batches == [] and err == "WARNING: rollout worker 0 restarted (RolloutManager)\n"
     log = (tmp_path / LOG_FILE).read_text()
     assert log.count("(RolloutManager pid=7) [2026-11-24 06:19:48 E 7 7] core_worker.cc") == 2
+
+
+NAN_CONFIG = '''
+import gymnasium as gym
+
+
+class OneNaNReward(gym.Wrapper):
+    """Its fifth step (a rollout worker's, after the pre-Ray probe's one) returns a NaN reward."""
+
+    steps = 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        self.steps += 1
+        return obs, float("nan") if self.steps == 5 else reward, terminated, truncated, info
+
+
+def env_generator():
+    from mineonline_core.contracts.envs import DictObservation
+
+    return DictObservation(OneNaNReward(gym.make("CartPole-v1")))
+
+
+online_dict = {online}
+'''
+
+
+def test_an_actors_warning_reaches_the_console_as_one_line(tmp_path):
+    """A warning logged inside a rollout worker (an actor process of the local cluster, which runs no
+    job-level setup hook) is printed once, marked with the actor, and the run still completes."""
+    import yaml
+
+    online = yaml.safe_load(CARTPOLE.format(name="nan", out=tmp_path / "runs"))
+    online.pop("env_config")
+    online["rollout_config"]["worker_config"]["num_envs"] = online["rollout_config"]["worker_config"]["batch_size"] = 1
+    config = tmp_path / "nan.py"
+    config.write_text(textwrap.dedent(NAN_CONFIG).format(online=repr(online)))
+    proc = _mineonline(str(config), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in proc.stderr.splitlines() if "the step counts as failed" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING: worker 0 env 0: ") and warnings[0].endswith("(RolloutWorker)"), proc.stderr[-3000:]
+    assert "reward" in warnings[0]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mineonline_core.errors import ConfigError, MineOnlineError
+from mineonline_core.runtime.runlog import setup_actor_logging
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class ReplayBuffer:
         logger_hub: Any = None,
         version: int = 0,
     ) -> None:
+        setup_actor_logging()  # its records reach the console marked (runlog.py)
         self._store = store_client
         self.max_chunks, self.max_reuse, self.max_staleness = max_chunks, max_reuse, max_staleness
         self.fragments_per_chunk, self.fragments_per_report = fragments_per_chunk, fragments_per_report

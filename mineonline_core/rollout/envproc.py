@@ -68,6 +68,15 @@ def default_context() -> mp.context.BaseContext:
     return mp.get_context("spawn")
 
 
+def start_server() -> None:
+    """Start the forkserver now, in the background: its interpreter and preloads (about a second)
+    then overlap with whatever the caller does before its first env process (building a policy)."""
+    if default_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 # ---------------------------------------------------------------------------------------------
 # Shared-memory layout of one observation tree
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from mineonline_core.errors import RunFailedError
 from mineonline_core.runtime.watchdog import RestartBudget
+from mineonline_core.runtime.runlog import setup_actor_logging
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class RolloutManager:
         store_node_id: str | None = None,
         report_interval: float = 2.0,
     ) -> None:
+        setup_actor_logging()  # its records reach the console marked (runlog.py)
         import ray
 
         from mineonline_core.rollout.buffer import ReplayBuffer
@@ -65,13 +67,17 @@ class RolloutManager:
         self._last_errors: dict[int, str] = {}  # worker id -> the last failure the monitor saw
 
         path, resume = str(config.resolve_path(db.path)), config.train_config.resume is not None
+        store_node_id = store_node_id or ray.get_runtime_context().get_node_id()
         if store_options is None:
             store_options = store_cls.Config(**(db.model_extra or {}))
         self._store_host = start_store_host(store_cls=store_cls, path=path, num_shards=db.num_shards, resume=resume,
                                             options=store_options, namespace=NAMESPACE, node_id=store_node_id,
                                             name=f"{self.run_name}/store_host")  # fmt: skip
-        self._store = StoreClient.connect(self._store_host, store_cls=store_cls, path=path,
-                                          num_shards=db.num_shards, options=store_options)  # fmt: skip
+        # The host is pinned to that node, so the client is made without waiting for the store to open:
+        # the workers below start their processes meanwhile. Nothing is stored before the first weights
+        # arrive, and the trainer sends them only after this constructor has waited for the store.
+        self._store = StoreClient(host=self._store_host, store_cls=store_cls, path=path, num_shards=db.num_shards,
+                                  options=store_options, host_node_id=store_node_id)  # fmt: skip
         small = {"num_cpus": 0, "namespace": NAMESPACE}
         self._stats = ray.remote(EpisodeStatistics).options(name=f"{self.run_name}/episode_statistics", **small).remote(
             logger_hub=logger_hub, window=rc.episode_statistics_config.window
@@ -106,6 +112,7 @@ class RolloutManager:
             )
             for i in range(rc.num_rollout_workers)
         ]  # fmt: skip
+        ray.get(self._store_host.node_id.remote())  # the store is open, or its error is raised here
         self._monitor = threading.Thread(target=self._monitor_loop, name="rollout-monitor", daemon=True)
         self._monitor.start()
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+from mineonline_core.runtime.runlog import setup_actor_logging
 
 CRAFTER_ACHIEVEMENTS = (
     "collect_coal",
@@ -85,6 +86,7 @@ class EpisodeStatistics:
     """
 
     def __init__(self, *, logger_hub: Any = None, window: int = 100, report_every: int = 10) -> None:
+        setup_actor_logging()  # its records reach the console marked (runlog.py)
         if window < 1 or report_every < 1:
             raise ValueError(f"window and report_every must be >= 1; got window={window}, report_every={report_every}")
         self.logger_hub = logger_hub

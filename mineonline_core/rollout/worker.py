@@ -31,6 +31,7 @@ from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import MineOnlineError, RunFailedError
 from mineonline_core.rollout.fragbuild import Timers
 from mineonline_core.contracts.store import payload_nbytes
+from mineonline_core.runtime.runlog import setup_actor_logging
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,7 @@ class RolloutWorker:
         seed: int | None = None,
         incarnation: int = 0,
     ) -> None:
+        setup_actor_logging()  # its records reach the console marked (runlog.py)
         self.worker_id = worker_id
         self._policy_generator, self._env_generator = policy_generator, env_generator
         self._collector_kwargs = dict(
@@ -234,6 +236,10 @@ class RolloutWorker:
     def _collect_loop(self) -> None:
         import ray
 
+        from mineonline_core.rollout.envproc import start_server
+
+        if self._collector_kwargs["env_processes"]:
+            start_server()  # before torch's import (the collector's) and the policy's build
         from mineonline_core.rollout.collector import FragmentCollector
 
         if self._manager is not None:

@@ -33,16 +33,19 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
 
     if ray.is_initialized():
         return
-    from mineonline_core.runtime.runlog import SETUP_HOOK
-
-    env_vars = {k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR", "PYTHONPATH") if k in os.environ}
-    # Actors mark mineonline's log records (runlog.py): the driver shows those and files the rest.
-    runtime_env = {"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
-    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": runtime_env, "log_to_driver": True}
+    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": True}
     if address:
         from mineonline_core.runtime.lifecycle import prepare_auth_env
+        from mineonline_core.runtime.runlog import SETUP_HOOK
 
         prepare_auth_env()  # Ray presents the cluster's token by itself only for "auto", not for host:port
+        # Processes of a cluster started elsewhere do not inherit this environment. A local cluster's do
+        # (its raylet is this process's child), and there a job runtime_env is left out: with one, Ray
+        # starts every actor through its runtime-env agent instead of reusing the prestarted workers,
+        # 1 s or more per actor on 2 cores (benchmarks/RESULTS.md, issue 16). Actors set up their own
+        # logging either way (runlog.setup_actor_logging).
+        env_vars = {k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR", "PYTHONPATH") if k in os.environ}
+        kwargs["runtime_env"] = {"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
         ray.init(address=address, **kwargs)
     else:
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,

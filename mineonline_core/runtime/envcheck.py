@@ -70,9 +70,11 @@ def exception_line(trace: str) -> str:
     return lines[-1].strip() if lines else "unknown error"
 
 
-def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_timeout: float, seed: int = 0) -> tuple[Any, Any]:
+def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_timeout: float, seed: int = 0,
+              meanwhile: Callable[[], Any] | None = None) -> tuple[Any, Any]:  # fmt: skip
     """The adapted env's ``(observation_space, action_space)``; raises ``ConfigError`` naming the env's
-    own exception when building, resetting or stepping it fails, or when a stage outlasts its limit."""
+    own exception when building, resetting or stepping it fails, or when a stage outlasts its limit.
+    ``meanwhile`` runs here while the subprocess starts and probes (the two use different cores)."""
     import cloudpickle
 
     from mineonline_core.contracts.envs import adapted
@@ -83,6 +85,8 @@ def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_
     process = ctx.Process(target=_child, args=(child, cloudpickle.dumps(adapted(env_generator)), seed), daemon=True)
     process.start()
     child.close()
+    if meanwhile is not None:
+        meanwhile()
     stage, limit = "unpickled", startup_timeout
     deadline = time.monotonic() + limit
     try:

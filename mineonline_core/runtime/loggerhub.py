@@ -25,6 +25,7 @@ import ray
 from pydantic import BaseModel
 
 from mineonline_core.contracts.logger import Logger
+from mineonline_core.runtime.runlog import setup_actor_logging
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class LoggerHub:
         num_iterations: int,
         video_dir: str,
     ) -> None:
+        setup_actor_logging()  # its records reach the console marked (runlog.py)
         self.run_dir = os.path.abspath(run_dir)
         self.video_dir = video_dir if os.path.isabs(video_dir) else os.path.join(self.run_dir, video_dir)
         self.num_iterations = num_iterations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
@@ -187,8 +188,10 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
         from mineonline_core.runtime.envcheck import probe_env
 
         wc = cfg.rollout_config.worker_config
+        # The policy is built next, which imports torch (most of a second): import it while the env probes.
         observation_space, action_space = probe_env(
-            env_generator, startup_timeout=max(wc.step_timeout, 120.0), step_timeout=wc.step_timeout
+            env_generator, startup_timeout=max(wc.step_timeout, 120.0), step_timeout=wc.step_timeout,
+            meanwhile=lambda: importlib.import_module("torch"),
         )
     elif probe:
         from mineonline_core.contracts.envs import adapt_env

@@ -8,9 +8,10 @@ the mineonline lines. ``verbose`` (``mineonline run -v``) prints everything as R
 
 How, with Ray's own configuration rather than text filters:
 
-* actor processes run ``setup_actor_logging`` (the job's ``worker_process_setup_hook``): a record of
-  a ``mineonline*`` logger leaves the process as one stderr line starting with ``MARK``; other
-  records are printed as Python's last-resort handler would print them;
+* each of the run's actors calls ``setup_actor_logging`` when it is constructed (on a joined cluster
+  it is also the job's ``worker_process_setup_hook``): a record of a ``mineonline*`` logger leaves
+  the process as one stderr line starting with ``MARK``; other records are printed as Python's
+  last-resort handler would print them;
 * Ray streams every actor's output to the driver (``log_to_driver``); ``RunLog`` takes the place of
   Ray's printer on its stream dispatcher, writes every line to ``run.log`` and prints the marked
   lines, one each (a traceback's further lines go to the file);
@@ -30,7 +31,7 @@ from typing import Any, TextIO
 
 LOG_FILE = "run.log"
 MARK = "[mineonline] "
-#: Passed to ``ray.init(runtime_env=...)`` so that every actor of the run marks mineonline's records.
+#: Passed to ``ray.init(runtime_env=...)`` when joining a cluster, so that every process marks mineonline's records.
 SETUP_HOOK = "mineonline_core.runtime.runlog.setup_actor_logging"
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -88,7 +89,12 @@ class _ActorFormatter(logging.Formatter):
 
 
 def setup_actor_logging() -> None:
-    """In an actor process: records at WARNING and above go to stderr, mineonline's marked."""
+    """In an actor process: records at WARNING and above go to stderr, mineonline's marked. Elsewhere
+    (the driver, a test using an actor class as a plain object) nothing changes."""
+    import ray
+
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return
     root = logging.getLogger()
     if any(isinstance(h.formatter, _ActorFormatter) for h in root.handlers):
         return

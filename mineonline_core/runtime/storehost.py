@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from mineonline_core.contracts.store import FragmentStore
+from mineonline_core.runtime.runlog import setup_actor_logging
 
 # Threads of the host actor: enough for every rollout worker and trainer reader to be served at once.
 HOST_MAX_CONCURRENCY = 32
@@ -52,6 +53,7 @@ class StoreHost:
         resume: bool,
         options: BaseModel | dict[str, Any] | None = None,
     ) -> None:
+        setup_actor_logging()  # its records reach the console marked (runlog.py)
         self._store = store_cls(path=path, num_shards=num_shards, resume=resume, options=_options(store_cls, options))
 
     def put(self, key: str, payload: Any) -> None:

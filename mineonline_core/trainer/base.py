@@ -37,6 +37,7 @@ from mineonline_core.errors import RunFailedError, find_user_error
 from mineonline_core.runtime.finite import UpdateGuard, require_finite
 from mineonline_core.rollout.worker import fragment_checksum
 from mineonline_core.trainer import checkpoint as ckpt
+from mineonline_core.runtime.runlog import setup_actor_logging
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.contracts.policy import zero_value_head
@@ -294,6 +295,7 @@ class BaseTrainer:
 
     def _train_func(self) -> None:
         # No parameter: Ray Train passes its config to a loop function that takes one.
+        setup_actor_logging()  # a Ray Train rank is an actor; in the driver's process this does nothing
         self.setup_rank(local=self.in_process)
         self._connect()
         self.version = recovery.rejoin_version(self.rollout_manager, self.version)
