@@ -150,7 +150,7 @@ def mean_std(values: list[float]) -> dict[str, float]:
 
 
 def success_table(rows: list[dict]) -> str:
-    """Per-achievement success rates (%) over all training episodes, one column per seed, rarest last."""
+    """Per-achievement success rates (%) over all training episodes, one column per seed, most often unlocked first."""
     scored = [r for r in rows if r.get("paper_crafter")]
     if not scored:
         return "no Crafter episode was logged within the budget"
@@ -182,13 +182,19 @@ def random_crafter_reward(episodes: int, seed: int = 0) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", choices=["cartpole", "crafter"], default="cartpole")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], metavar="SEED", help="seeds to run, one run each")
+    parser.add_argument("--seeds", nargs="+", default=["0", "1", "2"], metavar="SEED", help="seeds to run, one run each")
     parser.add_argument("--steps", type=int, default=None, help="env-step budget (150k CartPole, 200k Crafter)")
     parser.add_argument("--config", default=None, help="config file (default: examples/cartpole.yaml or examples/crafter.py)")
-    parser.add_argument("--quick", action="store_true", help="one seed and a 20k-step budget")
+    parser.add_argument("--quick", action="store_true", help="seed 0 and a 20k-step budget")
     parser.add_argument("--memory", type=float, default=None, metavar="SECONDS", help="sample every process's RSS this often")
     parser.add_argument("overrides", nargs="*", help="OmegaConf dotlist overrides")
     args = parser.parse_args()
+    # `--seeds 0 1 2 train_config.x=1`: the list swallows the overrides that follow it; hand them back.
+    args.overrides = [a for a in args.seeds if "=" in a] + args.overrides
+    args.seeds = [a for a in args.seeds if "=" not in a]
+    if not args.seeds or not all(a.lstrip("-").isdigit() for a in args.seeds):
+        parser.error(f"--seeds takes integers, e.g. --seeds 0 1 2; got {args.seeds}")
+    args.seeds = [int(a) for a in args.seeds]
     if args.quick:
         args.seeds, args.steps = [0], args.steps or 20_000
     os.environ.setdefault("WANDB_MODE", "disabled")

@@ -12,15 +12,15 @@ ahead, and each chunk's last step bootstraps from the next observation's value, 
 changes no advantage. Collection runs beside training, so a chunk may be one model version old
 (``max_staleness`` 1) where the paper's loop alternates; each chunk is trained in one iteration only.
 
-The full encoder costs about 0.5 GMAC per env step forward; at 1M steps it needs a GPU::
+The full encoder costs about 0.5 GMAC per env step forward; at 1M steps it needs a GPU. A narrower
+encoder is an override away::
 
     mineonline run examples/crafter_ppo_resnet.py train_config.num_gpus_per_worker=1
+    mineonline run examples/crafter_ppo_resnet.py 'policy_config.channels=[16,32,32]'
 
 ``benchmarks/bench_learning.py --env crafter --config examples/crafter_ppo_resnet.py --steps 1000000
 --seeds 0 1 2`` scores it by the paper's rule.
 """
-
-from mineonline_core.builtin.models import ImpalaResNetPolicy
 
 
 def env_generator():
@@ -31,13 +31,11 @@ def env_generator():
     return CrafterAchievements(adapt_env(crafter.Env(size=(64, 64), length=10000)))
 
 
-def policy_generator():
-    return ImpalaResNetPolicy(image_shape=(64, 64, 3), num_actions=17, channels=[64, 128, 128], blocks_per_stage=2,
-                              group_norm=True, dense_sizes=[256, 1024], layer_norm=True, value_normalizer_beta=0.99)
-
-
 online_dict = {
     "trainer_name": "PPOTrainer",
+    # By name rather than a policy_generator, so that the width is an override away.
+    "policy_config": {"name": "impala_resnet", "channels": [64, 128, 128], "blocks_per_stage": 2, "group_norm": True,
+                      "dense_sizes": [256, 1024], "layer_norm": True, "value_normalizer_beta": 0.99},
     "detach_rollout_manager": False,
     "rollout_config": {
         "num_rollout_workers": 1,

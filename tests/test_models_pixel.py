@@ -125,6 +125,12 @@ def test_pixel_policies_refuse_an_env_without_images(cls: type) -> None:
         cls.build(cls.Config(), observation_space=vector, action_space=gym.spaces.Discrete(2))
 
 
+def test_a_bad_width_is_refused_with_its_key() -> None:
+    config = {"env_config": {"name": "crafter", "length": 20}, "policy_config": {"name": "impala_resnet", "channels": [16, 0]}}
+    with pytest.raises(ConfigError, match=r"policy_config\.channels"):
+        resolve(load_config(config), get_plugin_manager())
+
+
 @pytest.mark.parametrize("example", ["crafter.py", "crafter_ppo_resnet.py"])
 def test_crafter_examples_pass_check(example: str) -> None:
     # What `mineonline check` does (minus the env subprocess): validate, resolve, probe the env, build the policy.

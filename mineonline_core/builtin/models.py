@@ -12,7 +12,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from torch import nn
 
 from mineonline_core.errors import ConfigError
@@ -115,7 +115,7 @@ class CNNPolicy(Policy):
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        channels: list[int] = Field([32, 64, 64], min_length=3, max_length=3,
+        channels: list[PositiveInt] = Field([32, 64, 64], min_length=3, max_length=3,
                                     description="Channels of the three conv layers (8x8 stride 4, 4x4 stride 2, 3x3 stride 1).")  # fmt: skip
         hidden_size: int = Field(512, ge=1, description="Width of the fully connected layer after the convs.")
         value_normalizer_beta: float = Field(0.99999, gt=0, lt=1, description="EWMA decay of the value normaliser.")
@@ -237,12 +237,12 @@ class ImpalaResNetPolicy(Policy):
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        channels: list[int] = Field([64, 128, 128], min_length=1,
+        channels: list[PositiveInt] = Field([64, 128, 128], min_length=1,
                                     description="Output channels of each stage; each stage halves the resolution "
                                                 "(Moon et al.: 64/128/128; 16/32/32 costs ~1/16 of the FLOPs).")  # fmt: skip
         blocks_per_stage: int = Field(2, ge=0, description="Residual blocks (two 3x3 convs each) per stage.")
         group_norm: bool = Field(True, description="One-group GroupNorm before the convs and after each pool.")
-        dense_sizes: list[int] = Field([256, 1024], min_length=1,
+        dense_sizes: list[PositiveInt] = Field([256, 1024], min_length=1,
                                        description="Widths of the dense layers after the stages; the heads read the last.")  # fmt: skip
         layer_norm: bool = Field(True, description="LayerNorm on the input of each dense layer.")
         value_normalizer_beta: float = Field(0.99, gt=0, lt=1,
