@@ -1,14 +1,22 @@
 """Learning benchmark: the full loop (``mineonline_core.runtime.api.run``) on CartPole-v1 or Crafter.
 
 CartPole: for each seed, the env steps needed until the 20-episode mean return reaches 475, within
-a 150k env-step budget, and the wall time. Crafter: the mean episode reward of the last window after
-``--steps`` env steps, against a random policy measured the same way. Prints ONE JSON line.
+a 150k env-step budget, and the wall time. Crafter: after ``--steps`` env steps, the mean episode
+reward of the last window (against a random policy measured the same way) and two Crafter scores:
+the last window's, and the paper's (Hafner 2021): the success rate of each achievement over ALL
+training episodes that ended within the budget, ``S = exp(mean_a ln(1 + s_a)) - 1`` with ``s_a`` in
+percent, computed per seed and then averaged over seeds (mean +- std), as the Crafter analysis code
+and its leaderboard do. The per-achievement success table goes to stderr; stdout carries ONE JSON line.
 
-    python benchmarks/bench_learning.py --seeds 3
-    python benchmarks/bench_learning.py --env crafter --steps 200000 --seeds 1
-    python benchmarks/bench_learning.py --quick      # one seed, 20k steps: a smoke run of the harness
-    python benchmarks/bench_learning.py --env crafter --steps 1000000 --seeds 1 --memory 10
+    python benchmarks/bench_learning.py --seeds 0 1 2
+    python benchmarks/bench_learning.py --env crafter --steps 1000000 --seeds 0 1 2
+    python benchmarks/bench_learning.py --quick      # seed 0, 20k steps: a smoke run of the harness
+    python benchmarks/bench_learning.py --env crafter --steps 1000000 --seeds 0 --memory 10
                                                      # also samples every process's RSS every 10 s
+
+The all-episode rates come from the run's ``crafter/all_episodes/*`` metrics (``rollout/stats.py``),
+logged every 10 episodes: the last record at or before the budget stands for the budget, missing at
+most the few episodes that ended since it.
 
 With ``--memory`` the long learning run doubles as issue 8's flat-memory check: the JSON line gains
 ``bench_memory``'s figures (peak RSS and the growth over the second half of the run, per role).
@@ -107,6 +115,7 @@ def run_one(source: str, seed: int, out: str, *, target: float | None, budget: i
     score = _last_metric(run_dir, "crafter/score")
     if score is not None:
         row["final_crafter_score"] = score
+        row["paper_crafter"] = paper_crafter_score(run_dir / "metrics.jsonl", budget)
     if seen.get("memory"):
         from bench_memory import summarise
 
@@ -115,6 +124,44 @@ def run_one(source: str, seed: int, out: str, *, target: float | None, budget: i
         reached = _first_reach(run_dir, target, 20)
         row["steps_to_target"] = reached if reached is not None and reached <= budget else None
     return row
+
+
+def paper_crafter_score(metrics_path: Path, budget: int) -> dict | None:
+    """The Crafter score by the paper's rule from a run's ``metrics.jsonl``: the success rates over every
+    episode logged at or before ``budget`` env steps (the last such ``crafter/all_episodes/*`` record);
+    None when the run logged no Crafter episode by then."""
+    from mineonline_core.rollout.stats import CRAFTER_ACHIEVEMENTS, crafter_score
+
+    record = None
+    for line in metrics_path.read_text().splitlines():
+        candidate = json.loads(line)
+        if "crafter/all_episodes/count" in candidate and candidate["step"] <= budget:
+            record = candidate
+    if record is None:
+        return None
+    success = {name: float(record[f"crafter/all_episodes/success/{name}"]) for name in CRAFTER_ACHIEVEMENTS}
+    return {"score": crafter_score(100.0 * rate for rate in success.values()), "episodes": int(record["crafter/all_episodes/count"]),
+            "at_env_step": int(record["step"]), "success": success}  # fmt: skip
+
+
+def mean_std(values: list[float]) -> dict[str, float]:
+    """Mean and population standard deviation over seeds (the Crafter analysis code's ``nanstd``)."""
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values), "n": len(values)}
+
+
+def success_table(rows: list[dict]) -> str:
+    """Per-achievement success rates (%) over all training episodes, one column per seed, most often unlocked first."""
+    scored = [r for r in rows if r.get("paper_crafter")]
+    if not scored:
+        return "no Crafter episode was logged within the budget"
+    names = sorted(scored[0]["paper_crafter"]["success"], key=lambda n: -sum(r["paper_crafter"]["success"][n] for r in scored))
+    lines = [f"{'achievement':<22}" + "".join(f"{'seed ' + str(r['seed']):>10}" for r in scored)]
+    for name in names:
+        lines.append(f"{name:<22}" + "".join(f"{100 * r['paper_crafter']['success'][name]:>9.1f}%" for r in scored))
+    lines.append(f"{'score (all episodes)':<22}" + "".join(f"{r['paper_crafter']['score']:>9.2f}%" for r in scored))
+    lines.append(f"{'score (last window)':<22}" + "".join(f"{r.get('final_crafter_score', float('nan')):>9.2f}%" for r in scored))
+    lines.append(f"{'episodes':<22}" + "".join(f"{r['paper_crafter']['episodes']:>10}" for r in scored))
+    return "\n".join(lines)
 
 
 def random_crafter_reward(episodes: int, seed: int = 0) -> float:
@@ -135,15 +182,21 @@ def random_crafter_reward(episodes: int, seed: int = 0) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", choices=["cartpole", "crafter"], default="cartpole")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", nargs="+", default=["0", "1", "2"], metavar="SEED", help="seeds to run, one run each")
     parser.add_argument("--steps", type=int, default=None, help="env-step budget (150k CartPole, 200k Crafter)")
     parser.add_argument("--config", default=None, help="config file (default: examples/cartpole.yaml or examples/crafter.py)")
-    parser.add_argument("--quick", action="store_true", help="one seed and a 20k-step budget")
+    parser.add_argument("--quick", action="store_true", help="seed 0 and a 20k-step budget")
     parser.add_argument("--memory", type=float, default=None, metavar="SECONDS", help="sample every process's RSS this often")
     parser.add_argument("overrides", nargs="*", help="OmegaConf dotlist overrides")
     args = parser.parse_args()
+    # `--seeds 0 1 2 train_config.x=1`: the list swallows the overrides that follow it; hand them back.
+    args.overrides = [a for a in args.seeds if "=" in a] + args.overrides
+    args.seeds = [a for a in args.seeds if "=" not in a]
+    if not args.seeds or not all(a.lstrip("-").isdigit() for a in args.seeds):
+        parser.error(f"--seeds takes integers, e.g. --seeds 0 1 2; got {args.seeds}")
+    args.seeds = [int(a) for a in args.seeds]
     if args.quick:
-        args.seeds, args.steps = 1, args.steps or 20_000
+        args.seeds, args.steps = [0], args.steps or 20_000
     os.environ.setdefault("WANDB_MODE", "disabled")
     import ray
 
@@ -155,7 +208,7 @@ def main() -> None:
     out = tempfile.mkdtemp(prefix="bench_learning_")
     rows = [run_one(source, seed, out, target=475.0 if cartpole else None, budget=budget, overrides=args.overrides,
                    memory_interval=args.memory)
-            for seed in range(args.seeds)]  # fmt: skip
+            for seed in args.seeds]  # fmt: skip
     ray.shutdown()
     report: dict = {"env": args.env, "budget_env_steps": budget, "seeds": rows, "config": source,
                     "overrides": args.overrides, "quick": args.quick}  # fmt: skip
@@ -166,6 +219,15 @@ def main() -> None:
     else:
         report["final_return_mean"] = statistics.mean(r["final_return_mean"] or 0.0 for r in rows)
         report["random_policy_return_mean"] = random_crafter_reward(20)
+        windows = [r["final_crafter_score"] for r in rows if r.get("final_crafter_score") is not None]
+        papers = [r["paper_crafter"]["score"] for r in rows if r.get("paper_crafter")]
+        report["crafter_score_last_window"] = mean_std(windows) if windows else None
+        report["crafter_score_all_episodes"] = mean_std(papers) if papers else None
+        print(success_table(rows), file=sys.stderr)
+        if papers:
+            paper, window = report["crafter_score_all_episodes"], report["crafter_score_last_window"]
+            print(f"Crafter score over all training episodes (paper's rule): {paper['mean']:.2f} +- {paper['std']:.2f}% "
+                  f"over {paper['n']} seed(s); last window: {window['mean']:.2f} +- {window['std']:.2f}%", file=sys.stderr)  # fmt: skip
     report["wall_s_mean"] = statistics.mean(r["wall_s"] for r in rows)
     from _benchlib import emit
 

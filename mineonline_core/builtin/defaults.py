@@ -21,10 +21,12 @@ def mineonline_register_loggers(register: Register) -> None:
 
 @hookimpl
 def mineonline_register_policies(register: Register) -> None:
-    from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy
+    from mineonline_core.builtin.models import CNNPolicy, ImpalaResNetPolicy, MLPPolicy, RecurrentCNNPolicy
 
     register(MLPPolicy)
+    register(CNNPolicy)
     register(RecurrentCNNPolicy)
+    register(ImpalaResNetPolicy)
 
 
 @hookimpl

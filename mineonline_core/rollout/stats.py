@@ -9,8 +9,10 @@ Rollout workers send one record per finished episode::
 to the ``LoggerHub`` every ``report_every`` episodes. For Crafter it reports the success rate of each
 of the 22 achievements over the window (an achievement succeeds in an episode when its count is
 > 0) and the Crafter score of Hafner (2021), the geometric mean of the success rates in percent:
-``exp(mean_i ln(1 + s_i)) - 1``, so runs compare with the paper's table (the paper takes the rates
-over all training episodes; here they are over the window).
+``exp(mean_i ln(1 + s_i)) - 1``, over the window (``crafter/score``: how the policy does now) and
+over every episode since the start (``crafter/all_episodes/*``: the paper's rule, which takes the rates
+over all training episodes up to the step budget; its table is comparable with the last value logged
+at or before the budget). The all-episode counts start again at a resume.
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ class EpisodeStatistics:
         self._per_task: dict[str, deque[dict]] = {}
         self._task_counts: dict[str, int] = {}
         self._achievement_window: deque[dict[str, int]] = deque(maxlen=window)
+        # Crafter episodes since the start, and in how many of them each achievement was unlocked.
+        self._crafter_episodes = 0
+        self._crafter_unlocked = dict.fromkeys(CRAFTER_ACHIEVEMENTS, 0)
         self._count = 0
         self._since_report = 0
 
@@ -117,6 +122,10 @@ class EpisodeStatistics:
         achievements = record.get("achievements")
         if achievements is not None:
             self._achievement_window.append(dict(achievements))
+            if achievements.keys() & self._crafter_unlocked.keys():
+                self._crafter_episodes += 1
+                for name in CRAFTER_ACHIEVEMENTS:
+                    self._crafter_unlocked[name] += achievements.get(name, 0) > 0
 
     def summary(self) -> dict[str, float]:
         """Every statistic over the current window; ``episode/count`` counts all episodes seen."""
@@ -144,6 +153,11 @@ class EpisodeStatistics:
             out.update({f"crafter/success/{name}": r for name, r in rates.items()})
             out["crafter/score"] = crafter_score(100.0 * r for r in rates.values())
             out["crafter/achievements_per_episode"] = float(np.mean([sum(e.get(n, 0) > 0 for n in CRAFTER_ACHIEVEMENTS) for e in episodes]))
+        if self._crafter_episodes:
+            total = self._crafter_episodes
+            out["crafter/all_episodes/count"] = float(total)
+            out.update({f"crafter/all_episodes/success/{name}": n / total for name, n in self._crafter_unlocked.items()})
+            out["crafter/all_episodes/score"] = crafter_score(100.0 * n / total for n in self._crafter_unlocked.values())
         for name in sorted(names - set(CRAFTER_ACHIEVEMENTS)):
             out[f"achievement/success/{_metric_name(name)}"] = rate(name)
         return out
