@@ -51,8 +51,8 @@ WORKLOAD = {workload!r}
 
 
 class FirstStepStamp(gym.Wrapper):
-    """Stamps each process's first step as STAMP.<parent pid>.<grandparent pid>: the benchmark tells
-    the driver's pre-Ray env probe (started through the driver's forkserver) from the rollout's envs."""
+    """Stamps each process's first step as STAMP.<parent pid>.<grandparent pid>.<parent is a raylet>:
+    the benchmark tells the driver's pre-Ray env probe from the rollout's envs."""
 
     stamped = False
 
@@ -60,8 +60,8 @@ class FirstStepStamp(gym.Wrapper):
         if not FirstStepStamp.stamped:
             FirstStepStamp.stamped = True
             with open(f"/proc/{{os.getppid()}}/stat") as f:
-                grandparent = f.read().rsplit(")", 1)[1].split()[1]
-            with open(f"{{STAMP}}.{{os.getppid()}}.{{grandparent}}", "w") as f:
+                parent_name, rest = f.read().split("(", 1)[1].rsplit(")", 1)
+            with open(f"{{STAMP}}.{{os.getppid()}}.{{rest.split()[1]}}.{{parent_name == 'raylet'}}", "w") as f:
                 f.write(repr(time.time()))
         return self.env.step(action)
 
@@ -100,9 +100,12 @@ def run_cli(workload: str, iterations: int, *, inline: bool = False, extra: list
         stdout, stderr = proc.communicate(timeout=timeout)
         end = time.time()
         console = (stdout + stderr).strip().splitlines()
-        stamps = {tuple(int(x) for x in path.name.split(".")[1:]): float(path.read_text()) for path in Path(tmp).glob("first_step.*")}
-        probe = [t for ancestors, t in stamps.items() if proc.pid in ancestors]
-        rollout = [t for ancestors, t in stamps.items() if proc.pid not in ancestors]
+        stamps = {tuple(path.name.split(".")[1:]): float(path.read_text()) for path in Path(tmp).glob("first_step.*")}
+        # The probe runs in a child of the driver's forkserver; an inline env steps in a rollout worker,
+        # a child of the raylet, which is also the driver's child on a local cluster.
+        is_probe = {key: str(proc.pid) in key[:2] and key[2] == "False" for key in stamps}
+        probe = [t for key, t in stamps.items() if is_probe[key]]
+        rollout = [t for key, t in stamps.items() if not is_probe[key]]
         if proc.returncode != 0:
             return {"error": f"exit code {proc.returncode}: " + " | ".join(console[-6:])}
         run_dir = Path(tmp) / name
