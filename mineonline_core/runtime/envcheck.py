@@ -75,7 +75,7 @@ def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_
     own exception when building, resetting or stepping it fails, or when a stage outlasts its limit."""
     import cloudpickle
 
-    from mineonline_core.contracts.envs import adapted
+    from mineonline_core.builtin.envs import adapted
     from mineonline_core.rollout.envproc import default_context
 
     ctx = default_context()

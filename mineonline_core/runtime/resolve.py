@@ -191,7 +191,7 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
             env_generator, startup_timeout=max(wc.step_timeout, 120.0), step_timeout=wc.step_timeout
         )
     elif probe:
-        from mineonline_core.contracts.envs import adapt_env
+        from mineonline_core.builtin.envs import adapt_env
 
         env = adapt_env(_call(env_generator, "env_generator()"))
         observation_space, action_space = env.observation_space, env.action_space

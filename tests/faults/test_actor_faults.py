@@ -41,13 +41,13 @@ def _start(tmp_path, run_name: str, env_fn=None, **rollout):
     import ray
     from mineonline_lmdb.store import LMDBStore
 
-    from mineonline_core.contracts.envs import adapted
-    from mineonline_core.rollout.manager import start_rolloutmanager
+    from mineonline_core.builtin.envs import adapted
+    from mineonline_core.rollout.manager import launch_rollout_manager
 
     cfg = _config(tmp_path, run_name, **rollout)
     env_fn = adapted(env_fn or functools.partial(tk.CountingEnv, tag=3.0, episode_len=1000))
-    manager = start_rolloutmanager(functools.partial(tk.TinyMLPPolicy), env_fn, cfg, run_dir=str(cfg.run_dir()),
-                                   logger_hub=None, store_cls=LMDBStore, store_options=None)  # fmt: skip
+    manager = launch_rollout_manager(policy_generator=functools.partial(tk.TinyMLPPolicy), env_generator=env_fn,
+                                     config=cfg, store_cls=LMDBStore)  # fmt: skip
     ray.get(manager.wait_ready.remote(180), timeout=240)
     return manager
 
