@@ -258,3 +258,38 @@ def test_worker_records_the_reference_policys_own_state_at_each_fragment_start(l
                 obs = {"obs": torch.as_tensor(tree_stack([frag[F.OBS]["obs"]]))}
                 _, state = reference(input=obs, state_in=state, context={"first": torch.as_tensor(frag[F.FIRST])[None]})
         assert not np.allclose(chain[1][F.REF_STATE_IN][0], chain[1][F.STATE_IN][0])  # its own state, not the policy's
+
+
+def test_minestudio_start_rolloutmanager_starts_the_run_and_claims_its_directory(local_ray, tmp_path) -> None:
+    """The public entry point validates, writes the run directory, starts the logging actor and the
+    manager, and holds the run directory: a second process starting the same run is refused."""
+    ray = local_ray
+    import json
+    import subprocess
+    import sys
+
+    import mineonline_core
+    from mineonline_core.rollout.manager import get_rollout_manager
+    from mineonline_core.runtime.names import LOGGER_HUB, NAMESPACE, actor_name
+
+    data = online_dict(tmp_path, num_rollout_workers=1)
+    data["run_name"] = "public-entry"
+    manager = mineonline_core.start_rolloutmanager(POLICY, ENV, data)
+    hub = ray.get_actor(actor_name("public-entry", LOGGER_HUB), namespace=NAMESPACE)
+    try:
+        assert get_rollout_manager("public-entry") == manager
+        assert (tmp_path / "public-entry" / "config.yaml").is_file()
+        ray.get(manager.wait_ready.remote(120), timeout=150)
+        second = subprocess.run(
+            [sys.executable, "-c", "import json, sys\n"
+             "from mineonline_core.config import load_config\n"
+             "from mineonline_core.registry import get_plugin_manager\n"
+             "from mineonline_core.runtime.rundir import claim_run\n"
+             "claim_run(load_config(json.loads(sys.argv[1])).config, get_plugin_manager())", json.dumps(data)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert second.returncode != 0 and "RunInUseError" in second.stderr and "is in use by another mineonline run" in second.stderr
+    finally:
+        ray.get(manager.shutdown.remote(), timeout=60)
+        ray.kill(manager)
+        ray.kill(hub)
