@@ -13,6 +13,7 @@ import time
 import pytest
 
 from mineonline_core.contracts import fragment as F
+from mineonline_core.runtime.names import NAMESPACE, actor_name
 from mineonline_core.testing import kit as tk
 from mineonline_core.testing.faults import stream_report
 
@@ -152,7 +153,7 @@ def test_dead_bookkeeping_actor_fails_the_run_loudly(ray_cluster, tmp_path, whic
     try:
         _broadcast(manager, 1)
         _wait(lambda: _buffer_size(manager) >= 1, 120, "first fragments")
-        ray.kill(ray.get_actor(f"{run}/{which}", namespace="mineonline"), no_restart=True)
+        ray.kill(ray.get_actor(actor_name(run, which), namespace=NAMESPACE), no_restart=True)
         killed_at = time.monotonic()
 
         def failed():
