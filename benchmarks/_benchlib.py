@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mineonline_core.contracts.envs import CrafterEnv, GymnasiumEnv, adapted, env_generator_from_config  # noqa: E402
+from mineonline_core.builtin.envs import CrafterEnv, GymnasiumEnv, adapted  # noqa: E402
+from mineonline_core.contracts.envs import env_generator_from_config  # noqa: E402
 from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy  # noqa: E402
 from mineonline_core.contracts.policy import prepare_policy  # noqa: E402
 

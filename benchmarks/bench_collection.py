@@ -35,14 +35,14 @@ import _benchlib as bl  # noqa: E402
 
 def collector_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, seconds: float) -> dict:
     """Env steps/s of the Ray-free ``FragmentCollector`` (fragments built, then dropped)."""
-    from mineonline_core.rollout.collector import FragmentCollector
+    from mineonline_core.testing import kit as tk
 
     fn = bl.env_generator(workload)
     probe = fn()
     policy = bl.build_policy(workload, probe)
     probe.close()
-    collector = FragmentCollector(policy=policy, env_fns=[fn] * num_envs, fragment_length=fragment_length,
-                                  batch_size=batch_size, discount=0.99, seed=0)  # fmt: skip
+    collector = tk.collector(policy=policy, env_fns=[fn] * num_envs, fragment_length=fragment_length,
+                             batch_size=batch_size, discount=0.99, seed=0)  # fmt: skip
     try:
         while collector.env_steps < 20 * num_envs:  # warm-up: env processes built, first resets done
             collector.step()
@@ -90,11 +90,11 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
     import ray
 
     from mineonline_core.config import load_config
-    from mineonline_core.contracts.envs import adapted
+    from mineonline_core.builtin.envs import adapted
     from mineonline_core.registry import get_plugin_manager
     from mineonline_core.contracts.policy import prepare_policy
     from mineonline_core.runtime.resolve import resolve
-    from mineonline_core.rollout.manager import start_rolloutmanager
+    from mineonline_core.rollout.manager import launch_rollout_manager
 
     with tempfile.TemporaryDirectory(prefix="bench-collection-") as tmp:
         run_dir = os.path.join(tmp, "run")
@@ -104,9 +104,9 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
         bl.init_local_ray()
         manager = None
         try:
-            manager = start_rolloutmanager(resolved.policy_generator, adapted(resolved.env_generator), cfg,
-                                           run_dir=str(cfg.run_dir()), logger_hub=None,
-                                           store_cls=resolved.store_cls, store_options=resolved.store_options)  # fmt: skip
+            manager = launch_rollout_manager(policy_generator=resolved.policy_generator,
+                                             env_generator=adapted(resolved.env_generator), config=cfg,
+                                             store_cls=resolved.store_cls, store_options=resolved.store_options)  # fmt: skip
             ray.get(manager.wait_ready.remote(300.0))
             # Workers step only once they hold weights: publish version 0 as the trainer would.
             policy = prepare_policy(resolved.policy_generator(), use_normalized_vf=cfg.train_config.use_normalized_vf)

@@ -38,7 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
-NAMESPACE = "mineonline"
+
+from mineonline_core.runtime.names import LOGGER_HUB, NAMESPACE, ROLLOUT_MANAGER, actor_name  # noqa: E402
 
 
 def _monitor(run_name: str, *, target: float | None, budget: int, min_episodes: int, done: threading.Event, seen: dict,
@@ -53,8 +54,8 @@ def _monitor(run_name: str, *, target: float | None, budget: int, min_episodes: 
     hub = manager = None
     while not done.is_set() and (hub is None or manager is None):
         try:
-            hub = ray.get_actor(f"{run_name}/logger_hub", namespace=NAMESPACE)
-            manager = ray.get_actor(f"{run_name}/rollout_manager", namespace=NAMESPACE)
+            hub = ray.get_actor(actor_name(run_name, LOGGER_HUB), namespace=NAMESPACE)
+            manager = ray.get_actor(actor_name(run_name, ROLLOUT_MANAGER), namespace=NAMESPACE)
         except ValueError:
             done.wait(1.0)
     while not done.wait(1.0):

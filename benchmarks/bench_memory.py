@@ -33,6 +33,8 @@ import numpy as np  # noqa: E402
 
 import _benchlib as bl  # noqa: E402
 
+from mineonline_core.runtime.names import NAMESPACE, ROLLOUT_MANAGER, actor_name  # noqa: E402
+
 # Ray titles each actor process "ray::<Class>" (or "ray::<Class>.<method>" while it runs one).
 ROLES = {
     "RolloutWorker": "rollout_worker", "RolloutManager": "rollout_manager", "ReplayBuffer": "replay_buffer",
@@ -164,7 +166,7 @@ def main() -> None:
                 peaks[role] = max(peaks.get(role, 0.0), r["peak_mib"])
             if not stop_sent and series and series[-1][0] - series[0][0] >= 60 * args.minutes:
                 try:
-                    ray.get_actor(f"{name}/rollout_manager", namespace="mineonline").request_stop.remote()
+                    ray.get_actor(actor_name(name, ROLLOUT_MANAGER), namespace=NAMESPACE).request_stop.remote()
                     stop_sent = True
                 except Exception:  # noqa: BLE001 - not up yet or already gone
                     pass

@@ -14,7 +14,7 @@ paths are relative to the run directory, and ``save_path`` no longer points into
 
 import os
 
-from mineonline_core.contracts.envs import require_minestudio
+from mineonline_core.builtin.envs import require_minestudio
 
 MODEL_PATH = os.environ.get("VPT_MODEL", "pretrained/foundation-model-2x.model")
 WEIGHTS_PATH = os.environ.get("VPT_WEIGHTS", "pretrained/bc-from-early-game-2x.weights")

@@ -17,9 +17,9 @@ from minestudio.simulator import MinecraftSim
 from minestudio.simulator.callbacks import MinecraftCallback
 
 from mineonline_core.runtime.envcheck import probe_env
-from mineonline_core.contracts.envs import adapted
+from mineonline_core.builtin.envs import adapted
 from mineonline_core.errors import ConfigError, RunFailedError
-from mineonline_core.rollout.collector import FragmentCollector
+from mineonline_core.testing import kit as tk
 from mineonline_core.testing.kit import cartpole
 from mineonline_core.testing.minecraft import with_fake_engine
 
@@ -106,8 +106,8 @@ def test_worker_stops_with_the_envs_exception_not_a_warmup_timeout(env_processes
     from mineonline_core.testing.kit import mlp_policy
 
     policy = mlp_policy()  # never runs: no env ever starts
-    collector = FragmentCollector(policy=policy, env_fns=[adapted(broken_sim(NoWorld()))] * 2, fragment_length=4,
-                                  batch_size=1, env_processes=env_processes)  # fmt: skip
+    collector = tk.collector(policy=policy, env_fns=[adapted(broken_sim(NoWorld()))] * 2, fragment_length=4,
+                             batch_size=1, env_processes=env_processes)  # fmt: skip
     t0 = time.monotonic()
     with pytest.raises(RunFailedError, match="RuntimeError: the world failed to load while being built or reset, 3 times"):
         collector.warmup(timeout=60.0)

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PY_CONFIG = '''
 import gymnasium as gym
 
-from mineonline_core.contracts.envs import adapt_env
+from mineonline_core.builtin.envs import adapt_env
 from mineonline_core.builtin.models import MLPPolicy
 
 
@@ -139,7 +139,7 @@ def test_minestudio_reward_events_are_counted(tmp_path: Path) -> None:
     from minestudio.simulator import MinecraftSim
     from minestudio.simulator.callbacks import CommandsCallback, JudgeResetCallback, RewardsCallback, SummonMobsCallback
 
-    from mineonline_core.contracts.envs import adapt_env
+    from mineonline_core.builtin.envs import adapt_env
     from mineonline_core.runtime.evaluate import run_episode, summarize
     from mineonline_core.testing.minecraft import fake_engine
 

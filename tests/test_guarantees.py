@@ -20,7 +20,6 @@ import torch
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.config import OnlineConfig
-from mineonline_core.rollout.collector import FragmentCollector
 from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_core.trainer.sequence import forward_sequence
@@ -59,8 +58,8 @@ def collect(behaviour: torch.nn.Module, reference: torch.nn.Module | None, *, nu
     """Chunks of ``PER_CHUNK`` consecutive fragments per env, from a ``FragmentCollector`` over
     inline ``TinyImageEnv``s whose episodes end at random (inside fragments and chunks)."""
     envs = [functools.partial(tk.TinyImageEnv, seed=i, mean_length=mean_length) for i in range(num_envs)]
-    collector = FragmentCollector(policy=copy.deepcopy(behaviour), env_fns=envs, fragment_length=FRAGMENT,
-                                  batch_size=num_envs, env_processes=False, seed=0)  # fmt: skip
+    collector = tk.collector(policy=copy.deepcopy(behaviour), env_fns=envs, fragment_length=FRAGMENT,
+                             batch_size=num_envs, env_processes=False, seed=0)  # fmt: skip
     if reference is not None:
         collector.set_reference(reference.state_dict())
     try:

@@ -18,11 +18,11 @@ from minestudio.simulator import MinecraftSim
 from minestudio.simulator.callbacks import CommandsCallback, JudgeResetCallback, RewardsCallback, SummonMobsCallback
 
 from mineonline_core.config import load_config
-from mineonline_core.contracts.envs import MinecraftAdapter, adapt_env, adapted
+from mineonline_core.builtin.envs import MinecraftAdapter, adapt_env, adapted
 from mineonline_core.errors import ConfigError
 from mineonline_core.registry import get_plugin_manager
 from mineonline_core.runtime.resolve import resolve
-from mineonline_core.rollout.collector import FragmentCollector
+from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.envproc import EnvProcess, InlineEnv
 from mineonline_core.testing.minecraft import fake_engine, with_fake_engine
 from mineonline_core.contracts.tree import tree_map
@@ -114,8 +114,8 @@ def test_stored_actions_are_the_sampled_codes(env_processes: bool) -> None:
         return action
 
     policy.pi_head.sample = spy
-    collector = FragmentCollector(policy=policy, env_fns=[adapted(make)], fragment_length=6, batch_size=1,
-                                  env_processes=env_processes, step_timeout=60.0)  # fmt: skip
+    collector = tk.collector(policy=policy, env_fns=[adapted(make)], fragment_length=6, batch_size=1,
+                             env_processes=env_processes, step_timeout=60.0)  # fmt: skip
     try:
         fragments = collector.collect(2)
     finally:
@@ -150,8 +150,8 @@ def test_cow_example_resolves_and_collects_with_vpt(monkeypatch: pytest.MonkeyPa
     assert loaded.config.rollout_config.worker_config.num_envs == 12  # MineStudio's values, unchanged
     loaded.env_generator = with_fake_engine(loaded.env_generator)
     resolved = resolve(loaded, get_plugin_manager())
-    collector = FragmentCollector(policy=resolved.policy_generator(), env_fns=[adapted(resolved.env_generator)] * 2,
-                                  fragment_length=8, batch_size=2, discount=0.999, step_timeout=60.0, max_env_restarts=3)  # fmt: skip
+    collector = tk.collector(policy=resolved.policy_generator(), env_fns=[adapted(resolved.env_generator)] * 2,
+                             fragment_length=8, batch_size=2, discount=0.999, step_timeout=60.0, max_env_restarts=3)  # fmt: skip
     try:
         fragments = collector.collect(2)
     finally:

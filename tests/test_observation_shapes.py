@@ -14,7 +14,6 @@ import pytest
 
 from mineonline_core.runtime.envcheck import probe_env
 from mineonline_core.errors import ConfigError, RunFailedError
-from mineonline_core.rollout.collector import FragmentCollector
 from mineonline_core.testing import kit as tk
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its env travels to the probe's process
@@ -48,8 +47,8 @@ def test_the_probe_passes_an_env_whose_observations_match_its_space() -> None:
 @pytest.mark.parametrize("env_processes", [True, False], ids=["processes", "inline"])
 def test_a_policy_that_cannot_take_the_observations_names_the_envs_and_shapes(env_processes: bool) -> None:
     envs = [functools.partial(tk.counting, i) for i in range(2)]
-    collector = FragmentCollector(policy=tk.TinyGRUPolicy(obs_dim=5), env_fns=envs, fragment_length=4, batch_size=2,
-                                  env_processes=env_processes)  # fmt: skip
+    collector = tk.collector(policy=tk.TinyGRUPolicy(obs_dim=5), env_fns=envs, fragment_length=4, batch_size=2,
+                             env_processes=env_processes)  # fmt: skip
     try:
         collector.warmup(timeout=120)
         with pytest.raises(RunFailedError) as info:

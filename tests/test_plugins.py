@@ -169,7 +169,7 @@ def test_hook_mineonline_register_policies(plugin_manager: PluginManager) -> Non
 
 
 def test_hook_mineonline_register_envs(plugin_manager: PluginManager) -> None:
-    from mineonline_core.contracts.envs import GymnasiumEnv
+    from mineonline_core.builtin.envs import GymnasiumEnv
 
     _register_one(plugin_manager, "mineonline_register_envs", "env", type("E", (GymnasiumEnv,), {"name": "hookenv"}))
 

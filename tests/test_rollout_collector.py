@@ -25,8 +25,8 @@ counting, time_limited, faulty = tk.counting, tk.time_limited_counting, tk.fault
 
 def make(env_fns, *, policy=None, T=4, batch_size=2, **kwargs) -> FragmentCollector:
     torch.manual_seed(0)
-    return FragmentCollector(policy=policy or tk.TinyGRUPolicy(), env_fns=env_fns, fragment_length=T,
-                             batch_size=batch_size, **kwargs)  # fmt: skip
+    return tk.collector(policy=policy or tk.TinyGRUPolicy(), env_fns=env_fns, fragment_length=T, batch_size=batch_size,
+                        **kwargs)  # fmt: skip
 
 
 def by_stream(frags: list[dict]) -> dict[str, list[dict]]:

@@ -41,10 +41,10 @@ def weights(version: int) -> dict[str, np.ndarray]:
 
 def test_manager_workers_buffer_end_to_end(local_ray, tmp_path) -> None:
     ray = local_ray
-    from mineonline_core.rollout.manager import get_rollout_manager, start_rolloutmanager
+    from mineonline_core.rollout.manager import get_rollout_manager, launch_rollout_manager
 
     cfg = load_config(online_dict(tmp_path)).config
-    manager = start_rolloutmanager(POLICY, ENV, cfg)
+    manager = launch_rollout_manager(policy_generator=POLICY, env_generator=ENV, config=cfg)
     try:
         assert get_rollout_manager("rollout-smoke") == manager
         ray.get(manager.wait_ready.remote(120), timeout=150)
@@ -119,8 +119,8 @@ def test_full_send_queue_blocks_collection(local_ray) -> None:
     buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
         store_client=client, max_chunks=1000, max_reuse=1, max_staleness=100)  # fmt: skip
     store = GatedStore()
-    worker = RolloutWorker(worker_id=5, policy_generator=POLICY, env_generator=ENV, num_envs=2, batch_size=1,
-                           fragment_length=8, to_send_queue_size=1, store_client=store, buffer=buffer)  # fmt: skip
+    worker = RolloutWorker(worker_id=5, config=tk.rollout_config(num_envs=2, batch_size=1, fragment_length=8, to_send_queue_size=1),
+                           policy_generator=POLICY, env_generator=ENV, store_client=store, buffer=buffer)  # fmt: skip
     try:
         worker.update_weights([ray.put(weights(2))], 2)
         deadline = time.monotonic() + 60
@@ -151,9 +151,9 @@ def test_a_failed_background_thread_is_raised_by_every_later_call(local_ray) -> 
     buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
         store_client=None, max_chunks=10, max_reuse=1, max_staleness=1)  # fmt: skip
     broken_env = functools.partial(tk.faulty_counting, 0, raise_rate=1.0)
-    worker = RolloutWorker(worker_id=7, policy_generator=tk.TinyMLPPolicy, env_generator=broken_env, num_envs=1,
-                           batch_size=1, fragment_length=4, to_send_queue_size=1, store_client=None, buffer=buffer,
-                           max_env_restarts=0)  # fmt: skip
+    config = tk.rollout_config(num_envs=1, batch_size=1, fragment_length=4, to_send_queue_size=1, max_env_restarts=0)
+    worker = RolloutWorker(worker_id=7, config=config, policy_generator=tk.TinyMLPPolicy, env_generator=broken_env,
+                           store_client=None, buffer=buffer)  # fmt: skip
     try:
         worker.update_weights([ray.put({k: v.numpy() for k, v in tk.TinyMLPPolicy().state_dict().items()})], 1)
         deadline = time.monotonic() + 60
@@ -193,9 +193,9 @@ def test_recorded_episode_is_encoded_and_sent_with_env_steps(local_ray) -> None:
         store_client=None, max_chunks=10_000, max_reuse=1, max_staleness=100)  # fmt: skip
     hub, store = RecordingHub(), MemoryStore(path="unused")
     image_env = functools.partial(tk.counting, 0, episode_len=12, image=True)
-    worker = RolloutWorker(worker_id=0, policy_generator=tk.TinyMLPPolicy, env_generator=image_env, num_envs=1,
-                           batch_size=1, fragment_length=4, to_send_queue_size=4, store_client=store, buffer=buffer,
-                           stats=RecordingHub(), logger_hub=hub, report_interval=0.2, video_fps=10)  # fmt: skip
+    config = tk.rollout_config(num_envs=1, batch_size=1, fragment_length=4, to_send_queue_size=4, video_fps=10)
+    worker = RolloutWorker(worker_id=0, config=config, policy_generator=tk.TinyMLPPolicy, env_generator=image_env,
+                           store_client=store, buffer=buffer, stats=RecordingHub(), logger_hub=hub, report_interval=0.2)  # fmt: skip
     try:
         worker.update_weights([ray.put({k: v.numpy() for k, v in tk.TinyMLPPolicy().state_dict().items()})], 1)
         deadline = time.monotonic() + 60
@@ -233,9 +233,9 @@ def test_worker_records_the_reference_policys_own_state_at_each_fragment_start(l
     behaviour = {k: v.numpy() for k, v in policy_fn().state_dict().items()}
     torch.manual_seed(1)
     reference = policy_fn()
-    worker = RolloutWorker(worker_id=0, policy_generator=policy_fn, env_generator=functools.partial(tk.counting, 0, 5),
-                           num_envs=2, batch_size=2, fragment_length=4, to_send_queue_size=4, store_client=store,
-                           buffer=buffer, env_processes=False)  # fmt: skip
+    config = tk.rollout_config(num_envs=2, batch_size=2, fragment_length=4, to_send_queue_size=4, env_processes=False)
+    worker = RolloutWorker(worker_id=0, config=config, policy_generator=policy_fn,
+                           env_generator=functools.partial(tk.counting, 0, 5), store_client=store, buffer=buffer)  # fmt: skip
     try:
         worker.update_weights([ray.put(behaviour), ray.put({k: v.numpy() for k, v in reference.state_dict().items()})], 1)
         deadline = time.monotonic() + 60
@@ -258,3 +258,38 @@ def test_worker_records_the_reference_policys_own_state_at_each_fragment_start(l
                 obs = {"obs": torch.as_tensor(tree_stack([frag[F.OBS]["obs"]]))}
                 _, state = reference(input=obs, state_in=state, context={"first": torch.as_tensor(frag[F.FIRST])[None]})
         assert not np.allclose(chain[1][F.REF_STATE_IN][0], chain[1][F.STATE_IN][0])  # its own state, not the policy's
+
+
+def test_minestudio_start_rolloutmanager_starts_the_run_and_claims_its_directory(local_ray, tmp_path) -> None:
+    """The public entry point validates, writes the run directory, starts the logging actor and the
+    manager, and holds the run directory: a second process starting the same run is refused."""
+    ray = local_ray
+    import json
+    import subprocess
+    import sys
+
+    import mineonline_core
+    from mineonline_core.rollout.manager import get_rollout_manager
+    from mineonline_core.runtime.names import LOGGER_HUB, NAMESPACE, actor_name
+
+    data = online_dict(tmp_path, num_rollout_workers=1)
+    data["run_name"] = "public-entry"
+    manager = mineonline_core.start_rolloutmanager(POLICY, ENV, data)
+    hub = ray.get_actor(actor_name("public-entry", LOGGER_HUB), namespace=NAMESPACE)
+    try:
+        assert get_rollout_manager("public-entry") == manager
+        assert (tmp_path / "public-entry" / "config.yaml").is_file()
+        ray.get(manager.wait_ready.remote(120), timeout=150)
+        second = subprocess.run(
+            [sys.executable, "-c", "import json, sys\n"
+             "from mineonline_core.config import load_config\n"
+             "from mineonline_core.registry import get_plugin_manager\n"
+             "from mineonline_core.runtime.rundir import claim_run\n"
+             "claim_run(load_config(json.loads(sys.argv[1])).config, get_plugin_manager())", json.dumps(data)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert second.returncode != 0 and "RunInUseError" in second.stderr and "is in use by another mineonline run" in second.stderr
+    finally:
+        ray.get(manager.shutdown.remote(), timeout=60)
+        ray.kill(manager)
+        ray.kill(hub)

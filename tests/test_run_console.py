@@ -79,7 +79,7 @@ class BrokenEnv(gym.Wrapper):
 
 
 def env_generator():
-    from mineonline_core.contracts.envs import DictObservation
+    from mineonline_core.builtin.envs import DictObservation
 
     return DictObservation(BrokenEnv(gym.make("CartPole-v1")))
 

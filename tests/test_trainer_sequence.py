@@ -9,6 +9,7 @@ import torch
 from mineonline_core.contracts import fragment as F
 from mineonline_core.trainer.batch import assemble_chunks, denormalized_value, estimate_advantages
 from mineonline_core.trainer.sequence import forward_sequence, windows
+from mineonline_core.testing import kit as tk
 from mineonline_core.testing.kit import TinyImageEnv, cartpole, chunks_of, cnn_policy, mlp_policy, rollout_fragments
 
 
@@ -60,11 +61,10 @@ def test_forward_reproduces_the_real_collector(make_policy, env_fn):
     batched inference over fewer envs than exist, so envs step out of lock-step)."""
     import functools
 
-    from mineonline_core.rollout.collector import FragmentCollector
 
     fn = functools.partial(cartpole, 10) if env_fn == "cartpole" else functools.partial(TinyImageEnv, 0, 5)
     policy = make_policy()
-    collector = FragmentCollector(policy=policy, env_fns=[fn] * 3, fragment_length=8, batch_size=2, seed=0, step_timeout=60)
+    collector = tk.collector(policy=policy, env_fns=[fn] * 3, fragment_length=8, batch_size=2, seed=0, step_timeout=60)
     try:
         fragments = collector.collect(12)
     finally:

@@ -31,7 +31,7 @@ def mineonline_register_policies(register: Register) -> None:
 
 @hookimpl
 def mineonline_register_envs(register: Register) -> None:
-    from mineonline_core.contracts.envs import CrafterEnv, GymnasiumEnv, MineStudioEnv
+    from mineonline_core.builtin.envs import CrafterEnv, GymnasiumEnv, MineStudioEnv
 
     register(GymnasiumEnv)
     register(CrafterEnv)

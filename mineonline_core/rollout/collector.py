@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import torch
 
+from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.errors import RunFailedError
 from mineonline_core.runtime.finite import env_answer_problem
 from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, InlineEnv, default_context
@@ -96,26 +97,24 @@ class FragmentCollector:
         *,
         policy: torch.nn.Module,
         env_fns: list[Callable[[], Any]],
-        fragment_length: int,
-        batch_size: int,
+        config: RolloutConfig,
         discount: float = 0.99,
-        step_timeout: float = 60.0,
-        max_env_restarts: int = 100,
-        max_env_rebuilds: int = 200,
-        restart_window: float = 600.0,
         worker_id: int = 0,
         incarnation: int = 0,
-        device: str | torch.device = "cpu",
-        restart_interval: float = 0.0,
-        startup_timeout: float | None = None,
         seed: int | None = None,
         version: int = 0,
+        startup_timeout: float | None = None,
         backoff_base: float = 0.1,
         backoff_max: float = 10.0,
-        env_processes: bool = True,
     ) -> None:
+        """``config`` is the run's ``rollout_config`` (its ``worker_config`` but ``num_envs``, which
+        ``env_fns`` gives, plus ``fragment_length`` and ``restart_window``); ``discount`` only
+        weighs the episodes' discounted returns in the statistics."""
+        wc = config.worker_config
+        batch_size = wc.batch_size
         if batch_size > len(env_fns):
             raise ValueError(f"batch_size={batch_size} exceeds the number of envs ({len(env_fns)})")
+        device = "cuda" if config.num_gpus_per_worker > 0 else "cpu"
         self.policy = policy.to(device).eval()
         self._standby = copy.deepcopy(self.policy)  # loaded by set_weights, swapped in by step
         self._standby_version: int | None = None  # set once the standby holds complete weights
@@ -123,16 +122,16 @@ class FragmentCollector:
         self._pending_reference: torch.nn.Module | None = None  # loaded by set_reference, swapped in by step
         self.ref_state: Any = None
         self._load_lock = threading.Lock()  # one loader at a time
-        self.env_processes = env_processes
+        self.env_processes = wc.env_processes
         self.env_fns = list(env_fns)
-        self.fragment_length, self.batch_size, self.discount = fragment_length, batch_size, discount
-        self.step_timeout, self.max_env_restarts = step_timeout, max_env_restarts
-        self._rebuilds = RestartBudget(cap=max_env_rebuilds, window=restart_window)
+        self.fragment_length, self.batch_size, self.discount = config.fragment_length, batch_size, discount
+        self.step_timeout, self.max_env_restarts = wc.step_timeout, wc.max_env_restarts
+        self._rebuilds = RestartBudget(cap=wc.max_env_rebuilds, window=config.restart_window)
         self._last_failure = ""
         # Building a simulator (Minecraft) can take far longer than a step: its own, longer limit.
-        self.startup_timeout = startup_timeout if startup_timeout is not None else max(step_timeout, 120.0)
+        self.startup_timeout = startup_timeout if startup_timeout is not None else max(wc.step_timeout, 120.0)
         self.worker_id, self.incarnation, self.device = worker_id, incarnation, torch.device(device)
-        self.restart_interval, self.seed = restart_interval, seed
+        self.restart_interval, self.seed = wc.restart_interval, seed
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
         self.version = version
         self._ctx = default_context()

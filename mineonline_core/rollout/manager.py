@@ -17,17 +17,18 @@ import time
 from typing import Any, Callable
 
 from mineonline_core.errors import RunFailedError
+from mineonline_core.runtime import names
+from mineonline_core.runtime.names import NAMESPACE, actor_name
 from mineonline_core.runtime.watchdog import RestartBudget
 from mineonline_core.runtime.runlog import setup_actor_logging
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "mineonline"
 WORKER_CONCURRENCY = 8
 
 
 class RolloutManager:
-    """Threaded Ray actor; start it with ``start_rolloutmanager``."""
+    """Threaded Ray actor; start it with ``launch_rollout_manager``."""
 
     def __init__(
         self,
@@ -51,7 +52,7 @@ class RolloutManager:
 
         self.config, self.run_name = config, str(config.run_name)
         rc = config.rollout_config
-        wc, bc = rc.worker_config, rc.replay_buffer_config
+        bc = rc.replay_buffer_config
         db = bc.database_config
         self._hub, self._report_interval = logger_hub, report_interval
         self._latest: tuple[list, int] | None = None
@@ -72,17 +73,17 @@ class RolloutManager:
             store_options = store_cls.Config(**(db.model_extra or {}))
         self._store_host = start_store_host(store_cls=store_cls, path=path, num_shards=db.num_shards, resume=resume,
                                             options=store_options, namespace=NAMESPACE, node_id=store_node_id,
-                                            name=f"{self.run_name}/store_host")  # fmt: skip
+                                            name=actor_name(self.run_name, names.STORE_HOST))  # fmt: skip
         # The host is pinned to that node, so the client is made without waiting for the store to open:
         # the workers below start their processes meanwhile. Nothing is stored before the first weights
         # arrive, and the trainer sends them only after this constructor has waited for the store.
         self._store = StoreClient(host=self._store_host, store_cls=store_cls, path=path, num_shards=db.num_shards,
                                   options=store_options, host_node_id=store_node_id)  # fmt: skip
         small = {"num_cpus": 0, "namespace": NAMESPACE}
-        self._stats = ray.remote(EpisodeStatistics).options(name=f"{self.run_name}/episode_statistics", **small).remote(
+        self._stats = ray.remote(EpisodeStatistics).options(name=actor_name(self.run_name, names.EPISODE_STATISTICS), **small).remote(
             logger_hub=logger_hub, window=rc.episode_statistics_config.window
         )
-        self._buffer = ray.remote(ReplayBuffer).options(name=f"{self.run_name}/replay_buffer", **small).remote(
+        self._buffer = ray.remote(ReplayBuffer).options(name=actor_name(self.run_name, names.REPLAY_BUFFER), **small).remote(
             store_client=self._store, max_chunks=bc.max_chunks, max_reuse=bc.max_reuse,
             max_staleness=bc.max_staleness, fragments_per_chunk=bc.fragments_per_chunk,
             fragments_per_report=bc.fragments_per_report, logger_hub=logger_hub,
@@ -93,22 +94,16 @@ class RolloutManager:
             # New streams must not reuse a stored stream's keys: a put would overwrite its payloads.
             self._first_incarnation = first_free_incarnations(self._store.keys())
         me = ray.get_runtime_context().current_actor
-        device = "cuda" if rc.num_gpus_per_worker > 0 else "cpu"
         worker_cls = ray.remote(RolloutWorker)
         self._workers = [
             worker_cls.options(
-                name=f"{self.run_name}/rollout_worker_{i}", namespace=NAMESPACE, num_cpus=rc.num_cpus_per_worker,
-                num_gpus=rc.num_gpus_per_worker, max_concurrency=WORKER_CONCURRENCY, max_restarts=-1,
-                max_task_retries=-1,
+                name=actor_name(self.run_name, names.ROLLOUT_WORKER, i), namespace=NAMESPACE,
+                num_cpus=rc.num_cpus_per_worker, num_gpus=rc.num_gpus_per_worker, max_concurrency=WORKER_CONCURRENCY,
+                max_restarts=-1, max_task_retries=-1,
             ).remote(
-                worker_id=i, policy_generator=policy_generator, env_generator=env_generator, num_envs=wc.num_envs,
-                batch_size=wc.batch_size, fragment_length=rc.fragment_length,
-                to_send_queue_size=rc.to_send_queue_size, store_client=self._store, buffer=self._buffer,
-                stats=self._stats, logger_hub=logger_hub, manager=me, discount=config.train_config.discount,
-                step_timeout=wc.step_timeout, max_env_restarts=wc.max_env_restarts, max_env_rebuilds=wc.max_env_rebuilds,
-                restart_window=rc.restart_window,
-                restart_interval=wc.restart_interval, env_processes=wc.env_processes, device=device, video_fps=wc.video_fps,
-                video_upscale=wc.video_upscale, seed=None if config.seed is None else config.seed + 7 * i,
+                worker_id=i, config=rc, policy_generator=policy_generator, env_generator=env_generator,
+                store_client=self._store, buffer=self._buffer, stats=self._stats, logger_hub=logger_hub, manager=me,
+                discount=config.train_config.discount, seed=None if config.seed is None else config.seed + 7 * i,
             )
             for i in range(rc.num_rollout_workers)
         ]  # fmt: skip
@@ -365,41 +360,38 @@ def _first_line(exc: BaseException) -> str:
     return (lines[-1] if lines else type(exc).__name__)[:300]
 
 
-def start_rolloutmanager(
+def launch_rollout_manager(
+    *,
     policy_generator: Callable[[], Any],
     env_generator: Callable[[], Any],
-    online_cfg: Any,
-    *,
-    run_dir: str | None = None,
+    config: Any,
     logger_hub: Any = None,
     store_cls: type | None = None,
     store_options: Any = None,
 ) -> Any:
-    """Start the run's named ``RolloutManager`` actor (detached when ``detach_rollout_manager``).
+    """Start the run's named ``RolloutManager`` actor: the one place it is started (``run``, the public
+    ``start_rolloutmanager`` and tests all come here). Detached when ``detach_rollout_manager``.
 
-    ``store_cls`` is the class registered as ``database_config.backend``; the driver looks it up
-    (so that an unknown name fails before Ray starts) and passes it in; when omitted it is looked up
-    here. Returns the actor handle once the manager is constructed (its errors are raised here).
+    ``config`` is a validated ``OnlineConfig``; ``env_generator`` must already return adapted envs.
+    ``store_cls`` is the class registered as ``database_config.backend``; the driver looks it up (so
+    that an unknown name fails before Ray starts) and passes it in; when omitted it is looked up here.
+    Returns the actor handle once the manager is constructed (its errors are raised here).
     """
     import ray
 
-    from mineonline_core.config import OnlineConfig, load_config
-
-    cfg = online_cfg if isinstance(online_cfg, OnlineConfig) else load_config(online_cfg).config
     if store_cls is None:
         from mineonline_core.registry import get_plugin_manager
 
-        backend = cfg.rollout_config.replay_buffer_config.database_config.backend
+        backend = config.rollout_config.replay_buffer_config.database_config.backend
         store_cls = get_plugin_manager().lookup("replay_store", backend)
-    del run_dir  # paths come from cfg.resolve_path, which is rooted at the run directory already
-    options: dict[str, Any] = {"name": f"{cfg.run_name}/rollout_manager", "namespace": NAMESPACE, "num_cpus": 0,
-                               "max_concurrency": 16}  # fmt: skip
-    if cfg.detach_rollout_manager:
+    options: dict[str, Any] = {"name": actor_name(config.run_name, names.ROLLOUT_MANAGER), "namespace": NAMESPACE,
+                               "num_cpus": 0, "max_concurrency": 16}  # fmt: skip
+    if config.detach_rollout_manager:
         options["lifetime"] = "detached"
     # The replay store lives on the node that starts the run, the one whose disk holds database_config.path,
     # wherever Ray places the manager itself.
     manager = ray.remote(RolloutManager).options(**options).remote(
-        policy_generator=policy_generator, env_generator=env_generator, config=cfg, store_cls=store_cls,
+        policy_generator=policy_generator, env_generator=env_generator, config=config, store_cls=store_cls,
         store_options=store_options, logger_hub=logger_hub, store_node_id=ray.get_runtime_context().get_node_id(),
     )  # fmt: skip
     ray.get(manager.health.remote())
@@ -410,4 +402,4 @@ def get_rollout_manager(run_name: str) -> Any:
     """The handle of a running run's manager (``ValueError`` when none runs under that name)."""
     import ray
 
-    return ray.get_actor(f"{run_name}/rollout_manager", namespace=NAMESPACE)
+    return ray.get_actor(actor_name(run_name, names.ROLLOUT_MANAGER), namespace=NAMESPACE)

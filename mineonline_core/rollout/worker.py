@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import MineOnlineError, RunFailedError
 from mineonline_core.rollout.fragbuild import Timers
@@ -106,47 +107,30 @@ class RolloutWorker:
         self,
         *,
         worker_id: int,
+        config: RolloutConfig,
         policy_generator: Callable[[], Any],
         env_generator: Callable[[], Any],
-        num_envs: int,
-        batch_size: int,
-        fragment_length: int,
-        to_send_queue_size: int,
         store_client: Any,
         buffer: Any,
         stats: Any = None,
         logger_hub: Any = None,
         manager: Any = None,
         discount: float = 0.99,
-        step_timeout: float = 60.0,
-        max_env_restarts: int = 100,
-        max_env_rebuilds: int = 200,
-        restart_window: float = 600.0,
-        restart_interval: float = 0.0,
-        env_processes: bool = True,
-        device: str = "cpu",
-        video_fps: int = 20,
-        video_upscale: int | None = None,
-        report_interval: float = 0.5,  # the resolution of the env-step axis every metric is logged on
         seed: int | None = None,
+        report_interval: float = 0.5,  # the resolution of the env-step axis every metric is logged on
         incarnation: int = 0,
     ) -> None:
+        """``config`` is the run's ``rollout_config``; ``discount`` (``train_config.discount``) weighs
+        the episodes' discounted returns in the statistics."""
         setup_actor_logging()  # its records reach the console marked (runlog.py)
-        self.worker_id = worker_id
+        self.worker_id, self.config = worker_id, config
         self._policy_generator, self._env_generator = policy_generator, env_generator
-        self._collector_kwargs = dict(
-            fragment_length=fragment_length, batch_size=batch_size, discount=discount, step_timeout=step_timeout,
-            max_env_restarts=max_env_restarts, max_env_rebuilds=max_env_rebuilds, restart_window=restart_window,
-            restart_interval=restart_interval, device=device, seed=seed,
-            env_processes=env_processes,
-        )  # fmt: skip
-        self._num_envs = num_envs
+        self._discount, self._seed = discount, seed
         self._store, self._buffer, self._stats, self._hub, self._manager = store_client, buffer, stats, logger_hub, manager
-        self._video = (video_fps, video_upscale)
         self._report_interval = report_interval
         self.incarnation = incarnation
         self.collector = None
-        self._queue = SendQueue(maxsize=to_send_queue_size)
+        self._queue = SendQueue(maxsize=config.to_send_queue_size)
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._has_weights = threading.Event()
@@ -238,7 +222,7 @@ class RolloutWorker:
 
         from mineonline_core.rollout.envproc import start_server
 
-        if self._collector_kwargs["env_processes"]:
+        if self.config.worker_config.env_processes:
             start_server()  # before torch's import (the collector's) and the policy's build
         from mineonline_core.rollout.collector import FragmentCollector
 
@@ -249,8 +233,9 @@ class RolloutWorker:
             if latest is not None:
                 self.update_weights(*latest)
         self.collector = FragmentCollector(
-            policy=self._policy_generator(), env_fns=[self._env_generator] * self._num_envs,
-            worker_id=self.worker_id, incarnation=self.incarnation, **self._collector_kwargs,
+            policy=self._policy_generator(), env_fns=[self._env_generator] * self.config.worker_config.num_envs,
+            config=self.config, discount=self._discount, worker_id=self.worker_id, incarnation=self.incarnation,
+            seed=self._seed,
         )  # fmt: skip
         self._built.set()
         self.collector.warmup(timeout=self.collector.startup_timeout * 2)
@@ -348,6 +333,7 @@ class RolloutWorker:
             return
         from mineonline_core.runtime.video import encode_episode_video
 
-        fps, upscale = self._video
-        mp4 = encode_episode_video(video["frames"], fps=fps, returns=video["returns"], values=video["values"], upscale=upscale)
+        wc = self.config.worker_config
+        mp4 = encode_episode_video(video["frames"], fps=wc.video_fps, returns=video["returns"], values=video["values"],
+                                   upscale=wc.video_upscale)  # fmt: skip
         self._hub.log_video.remote("rollout/video", mp4)

@@ -19,12 +19,12 @@ from mineonline_core.config import LoadedConfig, OnlineConfig, check_resources, 
 from mineonline_core.config.secrets import public_config, redact_override, redact_text
 from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
 from mineonline_core.registry import PluginManager, get_plugin_manager
+from mineonline_core.runtime.names import LOGGER_HUB, NAMESPACE, ROLLOUT_MANAGER, actor_name
 from mineonline_core.runtime.resolve import ResolvedRun, resolve
-from mineonline_core.runtime.rundir import RUN_FILE, claim_run, refuse_existing_run, restore, snapshot
+from mineonline_core.runtime.rundir import RUN_FILE, Ownership, claim_run, refuse_existing_run, restore, snapshot
 from mineonline_core.runtime.watchdog import sigterm_as_ctrl_c
 
 log = logging.getLogger("mineonline")
-NAMESPACE = "mineonline"
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
@@ -63,9 +63,9 @@ def _as_loaded(policy_generator: Callable | None, env_generator: Callable | None
 def _handles(cfg: OnlineConfig) -> tuple[Any, Any]:
     import ray
 
-    manager = ray.get_actor(f"{cfg.run_name}/rollout_manager", namespace=NAMESPACE)
+    manager = ray.get_actor(actor_name(cfg.run_name, ROLLOUT_MANAGER), namespace=NAMESPACE)
     try:
-        hub = ray.get_actor(f"{cfg.run_name}/logger_hub", namespace=NAMESPACE)
+        hub = ray.get_actor(actor_name(cfg.run_name, LOGGER_HUB), namespace=NAMESPACE)
     except ValueError:
         hub = None
     return manager, hub
@@ -96,18 +96,29 @@ def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> Any:
 
 
 def _start_manager(resolved: ResolvedRun, hub: Any) -> Any:
-    from mineonline_core.contracts.envs import adapted
+    from mineonline_core.builtin.envs import adapted
+    from mineonline_core.rollout.manager import launch_rollout_manager
     from mineonline_core.runtime.resolve import Deferred
-    from mineonline_core.rollout.manager import start_rolloutmanager as start
 
-    cfg = resolved.config
-    return start(Deferred(resolved.policy_generator), Deferred(adapted(resolved.env_generator)), cfg, run_dir=str(cfg.run_dir()),
-                 logger_hub=hub, store_cls=resolved.store_cls, store_options=resolved.store_options)  # fmt: skip
+    return launch_rollout_manager(
+        policy_generator=Deferred(resolved.policy_generator), env_generator=Deferred(adapted(resolved.env_generator)),
+        config=resolved.config, logger_hub=hub, store_cls=resolved.store_cls, store_options=resolved.store_options,
+    )  # fmt: skip
+
+
+# Run directories this process claimed through ``start_rolloutmanager``: held until it exits, as
+# MineStudio's scripts start the manager and then train in the same process for the run's lifetime.
+_CLAIMED: dict[Path, Ownership] = {}
 
 
 def start_rolloutmanager(policy_generator: Callable, env_generator: Callable, online_cfg: Any) -> Any:
-    """MineStudio's entry point: validate, then start the rollout manager (and the run's logging actor)."""
-    resolved = resolve(_as_loaded(policy_generator, env_generator, online_cfg), get_plugin_manager())
+    """MineStudio's entry point: validate, claim the run directory (another process that tries the
+    same run is refused, as ``mineonline run`` is), then start the logging actor and the rollout manager."""
+    pm = get_plugin_manager()
+    resolved = resolve(_as_loaded(policy_generator, env_generator, online_cfg), pm)
+    run_dir = resolved.config.run_dir().absolute()
+    if run_dir not in _CLAIMED:
+        _CLAIMED[run_dir] = claim_run(resolved.config, pm)
     _prepare_run_dir(resolved)
     init_ray()
     return _start_manager(resolved, _start_hub(resolved))

@@ -77,7 +77,7 @@ def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_
     ``meanwhile`` runs here while the subprocess starts and probes (the two use different cores)."""
     import cloudpickle
 
-    from mineonline_core.contracts.envs import adapted
+    from mineonline_core.builtin.envs import adapted
     from mineonline_core.rollout.envproc import default_context
 
     ctx = default_context()

@@ -52,7 +52,7 @@ class LoadedPolicy:
 
     def make_env(self) -> Any:
         """The env the policy was trained in, adapted as during training (dict observations)."""
-        from mineonline_core.contracts.envs import adapt_env
+        from mineonline_core.builtin.envs import adapt_env
 
         return adapt_env(self.env_generator())
 

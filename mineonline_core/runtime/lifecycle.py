@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from mineonline_core.errors import MineOnlineError
+from mineonline_core.runtime.names import NAMESPACE, ROLLOUT_MANAGER, actor_name, split_name
 
-NAMESPACE = "mineonline"
-MANAGER_SUFFIX = "/rollout_manager"
 AUTH_MODE_VAR = "RAY_AUTH_MODE"
 
 
@@ -105,10 +104,9 @@ def list_runs() -> dict[str, list[str]]:
 
     runs: dict[str, list[str]] = {}
     for entry in ray.util.list_named_actors(all_namespaces=True):
-        if entry["namespace"] != NAMESPACE or "/" not in entry["name"]:
-            continue
-        run = entry["name"].rsplit("/", 1)[0]
-        runs.setdefault(run, []).append(entry["name"])
+        parts = split_name(entry["name"]) if entry["namespace"] == NAMESPACE else None
+        if parts is not None:
+            runs.setdefault(parts[0], []).append(entry["name"])
     return {run: sorted(names) for run, names in sorted(runs.items())}
 
 
@@ -117,7 +115,7 @@ def _manager_status(run: str, timeout: float = 10.0) -> dict[str, Any] | str:
     import ray
 
     try:
-        manager = ray.get_actor(run + MANAGER_SUFFIX, namespace=NAMESPACE)
+        manager = ray.get_actor(actor_name(run, ROLLOUT_MANAGER), namespace=NAMESPACE)
         return dict(ray.get(manager.status.remote(), timeout=timeout))
     except ValueError:
         return "no rollout manager"
@@ -142,7 +140,7 @@ def format_status(run: str, actors: list[str], status: dict[str, Any] | str) -> 
         fields = {"workers": _count(status.get("workers")), "buffer": buffer,
                   "version": status.get("version"), "env_steps": status.get("env_steps")}  # fmt: skip
         head = "  ".join(f"{k}={v}" for k, v in fields.items() if v is not None) or "status: " + repr(status)
-    short = ", ".join(name.rsplit("/", 1)[1] for name in actors)
+    short = ", ".join(split_name(name)[1] for name in actors)
     return f"{run}  {head}  actors: {short}"
 
 
@@ -191,9 +189,9 @@ def stop_run(run: str, actors: list[str], *, grace_s: float = 30.0) -> str:
     """Stop one run: request a graceful stop, wait for its driver up to ``grace_s``, then end the actors."""
     import ray
 
-    manager = None
-    if run + MANAGER_SUFFIX in actors:
-        manager = ray.get_actor(run + MANAGER_SUFFIX, namespace=NAMESPACE)
+    manager, manager_name = None, actor_name(run, ROLLOUT_MANAGER)
+    if manager_name in actors:
+        manager = ray.get_actor(manager_name, namespace=NAMESPACE)
         try:
             ray.get(manager.request_stop.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - a dead or busy manager is shut down below anyway

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from mineonline_core.contracts.logger import Logger
 from mineonline_core.runtime.runlog import setup_actor_logging
+from mineonline_core.runtime.names import LOGGER_HUB, NAMESPACE, actor_name
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ class LoggerHub:
             self._errors.append(f"{name}.{method}: {last}")
 
 
-def start_logger_hub(*, run_name: str, namespace: str = "mineonline", lifetime: str | None = None, wait: bool = True,
+def start_logger_hub(*, run_name: str, namespace: str = NAMESPACE, lifetime: str | None = None, wait: bool = True,
                      **kwargs: Any) -> Any:  # fmt: skip
     """Start the hub as the named actor ``{run_name}/logger_hub`` and wait until its loggers exist
     (``wait=False``: return at once; ``check_logger_hub`` waits later, so the driver can start the
@@ -278,7 +279,7 @@ def start_logger_hub(*, run_name: str, namespace: str = "mineonline", lifetime: 
     alive after the driver exits (used with ``detach_rollout_manager``).
     """
     actor_cls = ray.remote(**ACTOR_OPTIONS)(LoggerHub)
-    hub = actor_cls.options(name=f"{run_name}/logger_hub", namespace=namespace, lifetime=lifetime).remote(**kwargs)
+    hub = actor_cls.options(name=actor_name(run_name, LOGGER_HUB), namespace=namespace, lifetime=lifetime).remote(**kwargs)
     if wait:
         check_logger_hub(hub, run_name)
     return hub
@@ -291,7 +292,7 @@ def check_logger_hub(hub: Any, run_name: str) -> None:
         log.error("LoggerHub for run %r: %s", run_name, line)
 
 
-def get_logger_hub(run_name: str, *, namespace: str = "mineonline") -> Any:
+def get_logger_hub(run_name: str, *, namespace: str = NAMESPACE) -> Any:
     """The hub of a running run (e.g. for a detached rollout manager started by another driver)."""
 
-    return ray.get_actor(f"{run_name}/logger_hub", namespace=namespace)
+    return ray.get_actor(actor_name(run_name, LOGGER_HUB), namespace=namespace)

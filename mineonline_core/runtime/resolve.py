@@ -194,7 +194,7 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
             meanwhile=lambda: importlib.import_module("torch"),
         )
     elif probe:
-        from mineonline_core.contracts.envs import adapt_env
+        from mineonline_core.builtin.envs import adapt_env
 
         env = adapt_env(_call(env_generator, "env_generator()"))
         observation_space, action_space = env.observation_space, env.action_space

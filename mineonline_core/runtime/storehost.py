@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from mineonline_core.contracts.store import FragmentStore
 from mineonline_core.runtime.runlog import setup_actor_logging
+from mineonline_core.runtime.names import NAMESPACE
 
 # Threads of the host actor: enough for every rollout worker and trainer reader to be served at once.
 HOST_MAX_CONCURRENCY = 32
@@ -92,7 +93,7 @@ def start_store_host(
     resume: bool,
     options: BaseModel | dict[str, Any] | None = None,
     name: str | None = None,
-    namespace: str = "mineonline",
+    namespace: str = NAMESPACE,
     node_id: str | None = None,
     lifetime: str | None = None,
 ) -> Any:

@@ -24,11 +24,30 @@ import numpy as np
 import torch
 from torch import nn
 
-from mineonline_core.contracts import fragment as F
-from mineonline_core.contracts.envs import DictObservation
+from mineonline_core.builtin.envs import DictObservation
 from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy
+from mineonline_core.config.rollout import RolloutConfig, WorkerConfig
+from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.policy import CategoricalHead, Policy, ValueHead
 from mineonline_core.contracts.tree import tree_index, tree_map, tree_stack
+
+
+def rollout_config(**keys: Any) -> RolloutConfig:
+    """A validated ``rollout_config`` from flat keys, for building a collector or worker directly:
+    ``worker_config``'s keys (``batch_size``, ``env_processes``, ...) go into that section."""
+    worker = {k: keys.pop(k) for k in list(keys) if k in WorkerConfig.model_fields}
+    return RolloutConfig(**keys, worker_config=WorkerConfig(**worker))
+
+
+def collector(*, policy: torch.nn.Module, env_fns: list[Callable[[], Any]], **keys: Any) -> Any:
+    """A ``FragmentCollector`` from flat keys: those of ``rollout_config`` and ``worker_config`` form
+    its config (``num_envs`` follows ``env_fns``), the rest (``seed``, ``backoff_base``, ...) go to it."""
+    from mineonline_core.rollout.collector import FragmentCollector
+
+    fields = set(RolloutConfig.model_fields) | set(WorkerConfig.model_fields)
+    config = rollout_config(num_envs=len(env_fns), **{k: keys.pop(k) for k in list(keys) if k in fields})
+    return FragmentCollector(policy=policy, env_fns=env_fns, config=config, **keys)
+
 
 class CountingEnv(gym.Env):
     """Observation ``{"obs": [tag, t, episode]}`` (float32): lets tests check step continuity.

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from mineonline_core.contracts import fragment as F
+from mineonline_core.runtime.names import NAMESPACE, actor_name
 from mineonline_core.testing import kit as tk
 from mineonline_core.testing.faults import stream_report
 
@@ -41,13 +42,13 @@ def _start(tmp_path, run_name: str, env_fn=None, **rollout):
     import ray
     from mineonline_lmdb.store import LMDBStore
 
-    from mineonline_core.contracts.envs import adapted
-    from mineonline_core.rollout.manager import start_rolloutmanager
+    from mineonline_core.builtin.envs import adapted
+    from mineonline_core.rollout.manager import launch_rollout_manager
 
     cfg = _config(tmp_path, run_name, **rollout)
     env_fn = adapted(env_fn or functools.partial(tk.CountingEnv, tag=3.0, episode_len=1000))
-    manager = start_rolloutmanager(functools.partial(tk.TinyMLPPolicy), env_fn, cfg, run_dir=str(cfg.run_dir()),
-                                   logger_hub=None, store_cls=LMDBStore, store_options=None)  # fmt: skip
+    manager = launch_rollout_manager(policy_generator=functools.partial(tk.TinyMLPPolicy), env_generator=env_fn,
+                                     config=cfg, store_cls=LMDBStore)  # fmt: skip
     ray.get(manager.wait_ready.remote(180), timeout=240)
     return manager
 
@@ -152,7 +153,7 @@ def test_dead_bookkeeping_actor_fails_the_run_loudly(ray_cluster, tmp_path, whic
     try:
         _broadcast(manager, 1)
         _wait(lambda: _buffer_size(manager) >= 1, 120, "first fragments")
-        ray.kill(ray.get_actor(f"{run}/{which}", namespace="mineonline"), no_restart=True)
+        ray.kill(ray.get_actor(actor_name(run, which), namespace=NAMESPACE), no_restart=True)
         killed_at = time.monotonic()
 
         def failed():

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from mineonline_core.errors import MineOnlineError, RunFailedError
+from mineonline_core.runtime.names import NAMESPACE, ROLLOUT_MANAGER, actor_name
 
 
 class BlockingTrainer:
@@ -51,7 +52,7 @@ def _actors(ray, run: str, tmp_path):
 
     hub = start_logger_hub(run_name=run, run_dir=str(tmp_path / run), loggers=[(ConsoleLogger, ConsoleLogger.Config())],
                            config={}, num_iterations=10, video_dir=str(tmp_path / run / "videos"))  # fmt: skip
-    manager = Manager.options(name=f"{run}/rollout_manager", namespace="mineonline").remote()
+    manager = Manager.options(name=actor_name(run, ROLLOUT_MANAGER), namespace=NAMESPACE).remote()
     ray.get(manager.health.remote())
     return hub, manager
 

@@ -40,8 +40,8 @@ def run(faulty: FaultyEnvFactory, *, fragments: int, faulty_fragments: int = 0, 
     """
     torch.manual_seed(0)
     fns = [faulty, counting(1.0), counting(2.0)]
-    collector = FragmentCollector(policy=tk.TinyMLPPolicy(), env_fns=fns, fragment_length=T, batch_size=2,
-                                  backoff_base=0.05, backoff_max=0.5, **kwargs)  # fmt: skip
+    collector = tk.collector(policy=tk.TinyMLPPolicy(), env_fns=fns, fragment_length=T, batch_size=2,
+                             backoff_base=0.05, backoff_max=0.5, **kwargs)  # fmt: skip
     start = time.monotonic()
     frags: list[dict] = []
     try:

@@ -10,7 +10,7 @@ import numpy as np
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.config import load_config
-from mineonline_core.rollout.manager import first_free_incarnations, start_rolloutmanager
+from mineonline_core.rollout.manager import first_free_incarnations, launch_rollout_manager
 from mineonline_core.testing import kit as tk
 
 pytest_plugins = ["mineonline_core.testing.fixtures"]
@@ -40,7 +40,8 @@ def weights(version: int) -> dict[str, np.ndarray]:
 def run_until(ray, tmp_path, run_name, resume, *, version: int, min_keys: int) -> dict[str, dict]:
     """Start a manager, publish ``version``, wait until the store holds ``min_keys`` fragments of it,
     stop; return every stored payload by key."""
-    manager = start_rolloutmanager(POLICY, ENV, load_config(online(tmp_path, run_name, resume)).config)
+    manager = launch_rollout_manager(policy_generator=POLICY, env_generator=ENV,
+                                     config=load_config(online(tmp_path, run_name, resume)).config)
     try:
         ray.get(manager.wait_ready.remote(120), timeout=150)
         store = ray.get(manager.get_store_client.remote())
