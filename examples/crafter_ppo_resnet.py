@@ -26,7 +26,7 @@ encoder is an override away::
 def env_generator():
     import crafter
 
-    from mineonline_core.contracts.envs import CrafterAchievements, adapt_env
+    from mineonline_core.builtin.envs import CrafterAchievements, adapt_env
 
     return CrafterAchievements(adapt_env(crafter.Env(size=(64, 64), length=10000)))
 

@@ -56,7 +56,7 @@ def test_episodes_without_crafter_achievements_are_not_crafter_episodes() -> Non
 
 def test_real_crafter_episodes_give_the_rates_crafter_reports() -> None:
     crafter = pytest.importorskip("crafter")
-    from mineonline_core.contracts.envs import CrafterAchievements, adapt_env
+    from mineonline_core.builtin.envs import CrafterAchievements, adapt_env
 
     env = CrafterAchievements(adapt_env(crafter.Env(size=(32, 32), length=150, seed=3)))
     rng, stats, ends = np.random.default_rng(0), EpisodeStatistics(window=2, report_every=100), []

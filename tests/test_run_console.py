@@ -146,7 +146,7 @@ class OneNaNReward(gym.Wrapper):
 
 
 def env_generator():
-    from mineonline_core.contracts.envs import DictObservation
+    from mineonline_core.builtin.envs import DictObservation
 
     return DictObservation(OneNaNReward(gym.make("CartPole-v1")))
 
