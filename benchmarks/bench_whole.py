@@ -7,7 +7,7 @@ of envs, steps per rollout, epochs, minibatches and PPO hyperparameters (``_benc
 * ``cartpole``: 100k steps, CleanRL's settings (8 envs x 128 steps, 4 epochs, 4 minibatches of 256),
   MLP 64x64 tanh; SB3 ``PPO("MlpPolicy")``;
 * ``crafter``: 50k steps, 8 envs x 64 steps, 3 epochs, 2 minibatches of 256; SB3 ``PPO("CnnPolicy")``
-  (Nature CNN); mineonline's ``cnn_gru`` (the same Nature CNN plus a GRU: the closest it has).
+  (Nature CNN); mineonline's ``cnn`` (the same Nature CNN, feed-forward; issue 19).
 
 For SB3 the figures are split into ``setup_s`` (imports, envs, model) and ``learn_s``
 (``model.learn``); for mineonline ``bench_startup.run_cli`` gives first env step, first iteration,
@@ -108,7 +108,9 @@ def main() -> None:
         workload, inline = key.removesuffix("-inline"), key.endswith("-inline")
         steps = int(steps or DEFAULT_STEPS[workload])
         load = os.getloadavg()[0]
-        mine = bench_startup.run_cli(workload, bench_startup.iterations_for(workload, steps), inline=inline, timeout=args.timeout)
+        like_sb3 = ["policy_config={name: cnn}"] if workload == "crafter" else []  # SB3's CnnPolicy network
+        mine = bench_startup.run_cli(workload, bench_startup.iterations_for(workload, steps), inline=inline,
+                                     extra=like_sb3, timeout=args.timeout)  # fmt: skip
         sb3 = run_sb3(workload, steps, inline, args.timeout)
         row = {"steps": steps, "mineonline": mine, "sb3": sb3, "load_1m_before": round(load, 2), "load_1m_after": round(os.getloadavg()[0], 2)}
         if "whole_s" in mine and "whole_s" in sb3:
