@@ -106,7 +106,28 @@ def _flat_size(module: nn.Module, image_shape: tuple[int, int, int]) -> int:
         return int(module(torch.zeros(1, c, h, w)).shape[1])
 
 
-class CNNPolicy(Policy):
+class _FeedForwardImagePolicy(Policy):
+    """A policy without memory over ``{"image": uint8 (B, T, H, W, 3)}``: a subclass's ``torso`` maps
+    (B*T, 3, H, W) floats to features, which the policy and value heads read."""
+
+    pi_head: CategoricalHead
+    value_head: ValueHead
+
+    def torso(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, options: BaseModel, *, observation_space: gym.Space, action_space: gym.Space) -> Policy:
+        space = _obs_space(observation_space, "image", cls.name)
+        return cls(image_shape=tuple(space.shape), num_actions=_discrete_actions(action_space, cls.name), **options.model_dump())
+
+    def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
+        x, b, t = _images(input)
+        latent = self.torso(x).reshape(b, t, -1)
+        return {"pi_logits": self.pi_head(latent), "vpred": self.value_head(latent)}, state_in
+
+
+class CNNPolicy(_FeedForwardImagePolicy):
     """A feed-forward Nature CNN (Mnih et al. 2015) and a fully connected layer over
     ``{"image": uint8 (B, T, H, W, C)}``, shared by the policy and value heads: Stable-Baselines3's
     ``CnnPolicy``. No memory: ``initial_state`` is None and ``first`` is not read."""
@@ -135,15 +156,8 @@ class CNNPolicy(Policy):
         nn.init.orthogonal_(self.pi_head.linear.weight, 0.01)
         nn.init.orthogonal_(self.value_head.linear.weight, 1.0)
 
-    @classmethod
-    def build(cls, options: BaseModel, *, observation_space: gym.Space, action_space: gym.Space) -> "CNNPolicy":
-        space = _obs_space(observation_space, "image", cls.name)
-        return cls(image_shape=tuple(space.shape), num_actions=_discrete_actions(action_space, cls.name), **options.model_dump())
-
-    def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
-        x, b, t = _images(input)
-        latent = self.embed(self.cnn(x)).reshape(b, t, -1)
-        return {"pi_logits": self.pi_head(latent), "vpred": self.value_head(latent)}, state_in
+    def torso(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embed(self.cnn(x))
 
 
 class RecurrentCNNPolicy(Policy):
@@ -222,7 +236,7 @@ class _ResidualBlock(nn.Module):
         return x + self.branch(x)
 
 
-class ImpalaResNetPolicy(Policy):
+class ImpalaResNetPolicy(_FeedForwardImagePolicy):
     """The IMPALA-ResNet encoder (Espeholt et al. 2018) as Moon et al. (NeurIPS 2023) configure it for
     Crafter, over ``{"image": uint8 (B, T, H, W, C)}``; feed-forward, heads shared.
 
@@ -279,12 +293,5 @@ class ImpalaResNetPolicy(Policy):
         nn.init.orthogonal_(self.value_head.linear.weight, 0.1)
         nn.init.zeros_(self.value_head.linear.bias)
 
-    @classmethod
-    def build(cls, options: BaseModel, *, observation_space: gym.Space, action_space: gym.Space) -> "ImpalaResNetPolicy":
-        space = _obs_space(observation_space, "image", cls.name)
-        return cls(image_shape=tuple(space.shape), num_actions=_discrete_actions(action_space, cls.name), **options.model_dump())
-
-    def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
-        x, b, t = _images(input)
-        latent = self.dense(self.encoder(x)).reshape(b, t, -1)
-        return {"pi_logits": self.pi_head(latent), "vpred": self.value_head(latent)}, state_in
+    def torso(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(self.encoder(x))
