@@ -182,12 +182,19 @@ class VTraceTrainer(BaseTrainer):
 
     def compute_loss(self, *, batch: dict, outputs: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of one window: ``batch`` columns and ``outputs`` (the policy's latents) are (B, W)."""
-        opts, head = self.options, unwrap(self.model).value_head
-        value_target = head.normalize(batch[F.RETURN]) if hasattr(head, "normalize") else batch[F.RETURN]
+        opts, policy = self.options, unwrap(self.model)
+        value_target, scale = batch[F.RETURN], 1.0
+        if hasattr(policy.value_head, "normalize"):
+            # The head regresses normalised targets; the policy gradient is taken in the same units
+            # (the advantage divided by the normaliser's scale, as PopArt-IMPALA does, Hessel et al.
+            # 2019), so one learning rate and entropy weight suit rewards of any size.
+            value_target = policy.value_head.normalize(value_target)
+            unit = torch.tensor([0.0, 1.0], device=value_target.device)
+            scale = float(policy.value_head.denormalize(unit).diff())
         return vtrace_loss(
-            pi_head=unwrap(self.model).pi_head, pi_logits=outputs["pi_logits"].float(),
+            pi_head=policy.pi_head, pi_logits=outputs["pi_logits"].float(),
             vpred=squeeze_value(outputs["vpred"]).float(), action=batch[F.ACTION], value_target=value_target,
-            pg_advantage=batch[F.ADVANTAGE], vf_coef=opts.vf_coef, entropy_coef=opts.entropy_bonus_coef,
+            pg_advantage=batch[F.ADVANTAGE] / scale, vf_coef=opts.vf_coef, entropy_coef=opts.entropy_bonus_coef,
         )  # fmt: skip
 
     # -- until the core owns the update loop (issue 17): a plain driver of estimate + compute_loss --
