@@ -30,14 +30,22 @@ from mineonline_core.trainer.base import BaseTrainer
 from mineonline_core.trainer.batch import denormalized_value
 from mineonline_core.trainer.sequence import detach_state, forward_sequence, slice_time, squeeze_value, unwrap, windows
 
-RHO = "vtrace_rho"  # batch column: the truncated importance weight rho_s of each step, (N, L)
+# Batch columns added by VTraceTrainer.estimate, (N, L): the truncated importance weight rho_s of the
+# network before the update, and r_s + gamma v_{s+1} - V(x_s) of the policy gradient.
+RHO = "vtrace_rho"
+PG_DELTA = "vtrace_pg_delta"
 METRICS = ("policy_loss", "value_loss", "entropy")
 
 
 class VTraceTargets(NamedTuple):
     vs: torch.Tensor  # v_s, the value target of each step (N, L)
-    pg_advantage: torch.Tensor  # rho_s (r_s + gamma v_{s+1} - V(x_s)), (N, L)
+    pg_delta: torch.Tensor  # r_s + gamma v_{s+1} - V(x_s), (N, L)
     rho: torch.Tensor  # rho_s = min(rho_bar, pi/mu), (N, L)
+
+    @property
+    def pg_advantage(self) -> torch.Tensor:
+        """The policy-gradient advantage of §4.2, rho_s (r_s + gamma v_{s+1} - V(x_s))."""
+        return self.rho * self.pg_delta
 
 
 def vtrace(
@@ -96,8 +104,7 @@ def vtrace(
         running = delta[:, t] + carry[:, t] * running
         correction[:, t] = running
     vs = value + correction
-    pg_advantage = rho * (reward + discount * after(vs, next_value) - value)
-    return VTraceTargets(vs=vs, pg_advantage=pg_advantage, rho=rho)
+    return VTraceTargets(vs=vs, pg_delta=reward + discount * after(vs, next_value) - value, rho=rho)
 
 
 def vtrace_loss(
@@ -106,19 +113,27 @@ def vtrace_loss(
     pi_logits: Any,
     vpred: torch.Tensor,
     action: Any,
+    behaviour_logprob: torch.Tensor,
     value_target: torch.Tensor,
-    pg_advantage: torch.Tensor,
+    pg_delta: torch.Tensor,
+    rho_bar: float,
     vf_coef: float,
     entropy_coef: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """IMPALA's loss (§4.2), to minimise; ``vpred`` and ``value_target`` in the value head's units.
 
-    Policy gradient ``rho_s grad log pi(a_s|x_s) (r_s + gamma v_{s+1} - V(x_s))`` (the advantage is
-    a constant here: ``vtrace`` computed it without gradient), value regression towards ``v_s``,
-    and an entropy bonus.
+    Policy gradient ``rho_s grad log pi(a_s|x_s) (r_s + gamma v_{s+1} - V(x_s))`` with ``pg_delta``
+    the bracket (computed once per iteration by ``vtrace``), value regression towards ``v_s``, and
+    an entropy bonus. ``rho_s = min(rho_bar, pi/mu)`` is taken at the parameters being updated (no
+    gradient through it): on an iteration's first step it is the weight ``vtrace`` used, and on
+    later steps (more epochs, more micro-batches) the gradient stays the off-policy gradient at the
+    current parameters. This is what keeps several epochs stable: an action pushed down below its
+    behaviour probability gets a weight that shrinks with it, where a frozen weight would drive its
+    log-probability down without bound (CartPole collapsed to a deterministic policy that way).
     """
     logprob = pi_head.logprob(action, pi_logits)
-    policy_loss = -(pg_advantage * logprob).mean()
+    rho = (logprob.detach() - behaviour_logprob.float()).exp().clamp(max=rho_bar)
+    policy_loss = -(rho * pg_delta * logprob).mean()
     value_loss = 0.5 * ((vpred - value_target) ** 2).mean()
     entropy = pi_head.entropy(pi_logits).mean()
     loss = policy_loss + vf_coef * value_loss - entropy_coef * entropy
@@ -175,6 +190,7 @@ class VTraceTrainer(BaseTrainer):
             rho_bar=opts.rho_bar, c_bar=opts.c_bar,
         )  # fmt: skip
         batch[F.VALUE], batch[F.RETURN], batch[F.ADVANTAGE], batch[RHO] = value, targets.vs, targets.pg_advantage, targets.rho
+        batch[PG_DELTA] = targets.pg_delta
         batch["staleness"] = (self.version - batch[F.VERSION]).float()
         if hasattr(policy.value_head, "update_normalizer"):
             policy.value_head.update_normalizer(self._all_gather(targets.vs))
@@ -194,7 +210,8 @@ class VTraceTrainer(BaseTrainer):
         return vtrace_loss(
             pi_head=policy.pi_head, pi_logits=outputs["pi_logits"].float(),
             vpred=squeeze_value(outputs["vpred"]).float(), action=batch[F.ACTION], value_target=value_target,
-            pg_advantage=batch[F.ADVANTAGE] / scale, vf_coef=opts.vf_coef, entropy_coef=opts.entropy_bonus_coef,
+            behaviour_logprob=batch[F.LOGPROB], pg_delta=batch[PG_DELTA] / scale, rho_bar=opts.rho_bar,
+            vf_coef=opts.vf_coef, entropy_coef=opts.entropy_bonus_coef,
         )  # fmt: skip
 
     # -- until the core owns the update loop (issue 17): a plain driver of estimate + compute_loss --
@@ -215,7 +232,7 @@ class VTraceTrainer(BaseTrainer):
                 state = tree_index(batch[F.STATE_IN], rows)
                 spans = windows(batch[F.REWARD].shape[1], tc.context_length)
                 for window in spans:
-                    part = {c: slice_time(tree_index(batch[c], rows), window) for c in (F.OBS, F.ACTION, F.FIRST, F.RETURN, F.ADVANTAGE)}
+                    part = {c: slice_time(tree_index(batch[c], rows), window) for c in (F.OBS, F.ACTION, F.FIRST, F.RETURN, F.LOGPROB, PG_DELTA)}
                     outputs, state_out = self.model(input=part[F.OBS], state_in=state, context={"first": part[F.FIRST]})
                     loss, stats = self.compute_loss(batch=part, outputs=outputs)
                     weight = (window.stop - window.start) / batch[F.REWARD].shape[1]
