@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mineonline_core.trainer.gae import compute_gae
-from mineonline_vtrace import vtrace
+from mineonline_vtrace import vtrace, vtrace_loss
 
 N, L, GAMMA = 3, 12, 0.9
 
@@ -112,3 +112,24 @@ def test_importance_weights_scale_the_targets():
     half, _ = _paper({**inp}, discount=GAMMA, rho_bar=1.0, c_bar=1.0)
     on = vtrace(**{**inp, "target_logprob": inp["behaviour_logprob"]}, discount=GAMMA)
     assert torch.allclose(out.vs, half, atol=1e-5) and not torch.allclose(out.vs, on.vs, atol=1e-2)
+
+
+def test_loss_weights_the_policy_gradient_by_pi_over_mu_at_the_current_parameters():
+    from mineonline_core.contracts.policy import CategoricalHead
+
+    head = CategoricalHead(4, 3)
+    logits = torch.log_softmax(torch.randn(2, 5, 3), -1).requires_grad_(True)
+    action = torch.randint(0, 3, (2, 5))
+    logprob = head.logprob(action, logits).detach()
+    delta, target = torch.randn(2, 5), torch.randn(2, 5)
+    kw = dict(pi_head=head, pi_logits=logits, vpred=torch.zeros(2, 5), action=action, value_target=target,
+              pg_delta=delta, rho_bar=1.0, vf_coef=0.5, entropy_coef=0.0)  # fmt: skip
+    # mu twice as likely as pi: rho = 0.5; mu half as likely: rho = 2, truncated to rho_bar = 1.
+    for shift, rho in ((math.log(2.0), 0.5), (-math.log(2.0), 1.0)):
+        loss, stats = vtrace_loss(**kw, behaviour_logprob=logprob + shift)
+        assert stats["policy_loss"].item() == pytest.approx(-(rho * delta * logprob).mean().item(), rel=1e-5)
+        assert stats["value_loss"].item() == pytest.approx(0.5 * (target**2).mean().item(), rel=1e-5)
+        # No gradient through rho: d loss / d logprob is -rho * delta / numel (vpred is no function of the logits).
+        (grad,) = torch.autograd.grad(loss, logits)
+        expected = torch.zeros_like(logits).scatter_(-1, action[..., None], (-rho * delta / delta.numel())[..., None])
+        assert torch.allclose(grad, expected, atol=1e-6)
