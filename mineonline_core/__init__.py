@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "BaseTrainer": "mineonline_core.trainer.base",
+    "TrainerOptions": "mineonline_core.trainer.base",
     "Policy": "mineonline_core.contracts.policy",  # imports torch: not for processes that never build a network
     "EnvFactory": "mineonline_core.contracts.envs",
     "load_config": "mineonline_core.config",

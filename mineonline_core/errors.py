@@ -30,6 +30,10 @@ class DuplicateComponentError(MineOnlineError):
     """Two plugins register the same name for the same kind of component."""
 
 
+class InvalidComponentError(MineOnlineError, TypeError):
+    """A plugin registered a class that is not a valid component of its kind (base class, name, Config)."""
+
+
 class CheckpointError(MineOnlineError):
     """A checkpoint is missing, truncated, corrupted or incompatible with the model."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import sys
 import traceback
 from typing import Any
 
@@ -18,7 +19,7 @@ import importlib_metadata
 import pluggy
 
 from mineonline_core.contracts import hookspecs
-from mineonline_core.errors import DuplicateComponentError, UnknownComponentError, closest
+from mineonline_core.errors import DuplicateComponentError, InvalidComponentError, UnknownComponentError, closest
 
 KINDS = ("trainer", "replay_store", "logger", "policy", "env")
 REGISTRATION_HOOKS = {
@@ -38,6 +39,15 @@ CONFIG_KEYS = {
     "env": "env_config.name",
 }
 TITLES = {"trainer": "trainers", "replay_store": "replay stores", "logger": "loggers", "policy": "policies", "env": "envs"}
+# The base class each kind's components subclass, as (module, class). Checked without importing the
+# module: a class that subclasses it has imported it already, and the trainer's pulls in torch.
+BASE_CLASSES = {
+    "trainer": ("mineonline_core.trainer.base", "BaseTrainer"),
+    "replay_store": ("mineonline_core.contracts.store", "FragmentStore"),
+    "logger": ("mineonline_core.contracts.logger", "Logger"),
+    "policy": ("mineonline_core.contracts.policy", "Policy"),
+    "env": ("mineonline_core.contracts.envs", "EnvFactory"),
+}
 KNOWN_DISTRIBUTIONS = {
     "PPOTrainer": "mineonline-ppo",
     "lmdb": "mineonline-lmdb-buffer",
@@ -80,12 +90,8 @@ class Registry:
         self._origins: dict[str, Origin] = {}
 
     def add(self, cls: type, origin: Origin) -> None:
-        name = getattr(cls, "name", None)
-        if not isinstance(name, str) or not name:
-            raise TypeError(
-                f"{origin} registered {cls!r} as a {self.kind} without a string class attribute "
-                f"'name'; declare one, for example name = {cls.__name__!r}."
-            )
+        check_component(self.kind, cls, origin)
+        name = cls.name
         if name in self._classes:
             raise DuplicateComponentError(
                 f"Two plugins register a {self.kind} named {name!r}: "
@@ -109,6 +115,35 @@ class Registry:
         return [(n, self._classes[n], self._origins[n]) for n in self.names()]
 
 
+def check_component(kind: str, cls: Any, origin: Origin) -> None:
+    """Raise ``InvalidComponentError`` naming the plugin and everything ``cls`` lacks to be a ``kind``:
+    a class, subclassing the kind's base class, a non-empty string ``name`` and a pydantic ``Config``."""
+    from pydantic import BaseModel
+
+    module, base_name = BASE_CLASSES[kind]
+    base = getattr(sys.modules.get(module), base_name, None)
+    what = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', repr(cls))}"
+    if not isinstance(cls, type):
+        raise InvalidComponentError(
+            f"{origin} registered {cls!r} as a {kind.replace('_', ' ')}, but it is not a class. "
+            f"Fix: register the class itself (a subclass of {module}.{base_name})."
+        )
+    missing = []
+    if base is None or not issubclass(cls, base):
+        missing.append(f"it does not subclass {module}.{base_name}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        missing.append(f"it has no string class attribute 'name' (for example name = {cls.__name__!r})")
+    config = getattr(cls, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, BaseModel)):
+        missing.append("its 'Config' is not a pydantic model class (the options it accepts)")
+    if missing:
+        raise InvalidComponentError(
+            f"{origin} registered {what} as a {kind.replace('_', ' ')}, but " + "; ".join(missing)
+            + f". Fix the class in module {cls.__module__}, or uninstall {origin.distribution}."
+        )
+
+
 class PluginManager(pluggy.PluginManager):
     """A pluggy manager that also owns the registries and the record of failed plugins."""
 
@@ -123,7 +158,11 @@ class PluginManager(pluggy.PluginManager):
         """Register a plugin object (module or instance) and collect its components."""
         self.register(plugin, name=origin.plugin)
         self._origins[id(plugin)] = origin
-        self._collect(plugin, origin)
+        try:
+            self._collect(plugin, origin)
+        except Exception:
+            self.remove_plugin(plugin)  # all of a plugin or none of it
+            raise
 
     def remove_plugin(self, plugin: Any) -> None:
         """Unregister a plugin and drop the components it registered."""

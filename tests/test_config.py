@@ -223,18 +223,36 @@ def test_module_object_and_module_errors(tmp_path):
 # --- error messages -------------------------------------------------------------------------
 
 
+def _trainer_error(data: dict, overrides=()) -> str:
+    """The error ``resolve()`` raises for the selected trainer's own train_config keys (its first check)."""
+    from mineonline_core.registry import get_plugin_manager
+    from mineonline_core.runtime.resolve import resolve
+
+    with pytest.raises(ConfigError) as info:
+        resolve(load_config(data, overrides), get_plugin_manager(), probe=False)
+    return str(info.value)
+
+
 def test_typo_names_the_intended_key():
-    message = _error({"train_config": {"learning_rat": 1}})
-    assert "train_config.learning_rat: unknown key (value 1)" in message
+    message = _error({"rollout_config": {"fragment_lenght": 1}})
+    assert "rollout_config.fragment_lenght: unknown key (value 1)" in message
+    assert "Did you mean 'fragment_length'?" in message
+    # train_config's other keys belong to the selected trainer: resolve() names the trainer too.
+    message = _trainer_error({"train_config": {"learning_rat": 1}})
+    assert "train_config.learning_rat: unknown key for trainer 'PPOTrainer' (value 1)" in message
     assert "Did you mean 'learning_rate'?" in message
+    assert "Did you mean 'ppo_vf_coef'" in _trainer_error({"train_config": {"ppo_vf_coeff": 0.5}})
 
 
 def test_unknown_nested_section_key_and_key_without_close_match():
     message = _error(_with("rollout_config.replay_buffer_config.max_chunk", 10))
     assert "rollout_config.replay_buffer_config.max_chunk: unknown key" in message
     assert "'max_chunks'" in message
-    message = _error({"train_config": {"zzzz": 1}})
-    assert "train_config.zzzz: unknown key" in message and "learning_rate" in message
+    message = _error({"rollout_config": {"zzzz": 1}})
+    assert "rollout_config.zzzz: unknown key" in message and "fragment_length" in message
+    assert "Did you mean" not in message
+    message = _trainer_error({"train_config": {"zzzz": 1}})
+    assert "train_config.zzzz: unknown key for trainer 'PPOTrainer'" in message and "ppo_clip" in message
     assert "Did you mean" not in message
     assert "Did you mean 'trainer_name'" in _error({"trainer_nme": "PPOTrainer"})
 
@@ -243,8 +261,6 @@ def test_unknown_nested_section_key_and_key_without_close_match():
     ("path", "value", "expect"),
     [
         ("train_config.learning_rate", -1e-4, "must be > 0"),
-        ("train_config.ppo_clip", 0, "must be > 0"),
-        ("train_config.ppo_clip", -0.1, "must be > 0"),
         ("train_config.gae_lambda", 1.5, "0 <= x <= 1"),
         ("train_config.discount", 0.0, "0 < x <= 1"),
         ("rollout_config.fragment_length", 0, "must be >= 1"),
@@ -270,7 +286,7 @@ def test_out_of_range_value_names_key_value_and_fix(path, value, expect):
     [
         ("train_config.learning_rate", "fast", "a number"),
         ("rollout_config.worker_config.num_envs", 2.5, "a whole number"),
-        ("train_config.clip_vloss", "maybe", "true or false"),
+        ("train_config.use_amp", "maybe", "true or false"),
         ("trainer_name", 5, "a string"),
         ("rollout_config", 7, "a mapping"),
         ("logger_config.loggers", "wandb", "a list"),
@@ -283,12 +299,32 @@ def test_wrong_type_names_key_value_and_fix(path, value, noun):
     assert f"{path}: must be {noun}" in message and repr(value) in message and "Fix:" in message
 
 
+@pytest.mark.parametrize(
+    ("path", "value", "expect"),
+    [
+        ("train_config.ppo_clip", 0, "must be > 0"),
+        ("train_config.ppo_clip", -0.1, "must be > 0"),
+        ("train_config.coef_rho_decay", 1.5, "0 < x <= 1"),
+        ("train_config.clip_vloss", "maybe", "must be true or false"),
+        ("train_config.ppo_vf_coef", math.nan, "finite number"),
+        ("train_config.vf_warmup", True, "must be an integer"),
+    ],
+)
+def test_a_bad_trainer_value_names_key_value_trainer_and_fix(path, value, expect):
+    message = _trainer_error(_with(path, value))
+    assert message.startswith("Invalid train_config for trainer 'PPOTrainer' (1 problem)")
+    assert f"{path}: " in message and repr(value) in message and expect in message and "Fix:" in message
+
+
 def test_all_problems_reported_in_one_error():
-    data = {"train_config": {"learning_rat": 1, "ppo_clip": -1}, "seed": -1, "bogus": {}}
+    data = {"train_config": {"learning_rate": -1, "ppo_clip": -1}, "seed": -1, "bogus": {}}
     message = _error(data)
-    assert message.startswith("Invalid config (4 problems")
-    assert "'learning_rate'" in message and "train_config.ppo_clip" in message
+    assert message.startswith("Invalid config (3 problems")
+    assert "train_config.learning_rate: must be > 0" in message
     assert "seed: must be >= 0" in message and "bogus: unknown key" in message
+    message = _trainer_error({"train_config": {"learning_rat": 1, "ppo_clip": -1}})
+    assert message.startswith("Invalid train_config for trainer 'PPOTrainer' (2 problems")
+    assert "'learning_rate'" in message and "train_config.ppo_clip: must be > 0" in message
 
 
 def test_error_types_are_mineonline_errors():
@@ -335,9 +371,10 @@ def test_overrides_valid_unknown_and_wrong_type():
     assert cfg.rollout_config.worker_config.num_envs == 8
     assert cfg.rollout_config.worker_config.batch_size == 1  # siblings survive the merge
 
-    message = _error({}, ["train_config.learning_rat=1"])
+    message = _trainer_error({}, ["train_config.learning_rat=1"])
     assert "Did you mean 'learning_rate'?" in message
     assert "override 'train_config.learning_rat=1'" in message
+    assert "override 'train_config.ppo_clip=0'" in _trainer_error({}, ["train_config.ppo_clip=0"])
     message = _error({}, ["rollout_config.worker_config.num_envs=abc"])
     assert "num_envs: must be an integer, got 'abc'" in message and "override" in message
     assert "not of the form key.path=value" in _error({}, ["oops"])
@@ -396,8 +433,13 @@ def test_template_loads_back_to_defaults(tmp_path):
     assert "# Initial learning rate" in text and "learning_rate: 2.0e-05" in text
     path = tmp_path / "template.yaml"
     path.write_text(text)
-    loaded = load_config(path).config.model_dump(exclude={"run_name"})
-    assert loaded == OnlineConfig().model_dump(exclude={"run_name"})
+    loaded = load_config(path).config
+    # The default trainer's own keys are in train_config too, each at its default.
+    from mineonline_ppo import PPOConfig
+
+    assert loaded.train_config.model_extra == PPOConfig().model_dump()
+    expected = OnlineConfig(train_config=PPOConfig().model_dump()).model_dump(exclude={"run_name"})
+    assert loaded.model_dump(exclude={"run_name"}) == expected
 
 
 def test_docs_list_every_key_with_type_default_and_range():
@@ -407,6 +449,8 @@ def test_docs_list_every_key_with_type_default_and_range():
             assert f"`{'.'.join(path)}`" in docs, path
     assert "| `train_config.gae_lambda` | float | `0.95` | 0 <= x <= 1 |" in docs
     assert "| `train_config.resume` | str \\| None | `null` |" in docs
+    assert "## `train_config` keys of the trainer `PPOTrainer` (mineonline-ppo)" in docs
+    assert "| `train_config.coef_rho_decay` | float | `0.9995` | 0 < x <= 1 |" in docs
     assert "## Overrides on the command line" in docs
 
 

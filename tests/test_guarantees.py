@@ -50,7 +50,7 @@ def make_trainer(tmp_path, policy_fn, **train) -> PPOTrainer:
     trainer = PPOTrainer(rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config,
                          run_dir=str(tmp_path))  # fmt: skip
     trainer.setup_rank(local=True)
-    trainer.iteration, trainer.rho = 1, trainer.rho_at(1)
+    trainer.iteration = 1
     return trainer
 
 

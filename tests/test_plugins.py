@@ -13,8 +13,8 @@ from pydantic import BaseModel
 
 from mineonline_core import hookimpl
 from mineonline_core.contracts import hookspecs
-from mineonline_core.errors import DuplicateComponentError, UnknownComponentError
-from mineonline_core.registry import PluginManager, get_plugin_manager
+from mineonline_core.errors import DuplicateComponentError, InvalidComponentError, UnknownComponentError
+from mineonline_core.registry import BASE_CLASSES, REGISTRATION_HOOKS, PluginManager, get_plugin_manager
 from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.testing.fixtures import registered
 
@@ -114,9 +114,49 @@ def test_unknown_name_message(plugin_manager: PluginManager) -> None:
 
 def test_component_without_name_is_rejected(plugin_manager: PluginManager) -> None:
     nameless = type("Nameless", (MemoryStore,), {"name": ""})
-    with pytest.raises(TypeError, match="without a string class attribute 'name'"):
+    with pytest.raises(InvalidComponentError, match="no string class attribute 'name'"):
         with registered(plugin_manager, plugin_module("nameless", mineonline_register_replay_stores=lambda register: register(nameless))):
             pass
+
+
+@pytest.mark.parametrize("kind", sorted(REGISTRATION_HOOKS))
+def test_a_class_that_is_not_a_component_is_refused_naming_the_plugin_and_the_base(plugin_manager: PluginManager, kind: str) -> None:
+    class NotAComponent:
+        name = "Bogus"
+
+    module = plugin_module("bogus", **{REGISTRATION_HOOKS[kind]: lambda register: register(NotAComponent)})
+    with pytest.raises(InvalidComponentError) as info:
+        with registered(plugin_manager, module, name="bogus", distribution="mineonline-bogus", version="0.3"):
+            pass
+    base_module, base = BASE_CLASSES[kind]
+    message = str(info.value)
+    assert "mineonline-bogus 0.3 (plugin 'bogus')" in message and "NotAComponent" in message
+    assert f"does not subclass {base_module}.{base}" in message and "'name'" not in message and "'Config'" not in message
+    assert "Bogus" not in plugin_manager.registries[kind] and not plugin_manager.is_registered(module)  # none of it
+
+
+def test_a_trainer_with_a_config_that_is_not_a_pydantic_model_is_refused(plugin_manager: PluginManager) -> None:
+    from mineonline_core.trainer import BaseTrainer
+
+    bare = type("NotATrainer", (), {"name": "Bogus"})  # the issue's own example
+    wrong_config = type("DictConfigTrainer", (BaseTrainer,), {"name": "DictConfig", "Config": dict})
+    for cls, expected in ((bare, "does not subclass mineonline_core.trainer.base.BaseTrainer"),
+                          (wrong_config, "'Config' is not a pydantic model class")):  # fmt: skip
+        module = plugin_module("bad", mineonline_register_trainers=lambda register, cls=cls: register(cls))
+        with pytest.raises(InvalidComponentError, match=expected):
+            with registered(plugin_manager, module):
+                pass
+        assert cls.name not in plugin_manager.registries["trainer"]
+
+
+def test_an_installed_plugin_with_an_invalid_class_is_a_load_failure(entry_points: list[FakeEntryPoint]) -> None:
+    bare = type("NotATrainer", (), {"name": "Bogus"})
+    entry_points.append(FakeEntryPoint("bogus", plugin_module("bogus", mineonline_register_trainers=lambda register: register(bare)), dist="mineonline-bogus"))
+    pm = get_plugin_manager()
+    (failure,) = pm.load_failures
+    assert failure.distribution == "mineonline-bogus" and "does not subclass" in failure.error
+    with pytest.raises(UnknownComponentError, match="mineonline-bogus"):
+        pm.lookup("trainer", "Bogus")
 
 
 def test_cli_unknown_trainer_is_one_message_without_traceback() -> None:

@@ -14,6 +14,7 @@ from mineonline_core.errors import UnknownComponentError
 from mineonline_core.registry import Origin, get_plugin_manager
 from mineonline_core.trainer import BaseTrainer
 from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout_fragments
+from mineonline_core.testing.trainer_conformance import TrainerConformance
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_trainer" / "mineonline_reinforce.py"
@@ -24,6 +25,11 @@ def _load_example():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class TestReinforceConformance(TrainerConformance):
+    trainer_cls = _load_example().ReinforceTrainer
+    trainer_options = {"entropy_coef": 0.01}
 
 
 def test_ppo_trainer_is_registered_by_its_plugin():
@@ -43,12 +49,13 @@ def test_custom_trainer_selected_by_name_and_trains(tmp_path):
     try:
         cls = pm.lookup("trainer", OnlineConfig(trainer_name="ReinforceTrainer").trainer_name)
         assert cls is module.ReinforceTrainer
-        config = OnlineConfig(trainer_name="ReinforceTrainer", train_config={"learning_rate": 1e-2, "context_length": 8})
+        config = OnlineConfig(trainer_name="ReinforceTrainer", train_config={"learning_rate": 1e-2, "context_length": 8, "vf_coef": 0.25})
         trainer = cls(rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path))
         trainer.setup_rank(local=True)
         streams = rollout_fragments(trainer.policy, lambda i: cartpole(12), num_envs=2, fragment_length=8, fragments_per_env=2)
         batch = estimate_advantages(trainer.model, assemble_chunks(chunks_of(streams, 2)), version=0, context_length=8,
                                     discount=0.9, gae_lambda=1.0)  # fmt: skip
+        assert trainer.options.vf_coef == 0.25
         before = trainer.policy.actor[0].weight.detach().clone()
         metrics = trainer.train(batch)
         assert metrics["trainer/grad_norm"] > 0 and torch.isfinite(torch.tensor(metrics["trainer/policy_loss"]))

@@ -54,7 +54,7 @@ def setup(ray, tmp_path, *, max_staleness: int = 0, **train):
         "run_name": "prefetch", "output_dir": str(tmp_path), "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
         "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]}, "logger_config": {"loggers": []},
         "rollout_config": {"fragment_length": 8},
-        "train_config": {"num_iterations": 3, "vf_warmup": 0, "batch_size_per_gpu": 1, "batches_per_iteration": 1,
+        "train_config": {"num_iterations": 3, "batch_size_per_gpu": 1, "batches_per_iteration": 1,
                          "context_length": 8, "gradient_accumulation": 1, **train},
     }).config  # fmt: skip
     trainer = RecordingTrainer(rollout_manager=None, policy_generator=tk.mlp_policy, env_generator=tk.cartpole,
@@ -143,7 +143,7 @@ def test_a_trainer_waiting_for_chunks_fails_after_progress_timeout_saying_why(lo
     from mineonline_core.errors import RunFailedError
     from mineonline_core.rollout.buffer import ReplayBuffer
     from mineonline_core.runtime.storehost import StoreClient, start_store_host
-    from mineonline_core.trainer import base
+    from mineonline_core.trainer import fetch
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
@@ -158,8 +158,8 @@ def test_a_trainer_waiting_for_chunks_fails_after_progress_timeout_saying_why(lo
                                config=config, run_dir=str(tmp_path / "run"))  # fmt: skip
     trainer.setup_rank(local=True)
     trainer._buffer, trainer._store = buffer, store
-    monkeypatch.setattr(base, "SAMPLE_WAIT_S", 1.0)  # report every second instead of every 30
-    with caplog.at_level("WARNING", logger="mineonline_core.trainer.base"):
+    monkeypatch.setattr(fetch, "SAMPLE_WAIT_S", 1.0)  # report every second instead of every 30
+    with caplog.at_level("WARNING", logger="mineonline_core.trainer.fetch"):
         with pytest.raises(RunFailedError, match=r"within progress_timeout=2.5s: .*No rollout worker delivered a fragment"):
             trainer.fetch_chunks(2)
     waits = [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]

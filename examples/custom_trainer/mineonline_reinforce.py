@@ -1,18 +1,10 @@
-"""An example third-party trainer: REINFORCE with a learned baseline (Williams 1992).
+"""A third-party trainer: REINFORCE with a learned baseline (Williams 1992), as a loss and a Config.
 
 Install it next to mineonline (``pip install -e examples/custom_trainer``) and select it with
-``trainer_name: ReinforceTrainer``. It shows everything a trainer plugin needs:
-
-1. subclass ``mineonline_core.BaseTrainer`` and give it a ``name``;
-2. implement ``setup_model_and_optimizer`` (return the module to train and its optimiser) and
-   ``train`` (one iteration's update on this rank's batch, returning scalar metrics);
-3. register the class with the ``mineonline_register_trainers`` hook and declare the module under
-   the ``mineonline`` entry-point group in ``pyproject.toml``.
-
-The core does the rest: fetching chunks, GAE (``batch["advantage"]``, ``batch["return"]``),
-DDP, weight broadcast, checkpoints and metrics. The batch holds (N, L) tensors keyed by the
-``mineonline_core.contracts.fragment`` column names plus ``advantage``, ``return``, ``value``, ``staleness``.
-This trainer ignores staleness (no importance ratio), so keep ``max_staleness`` small.
+``trainer_name: ReinforceTrainer``; its two keys sit in ``train_config`` beside the core's. The
+core runs everything else: fetching chunks, GAE (the ``advantage`` column), epochs, micro-batches
+of ``batch_size_per_gpu`` chunks, ``context_length`` windows, ``gradient_accumulation``, DDP,
+``use_amp``, gradient clipping and checkpoints. ``docs/plugins.md`` walks through this file.
 """
 
 from __future__ import annotations
@@ -20,42 +12,34 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pydantic import Field
 
 import mineonline_core
 from mineonline_core.contracts import fragment as F
-from mineonline_core.trainer.sequence import forward_sequence
+
+
+class ReinforceConfig(mineonline_core.TrainerOptions):
+    """ReinforceTrainer's ``train_config`` keys."""
+
+    vf_coef: float = Field(0.5, ge=0, description="Weight of the baseline's value loss.")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
 
 
 class ReinforceTrainer(mineonline_core.BaseTrainer):
     name = "ReinforceTrainer"
+    Config = ReinforceConfig
 
-    def setup_model_and_optimizer(self, policy: torch.nn.Module) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        tc = self.train_config
-        return policy, torch.optim.Adam(policy.parameters(), lr=tc.learning_rate, eps=tc.adam_eps)
-
-    def train(self, batch: dict) -> dict[str, float]:
-        tc, head = self.train_config, self.policy
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate
-        latents, _ = forward_sequence(self.model, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST],
-                                      context_length=tc.context_length)  # fmt: skip
-        logprob = head.pi_head.logprob(batch[F.ACTION], latents["pi_logits"])
-        advantage = batch[F.ADVANTAGE]
-        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    def compute_loss(self, *, batch: dict[str, Any], outputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One window of one micro-batch: ``batch`` columns are (chunks, steps) slices."""
+        pi_head, logits = self.policy.pi_head, outputs["pi_logits"]
         # The policy gradient theorem: raise the log-probability of actions in proportion to how much
-        # better than expected they turned out; the value head is the baseline.
-        policy_loss = -(logprob * advantage).mean()
-        value_loss = 0.5 * (latents["vpred"].squeeze(-1) - head.value_head.normalize(batch[F.RETURN])).pow(2).mean()
-        entropy = head.pi_head.entropy(latents["pi_logits"]).mean()
-        loss = policy_loss + tc.ppo_vf_coef * value_loss - tc.entropy_bonus_coef * entropy
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm)
-        terms = {"policy_loss": policy_loss.item(), "value_loss": value_loss.item(), "entropy": entropy.item()}
-        if self.update_is_finite(grad_norm=grad_norm.item(), loss_terms=terms):  # a NaN step is skipped, counted
-            self.optimizer.step()
-        return {"trainer/policy_loss": policy_loss.item(), "trainer/value_loss": value_loss.item(),
-                "trainer/entropy": entropy.item(), "trainer/grad_norm": grad_norm.item()}  # fmt: skip
+        # better than expected they turned out; the value head is the baseline. No importance ratio:
+        # keep max_staleness small.
+        policy_loss = -(pi_head.logprob(batch[F.ACTION], logits) * batch[F.ADVANTAGE]).mean()
+        value_loss = 0.5 * (outputs["vpred"] - batch[F.VALUE_TARGET]).pow(2).mean()
+        entropy = pi_head.entropy(logits).mean()
+        loss = policy_loss + self.options.vf_coef * value_loss - self.options.entropy_coef * entropy
+        return loss, {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach()}
 
 
 @mineonline_core.hookimpl

@@ -8,6 +8,7 @@ mistake surfaces as one ``ConfigError`` that names the key, the value and the fi
 
 from __future__ import annotations
 
+from mineonline_core.config._fields import setting
 from mineonline_core.config.checks import check_consistency, check_resources
 from mineonline_core.config.loading import LoadedConfig, load_config
 from mineonline_core.config.messages import validate_online_config
@@ -38,5 +39,6 @@ __all__ = [
     "config_docs",
     "config_template",
     "load_config",
+    "setting",
     "validate_online_config",
 ]

@@ -104,15 +104,11 @@ def check_resources(cfg: OnlineConfig, available: Mapping[str, float]) -> None:
     _raise(problems, "not enough resources in the Ray cluster")
 
 
-# Keys MineStudio's online trainer accepts and reads nowhere (or that configure machinery mineonline
-# does not have): accepted so that its configs load unchanged, and reported when set.
+# Core keys MineStudio's online trainer accepts that configure machinery mineonline does not have:
+# accepted so that its configs load unchanged, and reported when set. (The PPO plugin reports its own.)
 _MINESTUDIO_ONLY = {
     "num_readers": "mineonline reads chunks straight from the replay store on the trainer's fetch thread",
     "num_cpus_per_reader": "mineonline starts no reader actors",
-    "enable_ref_update": "MineStudio's PPOTrainer reads it nowhere; set ref_update_at_checkpoint: true "
-    "to refresh the KL reference at every checkpoint",
-    "fix_decoder": "MineStudio's online trainer reads it nowhere; set freeze_pi_head: true to freeze "
-    "the action decoder",
 }
 
 

@@ -43,6 +43,9 @@ class LoadedConfig:
     source_text: str | None = None  # the whole config file (MineStudio's ``whole_config``)
     source_path: str | None = None
     expressions: dict[tuple, str] = dataclasses.field(default_factory=dict)  # see config.secrets
+    # Key path -> the command-line override that set it: errors found later (the trainer's own
+    # train_config keys, checked by resolve()) still name the override.
+    origins: dict[tuple, str] = dataclasses.field(default_factory=dict)
 
 
 def load_config(
@@ -57,6 +60,7 @@ def load_config(
     loaded, raw, label = _read(source)
     data, origins = apply_overrides(raw, overrides)
     loaded.config = validate_online_config(data, origins=origins, source=label)
+    loaded.origins = dict(origins)
     for path, item in origins.items():
         loaded.expressions = override_expressions(loaded.expressions, path, item.split("=", 1)[1])
     loaded.config._expressions = dict(loaded.expressions)

@@ -6,6 +6,7 @@ Each problem becomes one line: the dotted key, what is wrong, the offending valu
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,9 +64,9 @@ def dotted(loc: Loc) -> str:
     return out or "<top level>"
 
 
-def _walk(loc: Loc) -> tuple[type[BaseModel] | None, FieldInfo | None]:
+def _walk(loc: Loc, root: type[BaseModel] = OnlineConfig) -> tuple[type[BaseModel] | None, FieldInfo | None]:
     """The section model holding the last named key of ``loc``, and that key's field."""
-    model: type[BaseModel] | None = OnlineConfig
+    model: type[BaseModel] | None = root
     parent, info = None, None
     for part in loc:
         if model is None or not isinstance(part, str) or part not in model.model_fields:
@@ -93,12 +94,13 @@ def _hint(info: FieldInfo | None) -> str:
     return f" ({text}; default {show(default)})" if text else f" (default {show(default)})"
 
 
-def describe(error: Mapping[str, Any]) -> str:
-    """One line for one pydantic error: key, problem, value, fix."""
+def describe(error: Mapping[str, Any], *, root: type[BaseModel] = OnlineConfig, prefix: Loc = ()) -> str:
+    """One line for one pydantic error: key, problem, value, fix. ``root`` is the model that was
+    validated, ``prefix`` where it sits in the whole config (a plugin's section)."""
     loc: Loc = tuple(error.get("loc", ()))
-    kind, value, path = error.get("type", ""), error.get("input"), dotted(loc)
+    kind, value, path = error.get("type", ""), error.get("input"), dotted(prefix + loc)
     value = REDACTED if any(is_secret_key(part) for part in loc) else redact(value)  # messages reach logs
-    _, info = _walk(loc)
+    _, info = _walk(loc, root)
     if kind == "extra_forbidden":
         names = _section_fields(loc[:-1])
         guess = closest(str(loc[-1]), names)
@@ -141,6 +143,35 @@ def _origin(loc: Loc, origins: Mapping[Loc, str]) -> str:
         if loc[:size] in origins:
             return f" [set by override '{redact_override(origins[loc[:size]])}']"
     return ""
+
+
+def validate_trainer_options(trainer_cls: type, train_config: BaseModel, *, origins: Mapping[Loc, str] | None = None) -> BaseModel:
+    """The selected trainer's ``Config`` from its section: the ``train_config`` keys the core does not
+    own. Raises ONE ``ConfigError`` in the style of ``validate_online_config``; an unknown key names
+    the trainer and the closest keys of the whole section (core and trainer)."""
+    data = dict(train_config.model_extra or {})
+    options_cls = trainer_cls.Config
+    try:
+        return options_cls.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+    core, own = sorted(type(train_config).model_fields), sorted(options_cls.model_fields)
+    problems = []
+    for err in errors:
+        loc = tuple(err.get("loc", ()))
+        where = _origin(("train_config", *loc), origins or {})
+        if err.get("type") != "extra_forbidden":
+            problems.append(describe(err, root=options_cls, prefix=("train_config",)) + where)
+            continue
+        key = str(loc[-1])
+        value = REDACTED if is_secret_key(key) else redact(err.get("input"))
+        matches = difflib.get_close_matches(key, core + own, n=3, cutoff=0.6)
+        fix = (f"Did you mean {' or '.join(repr(m) for m in matches)}? Fix: rename the key." if matches else
+               f"Fix: remove it, or use one of {trainer_cls.name}'s keys ({', '.join(own) or 'none'}) or a core key "
+               f"(`mineonline config docs` lists both).")  # fmt: skip
+        problems.append(f"train_config.{key}: unknown key for trainer {trainer_cls.name!r} (value {show(value)}). {fix}{where}")
+    count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
+    raise ConfigError(f"Invalid train_config for trainer {trainer_cls.name!r} ({count}):\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def validate_online_config(

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from mineonline_core.config._fields import OpenSection, range_text, section_type, type_text
 from mineonline_core.config.online import OnlineConfig
+from mineonline_core.config.train import TrainConfig
 
 _WIDTH = 100
 
@@ -35,9 +36,20 @@ def _sections(
             yield from _sections(sub, f"{prefix}.{name}" if prefix else name)
 
 
-def _template_lines(model: type[BaseModel], indent: int) -> list[str]:
+def installed_trainers() -> list[tuple[str, type[BaseModel], str]]:
+    """(name, ``Config``, distribution) of every installed trainer, by name."""
+    from mineonline_core.registry import get_plugin_manager
+
+    return [(name, cls.Config, origin.distribution) for name, cls, origin in get_plugin_manager().registries["trainer"].items()]
+
+
+def _template_lines(model: type[BaseModel], indent: int, extra: dict[type[BaseModel], type[BaseModel]] | None = None) -> list[str]:
+    """``extra``: a section model -> the plugin model whose keys are written into it too."""
     pad, lines = " " * indent, []
-    for name, info in model.model_fields.items():
+    fields = list(model.model_fields.items())
+    if extra and model in extra:
+        fields += list(extra[model].model_fields.items())
+    for name, info in fields:
         if indent == 0 and lines:
             lines.append("")
         for line in textwrap.wrap(
@@ -47,28 +59,32 @@ def _template_lines(model: type[BaseModel], indent: int) -> list[str]:
         default = info.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):
             lines.append(f"{pad}{name}:")
-            lines.extend(_template_lines(type(default), indent + 2))
+            lines.extend(_template_lines(type(default), indent + 2, extra))
         else:
             lines.append(f"{pad}{name}: {_scalar(default)}")
     return lines
 
 
-def config_template() -> str:
-    """The full default config as YAML, each key preceded by its description as a comment."""
+def config_template(trainers: list[tuple[str, type[BaseModel], str]] | None = None) -> str:
+    """The full default config as YAML, each key preceded by its description as a comment; the
+    default trainer's own keys (``trainers``: ``installed_trainers()`` when None) in train_config."""
     header = [
         "# mineonline run config: every key at its default. `mineonline config docs` explains",
         "# each key; relative paths are resolved under <output_dir>/<run_name>.",
         "",
     ]
-    return "\n".join(header + _template_lines(OnlineConfig, 0)) + "\n"
+    default = OnlineConfig.model_fields["trainer_name"].default
+    own = {name: model for name, model, _ in (installed_trainers() if trainers is None else trainers)}
+    extra = {TrainConfig: own[default]} if default in own else None
+    return "\n".join(header + _template_lines(OnlineConfig, 0, extra)) + "\n"
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _section_table(path: str, model: type[BaseModel]) -> list[str]:
-    title = f"`{path}`" if path else "Top level"
+def _section_table(path: str, model: type[BaseModel], title: str | None = None) -> list[str]:
+    title = title or (f"`{path}`" if path else "Top level")
     doc = (model.__doc__ or "").strip().splitlines()
     lines = [f"## {title}", ""]
     if path and doc:
@@ -117,8 +133,9 @@ override. Interpolations (`${...}`) are resolved inside config files, not inside
 """
 
 
-def config_docs() -> str:
-    """Markdown reference of every key: path, type, default, valid range and description."""
+def config_docs(trainers: list[tuple[str, type[BaseModel], str]] | None = None) -> str:
+    """Markdown reference of every key: path, type, default, valid range and description; then the
+    own ``train_config`` keys of each trainer in ``trainers`` (``installed_trainers()`` when None)."""
     lines = [
         "# Configuration reference",
         "",
@@ -134,5 +151,7 @@ def config_docs() -> str:
     ]
     for path, model in _sections(OnlineConfig):
         lines += _section_table(path, model)
+    for name, options, distribution in installed_trainers() if trainers is None else trainers:
+        lines += _section_table("train_config", options, f"`train_config` keys of the trainer `{name}` ({distribution})")
     lines += ["## Cross-field checks", "", *textwrap.wrap(_CHECKS, width=_WIDTH), "", _OVERRIDES]
     return "\n".join(lines)

@@ -1,4 +1,6 @@
-"""``train_config``: the optimisation side (Ray Train workers, PPO, checkpoints)."""
+"""``train_config``: the optimisation side the core runs (Ray Train workers, the update loop,
+checkpoints). The selected trainer's own keys (PPO's clip, coefficients, KL ...) sit in the same
+section; they are the extra keys, validated against that trainer's ``Config`` (``runtime/resolve.py``)."""
 
 from __future__ import annotations
 
@@ -6,11 +8,12 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from mineonline_core.config._fields import Section, setting
+from mineonline_core.config._fields import OpenSection, setting
 
 
-class TrainConfig(Section):
-    """``train_config``: how the policy is optimised, saved and resumed."""
+class TrainConfig(OpenSection):
+    """``train_config``: how the policy is optimised, saved and resumed; other keys go to the selected
+    trainer's ``Config``."""
 
     # --- distribution -------------------------------------------------------------------------
     num_workers: int = setting(
@@ -32,19 +35,6 @@ class TrainConfig(Section):
     # --- schedule -----------------------------------------------------------------------------
     num_iterations: int = setting(
         4000, "Training iterations to run (each: fetch, advantages, optimise, broadcast).", ge=1
-    )
-    vf_warmup: int = setting(
-        0,
-        "First iterations trained on the value loss plus the KL to the reference (weight 1), "
-        "without broadcasting the weights; every parameter is updated, as in MineStudio "
-        "(see vf_warmup_value_head_only). 0 trains the policy from the start.",
-        ge=0,
-    )
-    vf_warmup_value_head_only: bool = Field(
-        False,
-        description="mineonline's warm-up: during vf_warmup update only the value head's parameters, "
-        "so the policy the rollout workers run stays the policy being trained. MineStudio has no "
-        "such option (its warm-up updates every parameter).",
     )
     learning_rate: float = setting(2e-5, "Initial learning rate of the AdamW optimiser.", gt=0)
     anneal_lr_linearly: bool = Field(
@@ -79,13 +69,7 @@ class TrainConfig(Section):
     gae_lambda: float = setting(
         0.95, "GAE lambda: 0 is one-step TD, 1 is Monte Carlo.", ge=0, le=1
     )
-    # --- PPO loss -----------------------------------------------------------------------------
-    ppo_clip: float = setting(
-        0.2, "PPO clip epsilon: the ratio to the behaviour policy is clipped to [1-e, 1+e].", gt=0
-    )
-    clip_vloss: bool = Field(
-        False, description="Clip the value loss around the behaviour value, like the ratio."
-    )
+    # --- optimiser steps ---------------------------------------------------------------------
     max_grad_norm: float = setting(5.0, "Global gradient L2 norm above which it is clipped.", gt=0)
     max_skipped_updates: int = setting(
         10,
@@ -94,47 +78,10 @@ class TrainConfig(Section):
         "non-finite and where.",
         ge=1,
     )
-    zero_initial_vf: bool = Field(
-        True,
-        description="Zero every parameter of the value head at start, its normaliser's running "
-        "statistics included, as MineStudio does (see zero_initial_vf_keep_normalizer).",
-    )
-    zero_initial_vf_keep_normalizer: bool = Field(
-        False,
-        description="mineonline's zero_initial_vf: zero only the value head's output layer and keep "
-        "the normaliser's statistics (a pretrained head then starts at its return scale). "
-        "MineStudio has no such option.",
-    )
-    ppo_policy_coef: float = setting(1.0, "Weight of the clipped policy loss.", ge=0)
-    ppo_vf_coef: float = setting(0.5, "Weight of the value loss.", ge=0)
-    kl_divergence_coef_rho: float = setting(
-        0.0,
-        "Initial weight of the penalty KL(policy || reference), the reference being the frozen "
-        "initial (pretrained) policy run with its own recurrent state; the same direction as "
-        "MineStudio 1.1 (before May 2025 MineStudio took KL(reference || policy)). 0 disables it "
-        "(MineStudio's cow example: 0.2).",
-        ge=0,
-    )
-    entropy_bonus_coef: float = setting(0.0, "Weight of the entropy bonus.", ge=0)
-    coef_rho_decay: float = setting(
-        0.9995, "Factor the KL weight is multiplied by after each iteration.", gt=0, le=1
-    )
-    log_ratio_range: float = setting(
-        50.0, "Log-probability ratios are clamped to +-this before exp, for stability.", gt=0
-    )
-    normalize_advantage_full_batch: bool = Field(
-        True,
-        description="Normalise advantages over an iteration's whole batch (every rank); false "
-        "leaves them unnormalised, as in MineStudio (see normalize_advantage_per_minibatch).",
-    )
-    normalize_advantage_per_minibatch: bool = Field(
-        False,
-        description="mineonline option: normalise advantages within each micro-batch of "
-        "batch_size_per_gpu chunks (applied after the full-batch normalisation, if any). With "
-        "batch_size_per_gpu: 1 and advantages of one sign this removes most of the policy gradient.",
-    )
     use_normalized_vf: bool = Field(
-        True, description="Train the value head on running-normalised returns."
+        True,
+        description="Train the value head on running-normalised returns: the core updates the "
+        "head's normaliser with each iteration's returns (every rank) before the update loop.",
     )
     # --- data loading -------------------------------------------------------------------------
     num_readers: int = setting(
@@ -181,25 +128,6 @@ class TrainConfig(Section):
     )
     record_video_interval: int = setting(
         2, "Iterations between recorded rollout videos; 0 disables videos.", ge=0
-    )
-    enable_ref_update: bool = Field(
-        False,
-        description="MineStudio-only, accepted and ignored with a warning: MineStudio's PPOTrainer "
-        "reads it nowhere (its PPOBCTrainer copies the policy into the reference whenever a batch's "
-        "reward sum is a new best). See ref_update_at_checkpoint.",
-    )
-    ref_update_at_checkpoint: bool = Field(
-        False,
-        description="mineonline option: copy the trained weights into the KL reference at every "
-        "checkpoint (and on resume); rollout workers receive the new reference with the next broadcast.",
-    )
-    fix_decoder: bool = Field(
-        False,
-        description="MineStudio-only, accepted and ignored with a warning: MineStudio's online trainer "
-        "reads it nowhere. See freeze_pi_head.",
-    )
-    freeze_pi_head: bool = Field(
-        False, description="mineonline option: freeze the policy's action decoder (pi_head) during training."
     )
     resume: str | None = Field(
         None,

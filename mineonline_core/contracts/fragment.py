@@ -57,6 +57,9 @@ STEP_COLUMNS = (OBS, ACTION, REWARD, TERMINATED, TRUNCATED, FIRST, LOGPROB, VPRE
 ADVANTAGE = "advantage"
 RETURN = "return"
 VALUE = "value"  # the trainer's own value estimate at fetch time, denormalised
+# Added by the update loop, in the value head's normalised units (``use_normalized_vf``).
+VALUE_TARGET = "value_target"  # ``return`` normalised: what the value head regresses
+BEHAVIOUR_VPRED = "behaviour_vpred"  # ``vpred`` normalised: the behaviour policy's value
 
 
 def fragment_key(stream: str, index: int) -> str:

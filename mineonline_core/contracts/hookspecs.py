@@ -37,7 +37,8 @@ def mineonline_register_trainers(register: Register) -> None:
 
     Called when the plugin manager is built. Each class subclasses
     ``mineonline_core.BaseTrainer`` and declares ``name`` (for example ``"PPOTrainer"``) and a
-    pydantic ``Config`` for trainer-specific options. Returns nothing.
+    pydantic ``Config`` (a ``mineonline_core.TrainerOptions``) validating its own ``train_config``
+    keys, the ones the core does not own. Returns nothing.
     """
 
 

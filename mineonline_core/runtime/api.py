@@ -19,7 +19,7 @@ from mineonline_core.config import LoadedConfig, OnlineConfig, check_resources, 
 from mineonline_core.config.secrets import public_config, redact_override, redact_text
 from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
 from mineonline_core.registry import PluginManager, get_plugin_manager
-from mineonline_core.runtime.resolve import ResolvedRun, resolve
+from mineonline_core.runtime.resolve import ResolvedRun, resolve, resolve_trainer
 from mineonline_core.runtime.rundir import RUN_FILE, claim_run, refuse_existing_run, restore, snapshot
 from mineonline_core.runtime.watchdog import sigterm_as_ctrl_c
 
@@ -123,7 +123,7 @@ def _trainer(resolved: ResolvedRun, manager: Any, hub: Any) -> Any:
     return resolved.trainer_cls(
         rollout_manager=manager, policy_generator=resolved.policy_generator, env_generator=resolved.env_generator,
         config=cfg, run_dir=str(cfg.run_dir()), logger_hub=hub, whole_config=_public_source(resolved),
-        saved_config=public_config(cfg),
+        saved_config=public_config(cfg), options=resolved.trainer_options,
     )  # fmt: skip
 
 
@@ -175,6 +175,7 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     loaded = load_config(plan.source if plan else source, plan.overrides if plan else list(overrides))
     cfg = loaded.config
     pm = pm or get_plugin_manager()
+    resolve_trainer(loaded, pm)  # the trainer's own keys, before the run directory is claimed
     with claim_run(cfg, pm):
         resuming_here = cfg.train_config.resume is not None and _inside(cfg.train_config.resume, cfg.run_dir())
         if plan is None and not resuming_here:

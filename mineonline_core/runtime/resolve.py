@@ -1,7 +1,7 @@
 """Resolve a loaded config into the components a run needs, before Ray starts.
 
 Everything a user can get wrong is checked here, cheaply and up front: component names, each
-component's own options, the env and policy generators (serialisable, and they run), and the
+component's own options (the trainer's: the ``train_config`` keys the core does not own), the env and policy generators (serialisable, and they run), and the
 consistency of the config with itself. ``mineonline check`` stops after this step.
 """
 
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from mineonline_core.config import LoadedConfig, OnlineConfig, check_consistency
 from mineonline_core.config.secrets import REDACTED, is_secret_key, redact
 from mineonline_core.config.generators import import_generator
+from mineonline_core.config.messages import validate_trainer_options
 from mineonline_core.errors import ConfigError, MineOnlineError, closest
 from mineonline_core.registry import PluginManager
 
@@ -36,6 +37,7 @@ class ResolvedRun:
     source_text: str | None = None
     source_path: str | None = None
     memory: Any = None  # budget.MemoryEstimate, when the generators were probed
+    trainer_options: BaseModel | None = None  # the trainer's own train_config keys, validated
 
 
 class Deferred:
@@ -112,6 +114,13 @@ def _prepared_policy(policy_generator: Callable[[], Any], use_normalized_vf: boo
     return prepare_policy(policy_generator(), use_normalized_vf=use_normalized_vf)
 
 
+def resolve_trainer(loaded: LoadedConfig, pm: PluginManager) -> tuple[type, BaseModel]:
+    """The selected trainer class and its options: the ``train_config`` keys the core does not own,
+    validated against its ``Config`` (an unknown key names the key, the trainer and close matches)."""
+    trainer_cls = pm.lookup("trainer", loaded.config.trainer_name)
+    return trainer_cls, validate_trainer_options(trainer_cls, loaded.config.train_config, origins=loaded.origins)
+
+
 def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isolate: bool = False) -> ResolvedRun:
     """Resolve every component of ``loaded`` with ``pm``; raise one clear error for the first problem.
 
@@ -119,7 +128,7 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isol
     and stepped in a subprocess with the workers' time limits (``envcheck.probe_env``), as
     ``mineonline run`` and ``mineonline check`` do."""
     cfg = loaded.config
-    trainer_cls = pm.lookup("trainer", cfg.trainer_name)
+    trainer_cls, trainer_options = resolve_trainer(loaded, pm)
     db = cfg.rollout_config.replay_buffer_config.database_config
     store_cls = pm.lookup("replay_store", db.backend)
     store_options = _options(store_cls, dict(db.model_extra or {}), "rollout_config.replay_buffer_config.database_config")
@@ -145,7 +154,7 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isol
         config=cfg, env_generator=gens.env_generator, policy_generator=gens.policy_generator, trainer_cls=trainer_cls,
         store_cls=store_cls, store_options=store_options, loggers=loggers, observation_space=gens.observation_space,
         action_space=gens.action_space, source_text=loaded.source_text, source_path=loaded.source_path,
-        memory=gens.memory,
+        memory=gens.memory, trainer_options=trainer_options,
     )  # fmt: skip
 
 

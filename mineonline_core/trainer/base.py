@@ -1,24 +1,28 @@
-"""``BaseTrainer``: the distributed loop around an algorithm's ``train(batch)``.
+"""``BaseTrainer``: the distributed loop around an algorithm's loss.
 
 Glossary (DESIGN §4): an **iteration** fetches ``batches_per_iteration * batch_size_per_gpu`` chunks
-per rank, estimates advantages with the current model, calls ``train`` once, bumps the **model
-version** and broadcasts the weights to the rollout workers. **Staleness** of a step is the current
-version minus the version that chose its action.
+per rank, estimates advantages with the current model (``estimate``), runs the update loop
+(``train``, ``trainer/update.py``) over the trainer's ``compute_loss``, bumps the **model version**
+and broadcasts the weights to the rollout workers. **Staleness** of a step is the current version
+minus the version that chose its action.
 
 The loop runs on ``train_config.num_workers`` Ray Train ranks (``TorchTrainer``; gloo on CPU, NCCL on
 GPU), or, for one CPU rank, in the driver's own process (``train_config.use_ray_train``): the same
 ``_train_func``, without Ray Train's seconds of start-up. The trainer object is pickled to each rank,
-so it holds only handles and config until ``_train_func`` builds the live model there. Subclasses
-implement ``setup_model_and_optimizer`` and ``train`` (MineStudio's names) and may persist extra
-state through ``trainer_state`` / ``load_trainer_state``; everything else (fetching, GAE, broadcast, checkpoints, metrics) lives here.
+so it holds only handles and config until ``_train_func`` builds the live model there.
+
+A trainer plugin subclasses ``BaseTrainer`` with a ``name``, a ``Config`` (a ``TrainerOptions``
+model of its own ``train_config`` keys, available as ``self.options``) and ``compute_loss``; every
+other hook has a default: ``estimate``, ``setup_model_and_optimizer``, ``init_policy``,
+``prepare_batch``/``prepare_minibatch``, ``uses_reference``, ``filter_gradients``,
+``publishes_version``, ``iteration_metrics``, ``trainer_state``/``load_trainer_state`` and
+``on_checkpoint``. Fetching, the update loop, broadcasts, checkpoints and metrics live in the core.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import random
-import threading
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -29,45 +33,46 @@ import numpy as np
 import ray
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from torch import nn
 
+from mineonline_core.config._fields import Section
+from mineonline_core.config.messages import validate_trainer_options
 from mineonline_core.config.secrets import public_config, redact_text
-from mineonline_core.errors import RunFailedError, find_user_error
+from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
 from mineonline_core.runtime.finite import UpdateGuard, require_finite
-from mineonline_core.rollout.worker import fragment_checksum
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer import recovery
-from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
-from mineonline_core.contracts.policy import zero_value_head
+from mineonline_core.trainer.fetch import ChunkFetching, _Fetcher
 from mineonline_core.trainer.goals import BEST_DIR, Goals, replace_best
 from mineonline_core.trainer.sequence import unwrap
+from mineonline_core.trainer.update import UpdateLoop
 
 log = logging.getLogger(__name__)
-SAMPLE_WAIT_S = 30.0  # how often a trainer waiting for chunks says why
 
 _LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
          "_fetcher", "reference", "_reference_ref", "update_guard")
 
 
-class TrainerOptions(BaseModel):
-    """Trainer-specific options; the base trainer has none."""
+class TrainerOptions(Section):
+    """A trainer's own ``train_config`` keys: subclass it, with a ``Field`` description per key.
+    Unknown keys are errors and NaN/inf are never valid numbers, as in the core's sections."""
 
-    model_config = ConfigDict(extra="forbid")
 
-
-class BaseTrainer:
-    """Subclass, set ``name``, implement ``setup_model_and_optimizer`` and ``train``."""
+class BaseTrainer(ChunkFetching, UpdateLoop):
+    """Subclass, set ``name`` and ``Config``, implement ``compute_loss``; see the module doc."""
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[BaseModel]] = TrainerOptions
 
     def __init__(self, *, rollout_manager: Any, policy_generator: Callable[[], nn.Module], env_generator: Callable[[], Any],
                  config: Any, run_dir: str, logger_hub: Any = None, whole_config: str | None = None,
-                 saved_config: dict | None = None) -> None:  # fmt: skip
+                 saved_config: dict | None = None, options: BaseModel | None = None) -> None:  # fmt: skip
         self.rollout_manager, self.logger_hub = rollout_manager, logger_hub
         self.policy_generator, self.env_generator = policy_generator, env_generator
         self.config, self.train_config = config, config.train_config
+        # This trainer's own train_config keys, validated against its Config (resolve() passes them).
+        self.options = options if options is not None else validate_trainer_options(type(self), self.train_config)
         self.run_dir = str(Path(run_dir).expanduser().resolve())
         self.save_dir = ckpt.resolve_save_path(self.train_config.save_path, self.run_dir)
         # MineStudio's whole_config is the config file's text; checkpoints keep it beside the resolved
@@ -96,7 +101,7 @@ class BaseTrainer:
         self._fit_started: float | None = None  # set by fit(): checkpoints written since are this run's
         self.restarts = 0  # times fit() restarted the ranks after one died
         self.env_steps = 0  # the run's env-step count when this iteration was logged (rank 0)
-        self.learning_rate, self.rho = self.train_config.learning_rate, self.train_config.kl_divergence_coef_rho
+        self.learning_rate = self.train_config.learning_rate
         self.perf: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
         self.goals = Goals(config)  # max_env_steps, stop_at_return, keep_best (rank 0 judges)
@@ -109,15 +114,43 @@ class BaseTrainer:
         state["_prefetch"] = deque()
         return state
 
-    # -- to implement -------------------------------------------------------------------------
+    # -- hooks with defaults (compute_loss and the loop's hooks: trainer/update.py) -----------------
 
     def setup_model_and_optimizer(self, policy: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Return the module to train (usually ``policy`` itself) and its optimiser."""
-        raise NotImplementedError
+        """Return the module to train (usually ``policy`` itself) and its optimiser. Default: AdamW
+        over the parameters that require gradients, with ``learning_rate``, ``adam_eps`` and
+        ``weight_decay``."""
+        tc = self.train_config
+        trainable = [p for p in policy.parameters() if p.requires_grad]
+        return policy, torch.optim.AdamW(trainable, lr=tc.learning_rate, eps=tc.adam_eps, weight_decay=tc.weight_decay)
 
-    def train(self, batch: dict) -> dict[str, float]:
-        """One iteration's optimisation on this rank's batch; returns scalar metrics."""
-        raise NotImplementedError
+    def init_policy(self, policy: nn.Module) -> None:
+        """Change the freshly built policy before a checkpoint's weights are loaded into it (PPO's
+        ``zero_initial_vf``); runs on every rank with the same seed."""
+
+    def publishes_version(self, iteration: int) -> bool:
+        """Whether ``iteration`` ends with a new model version broadcast to the rollout workers."""
+        return True
+
+    def iteration_metrics(self) -> dict[str, float]:
+        """Extra metrics (``trainer/...``) of the iteration just trained, logged with the loop's."""
+        return {}
+
+    def check_policy(self, policy: nn.Module) -> None:
+        """Options that mean nothing for this policy are rejected with the key and the fix (on the
+        driver before any rank starts, and on each rank). Overrides call ``super()``."""
+        if self.train_config.use_normalized_vf and not hasattr(getattr(policy, "value_head", None), "update_normalizer"):
+            raise ConfigError(
+                f"train_config.use_normalized_vf: true needs a value head with a running normaliser, but "
+                f"{type(policy).__name__}.value_head has no update_normalizer(). Set use_normalized_vf: false."
+            )
+
+    def make_reference(self) -> nn.Module:
+        """A frozen copy of the initial policy (``policy_generator()`` at the run's seed) on this
+        rank's device: assign it to ``self.reference`` in ``setup_model_and_optimizer`` and the
+        core runs it beside the policy in rollout and in the update loop (``ref_logits``)."""
+        torch.manual_seed(int(getattr(self.config, "seed", 0) or 0))  # same weights as the initial policy
+        return self.policy_generator().to(self.device).eval().requires_grad_(False)
 
     def trainer_state(self) -> dict[str, Any]:
         """Extra state to checkpoint (tensors, numbers, lists, dicts only)."""
@@ -149,18 +182,15 @@ class BaseTrainer:
                     if key == "lr" and "initial_lr" in group:
                         group["initial_lr"] = tc.learning_rate
 
-    def rho_at(self, iteration: int) -> float:
-        tc = self.train_config
-        return tc.kl_divergence_coef_rho * tc.coef_rho_decay ** (iteration - 1)
-
     # -- driver side ----------------------------------------------------------------------------
 
     def preflight(self) -> None:
         """Errors a user can fix, raised before any training starts."""
         ckpt.check_writable(self.save_dir)
+        policy = self.policy_generator()
+        self.check_policy(policy)  # on the driver, before any Ray Train worker starts
         if self.train_config.resume:
             state = ckpt.load_checkpoint(self.train_config.resume)
-            policy = self.policy_generator()
             ckpt.check_compatible(policy, state["model"], source=str(state["path"]))
 
     def uses_ray_train(self) -> bool:
@@ -254,8 +284,8 @@ class BaseTrainer:
         tc, seed = self.train_config, int(getattr(self.config, "seed", 0) or 0)
         torch.manual_seed(seed)  # the same initial weights (and KL reference) on every rank
         policy = self.policy_generator()
-        if tc.zero_initial_vf:
-            zero_value_head(policy.value_head, keep_normalizer=tc.zero_initial_vf_keep_normalizer)
+        self.check_policy(policy)
+        self.init_policy(policy)
         own = recovery.own_checkpoint(self.save_dir, self._fit_started)  # this run's progress, after a restart
         resume = ckpt.load_checkpoint(own or tc.resume) if (own or tc.resume) else None
         if resume is not None:
@@ -335,19 +365,19 @@ class BaseTrainer:
     def run_iteration(self, iteration: int) -> dict[str, float]:
         tc = self.train_config
         self.iteration = iteration
-        self.learning_rate, self.rho = self.learning_rate_at(iteration), self.rho_at(iteration)
+        self.learning_rate = self.learning_rate_at(iteration)
         self.update_guard.skipped_iteration = 0
         batch = self.fetch_fragments_and_estimate_advantages(tc.batches_per_iteration * tc.batch_size_per_gpu)
         start = time.perf_counter()
-        metrics = self.train(batch)
+        metrics = {**self.train(batch), **self.iteration_metrics()}
         self.perf["perf/train_ms"] = 1e3 * (time.perf_counter() - start)
         start = time.perf_counter()
-        if iteration > tc.vf_warmup:
+        if self.publishes_version(iteration):
             self.broadcast_model_to_rollout_workers(new_version=True)
         self.perf["perf/broadcast_ms"] = 1e3 * (time.perf_counter() - start)
         steps = batch["reward"].numel() * self.world_size * tc.epochs_per_iteration
         metrics = {**metrics, **self.perf, "trainer/iteration": iteration, "trainer/version": self.version,
-                   "trainer/learning_rate": self.learning_rate, "trainer/rho": self.rho,
+                   "trainer/learning_rate": self.learning_rate,
                    "trainer/samples_per_s": steps / max(self.perf["perf/train_ms"] / 1e3, 1e-9),
                    "trainer/staleness_mean": float(batch["staleness"].mean()),
                    "trainer/skipped_updates": float(self.update_guard.skipped_iteration),
@@ -375,87 +405,6 @@ class BaseTrainer:
         if self._goal_reached is not None:
             print(f"mineonline: stopping after iteration {self.iteration}: {self._goal_reached}", flush=True)
 
-    def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
-        """This iteration's chunks, with GAE columns. The chunks of the next ``prefetch_batches``
-        iterations are fetched in the background while this one trains; GAE is not, because it
-        needs the updated model."""
-        tc = self.train_config
-        start = time.perf_counter()
-        ahead = self._prefetch
-        if ahead and ahead[0][:2] == (self.iteration, num_chunks):
-            batch = ahead.popleft()[2].result()
-        else:
-            ahead.clear()  # fetched for another iteration or size; the chunks are simply not trained on
-            # Judged at this rank's version, not the buffer's: after a resume the buffer starts at 0.
-            batch = self.fetch_chunks(num_chunks, self.version)
-        fetched = time.perf_counter()
-        last = ahead[-1][0] if ahead else self.iteration
-        for iteration in range(last + 1, min(self.iteration + tc.prefetch_batches, tc.num_iterations) + 1):
-            # Iteration j trains at the version the iterations before it will have published: the
-            # buffer judges staleness against that, so fetching early never loosens max_staleness.
-            bumps = sum(1 for k in range(self.iteration, iteration) if k > tc.vf_warmup)
-            ahead.append((iteration, num_chunks, self._fetch_in_background(num_chunks, self.version + bumps)))
-        batch = estimate_advantages(self.model, batch, version=self.version, context_length=tc.context_length,
-                                    discount=tc.discount, gae_lambda=tc.gae_lambda)  # fmt: skip
-        self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)  # what the loop waited for, not the fetch itself
-        self.perf["perf/gae_ms"] = 1e3 * (time.perf_counter() - fetched)
-        return batch
-
-    def fetch_chunks(self, num_chunks: int, for_version: int | None = None) -> dict:
-        """Sample chunks fresh enough for ``for_version`` and read their payloads straight from the
-        store. A chunk with a fragment whose checksum does not match is dropped (counted in
-        ``trainer/corrupt_fragments``, logged) and another is sampled in its place."""
-        start = time.perf_counter()
-        grouped: list[list[dict]] = []
-        while len(grouped) < num_chunks:
-            chunks = self._sample(num_chunks - len(grouped), for_version)
-            payloads = self._store.get_many([key for chunk in chunks for key in chunk["keys"]])
-            # Payloads are in this process now: the buffer may drop used-up or evicted ones.
-            ray.get(self._buffer.release.remote([chunk["chunk_id"] for chunk in chunks]))
-            offset = 0
-            for chunk in chunks:
-                fragments = payloads[offset : offset + len(chunk["keys"])]
-                offset += len(chunk["keys"])
-                bad = [key for key, frag, crc in zip(chunk["keys"], fragments, chunk["checksums"])
-                       if fragment_checksum(key, frag) != crc]  # fmt: skip
-                if bad:
-                    self.corrupt_fragments += len(bad)
-                    log.warning("dropped chunk %s: fragments %s do not match their checksums", chunk["chunk_id"], bad)
-                    continue
-                grouped.append(fragments)
-        batch = assemble_chunks(grouped, device=self.device)
-        self.perf["perf/fetch_chunks_ms"] = 1e3 * (time.perf_counter() - start)
-        self.perf["trainer/corrupt_fragments"] = float(self.corrupt_fragments)
-        return batch
-
-    def _sample(self, num_chunks: int, for_version: int | None) -> list[dict]:
-        """``buffer.sample`` in slices of ``SAMPLE_WAIT_S``: between slices the wait is logged with
-        the buffer's reason and the rollout side's health checked; after ``progress_timeout`` it fails."""
-        from mineonline_core.rollout.buffer import SampleTimeout
-
-        limit = float(getattr(self.config, "progress_timeout", 0.0) or 0.0)
-        waited = 0.0
-        while True:
-            wait = SAMPLE_WAIT_S if not limit else max(min(SAMPLE_WAIT_S, limit - waited), 0.1)
-            try:
-                return ray.get(self._buffer.sample.remote(num_chunks, for_version, wait))
-            except SampleTimeout as exc:  # Ray's wrapper is also an instance of the actor's exception
-                waited += wait
-                reason = str(getattr(exc, "cause", exc))
-            if hasattr(self.rollout_manager, "health"):
-                ray.get(self.rollout_manager.health.remote())  # a failed rollout side is the cause: raise it
-            if limit and waited >= limit:
-                raise RunFailedError(
-                    f"trainer rank {self.rank}: no batch of {num_chunks} chunks for iteration {self.iteration + 1} "
-                    f"within progress_timeout={limit:g}s: {reason}"
-                )
-            log.warning("trainer rank %d has waited %.0fs for %d chunks: %s", self.rank, waited, num_chunks, reason)
-
-    def _fetch_in_background(self, num_chunks: int, for_version: int) -> Future:
-        if self._fetcher is None:
-            self._fetcher = _Fetcher()
-        return self._fetcher.submit(self.fetch_chunks, num_chunks, for_version)
-
     def broadcast_model_to_rollout_workers(self, new_version: bool) -> None:
         """Bump the version (every rank) and publish the weights (rank 0, without waiting)."""
         if new_version:
@@ -466,22 +415,6 @@ class BaseTrainer:
     def reference_changed(self) -> None:
         """The reference's weights changed: the next broadcast sends them to the rollout workers."""
         self._reference_ref = None
-
-    def update_is_finite(self, *, grad_norm: float, loss_terms: dict[str, float]) -> bool:
-        """Call between ``clip_grad_norm_`` and ``optimizer.step``: False means skip this step (and
-        zero the gradients). Every rank takes the same decision; ``max_skipped_updates`` skips in a
-        row raise ``RunFailedError`` naming the loss terms and parameters that went non-finite."""
-        finite = bool(np.isfinite(grad_norm)) and all(np.isfinite(float(v)) for v in loss_terms.values())
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                flag = torch.tensor([1.0 if finite else 0.0], device=self.device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # one rank's NaN loss skips the step everywhere
-                finite = bool(flag.item() > 0)
-        named = ((name, p.grad) for name, p in unwrap(self.model).named_parameters())
-        return self.update_guard.check(finite=finite, loss_terms=loss_terms, named_grads=named, grad_norm=grad_norm,
-                                       where=f"trainer rank {self.rank}, iteration {self.iteration}")  # fmt: skip
 
     def _publish_weights(self) -> None:
         weights = {k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()}
@@ -524,34 +457,11 @@ class BaseTrainer:
         return ckpt.save_checkpoint(
             root, iteration=self.iteration, model_state=model_state,
             optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
-            trainer_state={"version": self.version, "rho": self.rho, "learning_rate": self.learning_rate,
+            trainer_state={"version": self.version, "learning_rate": self.learning_rate,
                            "env_steps": self.env_steps, "best_return": self.goals.best_return, "extra": self.trainer_state()},
             config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False), source_text=self.whole_config,
             keep_interval=keep_interval,
         )  # fmt: skip
-
-
-class _Fetcher:
-    """One long-lived thread that runs the trainer's fetches ahead: one thread per iteration would
-    churn the allocator's per-thread arenas. A daemon, because at a stop it may still be waiting in
-    ``buffer.sample`` and must not hold the rank's process open."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="mineonline-prefetch", daemon=True).start()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        future: Future = Future()
-        self._jobs.put((future, fn, args))
-        return future
-
-    def _run(self) -> None:
-        while True:
-            future, fn, args = self._jobs.get()
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - re-raised by the loop when it takes the batch
-                future.set_exception(exc)
 
 
 def _seed_everything(seed: int) -> None:

@@ -44,14 +44,12 @@ def denormalized_value(policy: nn.Module, vpred: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def estimate_advantages(
-    policy: nn.Module, batch: dict[str, Any], *, version: int, context_length: int, discount: float, gae_lambda: float
-) -> dict[str, Any]:
-    """Add ``value``, ``advantage``, ``return`` and ``staleness`` (all (N, L) float32) to ``batch``.
+def current_policy_outputs(policy: nn.Module, batch: dict[str, Any], *, context_length: int) -> dict[str, Any]:
+    """The *current* model over each whole chunk from its stored ``state_in``, without gradients.
 
-    The *current* model is run over each chunk from its ``state_in``, plus one step on ``next_obs``
-    for the value after the last step (its ``first`` flag is set when the last step ended an episode,
-    though GAE ignores that value then).
+    Returns ``pi_logits`` (leaves (N, L, ...)), ``logprob`` of the stored actions (N, L), ``value``
+    (N, L) and ``next_value`` (N,) denormalised: the value of ``next_obs`` after the last step (its
+    ``first`` flag is set when the last step ended an episode, though a bootstrap ignores it then).
     """
     policy = unwrap(policy)
     was_training = policy.training
@@ -62,12 +60,26 @@ def estimate_advantages(
         next_latents, _ = policy(input=batch[F.NEXT_OBS], state_in=state, context={"first": done_last})
     finally:
         policy.train(was_training)
-    value = denormalized_value(policy, latents["vpred"]).float()
     next_vpred = next_latents["vpred"]
     next_vpred = next_vpred[..., 0] if next_vpred.dim() == 3 else next_vpred
-    next_value = denormalized_value(policy, next_vpred).float()[:, 0]
+    return {
+        "pi_logits": latents["pi_logits"],
+        "logprob": policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"]).float(),
+        "value": denormalized_value(policy, latents["vpred"]).float(),
+        "next_value": denormalized_value(policy, next_vpred).float()[:, 0],
+    }
+
+
+@torch.no_grad()
+def estimate_advantages(
+    policy: nn.Module, batch: dict[str, Any], *, version: int, context_length: int, discount: float, gae_lambda: float
+) -> dict[str, Any]:
+    """Add ``value``, ``advantage``, ``return`` and ``staleness`` (all (N, L) float32) to ``batch``:
+    GAE over the current model's values (``current_policy_outputs``)."""
+    current = current_policy_outputs(policy, batch, context_length=context_length)
+    value = current["value"]
     advantage, returns = compute_gae(
-        reward=batch[F.REWARD], value=value, next_value=next_value, terminated=batch[F.TERMINATED],
+        reward=batch[F.REWARD], value=value, next_value=current["next_value"], terminated=batch[F.TERMINATED],
         truncated=batch[F.TRUNCATED], bootstrap=batch[F.BOOTSTRAP], discount=discount, gae_lambda=gae_lambda,
     )  # fmt: skip
     batch[F.VALUE], batch[F.ADVANTAGE], batch[F.RETURN] = value, advantage, returns

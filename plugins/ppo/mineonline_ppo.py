@@ -2,12 +2,10 @@
 
 Install with ``pip install mineonline-ppo`` and select it with ``trainer_name: PPOTrainer``.
 
-The surrounding loop (fetching chunks, GAE, weight broadcast, checkpoints) is the core's
-``BaseTrainer``; this module is the algorithm. Per iteration and rank it receives a batch of N chunks
-of L steps and, for each of ``epochs_per_iteration`` passes, walks it in micro-batches of
-``batch_size_per_gpu`` chunks, each chunk cut into ``context_length`` windows (truncated BPTT,
-one backward per window to bound memory), summing gradients over ``gradient_accumulation``
-micro-batches per optimiser step.
+The core's ``BaseTrainer`` runs everything around the algorithm: fetching chunks, GAE, the update
+loop (epochs, micro-batches, BPTT windows, accumulation, DDP, AMP, clipping), broadcasts and
+checkpoints. This module is the algorithm: its options (``PPOConfig``, the ``train_config`` keys the
+core does not own), its loss (``ppo_loss``, per window) and the schedule around it.
 
 Definitions of the options whose meaning MineStudio leaves open:
 
@@ -28,28 +26,108 @@ Definitions of the options whose meaning MineStudio leaves open:
 * **fix_decoder**, **enable_ref_update**: read by nothing in MineStudio's PPOTrainer, so they do
   nothing here either (a warning says so); ``freeze_pi_head`` freezes the action decoder and
   ``ref_update_at_checkpoint`` refreshes the reference to the current weights at every checkpoint.
-* **use_normalized_vf**: the value head's running normaliser is updated with the iteration's returns
-  (gathered from every rank) and the head regresses the normalised returns.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
+import logging
 from typing import Any
 
 import torch
-import torch.distributed as dist
+from pydantic import Field
 from torch import nn
 
 import mineonline_core
+from mineonline_core.config import setting
 from mineonline_core.contracts import fragment as F
-from mineonline_core.errors import ConfigError, RunFailedError
-from mineonline_core.trainer.base import BaseTrainer
-from mineonline_core.trainer.sequence import detach_state, slice_time, squeeze_value, windows
-from mineonline_core.contracts.tree import tree_index, tree_map
+from mineonline_core.contracts.policy import zero_value_head
+from mineonline_core.errors import ConfigError
+from mineonline_core.trainer.base import BaseTrainer, TrainerOptions
 
-METRICS = ("policy_loss", "value_loss", "entropy", "kl_ref", "approx_kl", "clipfrac", "ratio_deviation")
+log = logging.getLogger("mineonline")
+
+
+class PPOConfig(TrainerOptions):
+    """PPOTrainer's ``train_config`` keys (MineStudio's names, plus mineonline's variants)."""
+
+    ppo_clip: float = setting(0.2, "PPO clip epsilon: the ratio to the behaviour policy is clipped to [1-e, 1+e].", gt=0)
+    clip_vloss: bool = Field(False, description="Clip the value loss around the behaviour value, like the ratio.")
+    ppo_policy_coef: float = setting(1.0, "Weight of the clipped policy loss.", ge=0)
+    ppo_vf_coef: float = setting(0.5, "Weight of the value loss.", ge=0)
+    entropy_bonus_coef: float = setting(0.0, "Weight of the entropy bonus.", ge=0)
+    kl_divergence_coef_rho: float = setting(
+        0.0,
+        "Initial weight of the penalty KL(policy || reference), the reference being the frozen "
+        "initial (pretrained) policy run with its own recurrent state; the same direction as "
+        "MineStudio 1.1 (before May 2025 MineStudio took KL(reference || policy)). 0 disables it "
+        "(MineStudio's cow example: 0.2).",
+        ge=0,
+    )
+    coef_rho_decay: float = setting(0.9995, "Factor the KL weight is multiplied by after each iteration.", gt=0, le=1)
+    log_ratio_range: float = setting(50.0, "Log-probability ratios are clamped to +-this before exp, for stability.", gt=0)
+    normalize_advantage_full_batch: bool = Field(
+        True,
+        description="Normalise advantages over an iteration's whole batch (every rank); false "
+        "leaves them unnormalised, as in MineStudio (see normalize_advantage_per_minibatch).",
+    )
+    normalize_advantage_per_minibatch: bool = Field(
+        False,
+        description="mineonline option: normalise advantages within each micro-batch of "
+        "batch_size_per_gpu chunks (applied after the full-batch normalisation, if any). With "
+        "batch_size_per_gpu: 1 and advantages of one sign this removes most of the policy gradient.",
+    )
+    vf_warmup: int = setting(
+        0,
+        "First iterations trained on the value loss plus the KL to the reference (weight 1), "
+        "without broadcasting the weights; every parameter is updated, as in MineStudio "
+        "(see vf_warmup_value_head_only). 0 trains the policy from the start.",
+        ge=0,
+    )
+    vf_warmup_value_head_only: bool = Field(
+        False,
+        description="mineonline's warm-up: during vf_warmup update only the value head's parameters, "
+        "so the policy the rollout workers run stays the policy being trained. MineStudio has no "
+        "such option (its warm-up updates every parameter).",
+    )
+    zero_initial_vf: bool = Field(
+        True,
+        description="Zero every parameter of the value head at start, its normaliser's running "
+        "statistics included, as MineStudio does (see zero_initial_vf_keep_normalizer).",
+    )
+    zero_initial_vf_keep_normalizer: bool = Field(
+        False,
+        description="mineonline's zero_initial_vf: zero only the value head's output layer and keep "
+        "the normaliser's statistics (a pretrained head then starts at its return scale). "
+        "MineStudio has no such option.",
+    )
+    freeze_pi_head: bool = Field(
+        False, description="mineonline option: freeze the policy's action decoder (pi_head) during training."
+    )
+    ref_update_at_checkpoint: bool = Field(
+        False,
+        description="mineonline option: copy the trained weights into the KL reference at every "
+        "checkpoint (and on resume); rollout workers receive the new reference with the next broadcast.",
+    )
+    fix_decoder: bool = Field(
+        False,
+        description="MineStudio-only, accepted and ignored with a warning: MineStudio's online trainer "
+        "reads it nowhere. See freeze_pi_head.",
+    )
+    enable_ref_update: bool = Field(
+        False,
+        description="MineStudio-only, accepted and ignored with a warning: MineStudio's PPOTrainer "
+        "reads it nowhere (its PPOBCTrainer copies the policy into the reference whenever a batch's "
+        "reward sum is a new best). See ref_update_at_checkpoint.",
+    )
+
+
+# Keys MineStudio's PPOTrainer accepts and reads nowhere: accepted so that its configs load
+# unchanged, and reported when set.
+_MINESTUDIO_ONLY = {
+    "enable_ref_update": "MineStudio's PPOTrainer reads it nowhere; set ref_update_at_checkpoint: true "
+    "to refresh the KL reference at every checkpoint",
+    "fix_decoder": "MineStudio's online trainer reads it nowhere; set freeze_pi_head: true to freeze the action decoder",
+}
 
 
 def ppo_loss(
@@ -103,200 +181,104 @@ def ppo_loss(
 
 
 class PPOTrainer(BaseTrainer):
-    """PPO with importance-corrected ratios, KL to a reference policy and truncated BPTT."""
+    """PPO with importance-corrected ratios, KL to a reference policy and a value warm-up."""
 
     name = "PPOTrainer"
+    Config = PPOConfig
+    options: PPOConfig
 
-    def preflight(self) -> None:
-        super().preflight()
-        self.check_policy(self.policy_generator())  # on the driver, before any Ray Train worker starts
+    # -- the loss ---------------------------------------------------------------------------------
 
-    def check_policy(self, policy: nn.Module) -> None:
-        """Options that mean nothing for this policy are rejected with the key and the fix."""
-        tc = self.train_config
-        if tc.freeze_pi_head and not list(getattr(policy, "pi_head", nn.Module()).parameters()):
-            raise ConfigError(
-                "train_config.freeze_pi_head: true freezes the policy's action decoder (pi_head), but "
-                f"{type(policy).__name__} has no pi_head parameters. Set freeze_pi_head: false."
-            )
-        if tc.use_normalized_vf and not hasattr(getattr(policy, "value_head", None), "update_normalizer"):
-            raise ConfigError(
-                f"train_config.use_normalized_vf: true needs a value head with a running normaliser, but "
-                f"{type(policy).__name__}.value_head has no update_normalizer(). Set use_normalized_vf: false."
-            )
+    def compute_loss(self, *, batch: dict[str, Any], outputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        o = self.options
+        return ppo_loss(
+            pi_head=self.policy.pi_head, pi_logits=outputs["pi_logits"], vpred=outputs["vpred"], action=batch[F.ACTION],
+            behaviour_logprob=batch[F.LOGPROB], behaviour_vpred=batch[F.BEHAVIOUR_VPRED],
+            advantage=batch[F.ADVANTAGE], value_target=batch[F.VALUE_TARGET], ref_logits=outputs["ref_logits"],
+            rho=self.rho, clip=o.ppo_clip, log_ratio_range=o.log_ratio_range, clip_vloss=o.clip_vloss,
+            policy_coef=o.ppo_policy_coef, vf_coef=o.ppo_vf_coef, entropy_coef=o.entropy_bonus_coef, warmup=self.warmup,
+        )  # fmt: skip
 
-    def setup_model_and_optimizer(self, policy: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
-        tc = self.train_config
-        self.check_policy(policy)
-        if tc.freeze_pi_head:
-            for param in policy.pi_head.parameters():
-                param.requires_grad_(False)
-        self.reference = None
-        if tc.kl_divergence_coef_rho > 0:
-            torch.manual_seed(int(getattr(self.config, "seed", 0) or 0))  # same weights as the initial policy
-            self.reference = self.policy_generator().to(self.device).eval().requires_grad_(False)
-        trainable = [p for p in policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=tc.learning_rate, eps=tc.adam_eps, weight_decay=tc.weight_decay)
-        return policy, optimizer
+    def prepare_batch(self, *, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.options.normalize_advantage_full_batch:
+            mean, std = self.global_mean_std(batch[F.ADVANTAGE])
+            batch = {**batch, F.ADVANTAGE: (batch[F.ADVANTAGE] - mean) / (std + 1e-8)}
+        return batch
 
-    def load_trainer_state(self, state: dict[str, Any]) -> None:
-        if self.reference is not None and self.train_config.ref_update_at_checkpoint:
-            self.reference.load_state_dict(self.policy.state_dict())
+    def prepare_minibatch(self, *, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.options.normalize_advantage_per_minibatch:
+            advantage = batch[F.ADVANTAGE]
+            batch = {**batch, F.ADVANTAGE: (advantage - advantage.mean()) / (advantage.std(correction=0) + 1e-8)}
+        return batch
 
-    def on_checkpoint(self, path: Any) -> None:
-        if self.reference is not None and self.train_config.ref_update_at_checkpoint:
-            self.reference.load_state_dict(self.policy.state_dict())
-            self.reference_changed()
+    # -- schedules --------------------------------------------------------------------------------
 
-    # -- one iteration --------------------------------------------------------------------------
+    def rho_at(self, iteration: int) -> float:
+        return self.options.kl_divergence_coef_rho * self.options.coef_rho_decay ** (iteration - 1)
 
-    def train(self, batch: dict) -> dict[str, float]:
-        tc, policy = self.train_config, self.policy
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate
-        warmup = self.iteration <= tc.vf_warmup
-        value_only = warmup and tc.vf_warmup_value_head_only
-        if tc.use_normalized_vf:
-            returns = self._all_gather(batch[F.RETURN])
-            # A NaN return would poison the running statistics for good; the loss is then
-            # non-finite too, so the update guard skips this iteration's steps.
-            if bool(torch.isfinite(returns).all()):
-                policy.value_head.update_normalizer(returns)
-        with torch.no_grad():
-            value_target = policy.value_head.normalize(batch[F.RETURN]).float()
-            behaviour_vpred = policy.value_head.normalize(batch[F.VPRED]).float()
-        advantage = batch[F.ADVANTAGE]
-        if tc.normalize_advantage_full_batch:
-            mean, std = self._global_mean_std(advantage)
-            advantage = (advantage - mean) / (std + 1e-8)
-        n, per_batch, accum = advantage.shape[0], tc.batch_size_per_gpu, tc.gradient_accumulation
-        num_batches = math.ceil(n / per_batch)
-        totals: dict[str, float] = {k: 0.0 for k in METRICS}
-        group: dict[str, float] = {k: 0.0 for k in METRICS}  # loss terms since the last optimiser step
-        grad_norms: list[float] = []
-        for _ in range(tc.epochs_per_iteration):
-            order = torch.randperm(n, device=advantage.device)  # new minibatches every epoch
-            for b in range(num_batches):
-                rows = order[b * per_batch : (b + 1) * per_batch]
-                group_start = (b // accum) * accum
-                step_now = (b + 1) % accum == 0 or b == num_batches - 1
-                adv = advantage[rows]
-                if tc.normalize_advantage_per_minibatch:
-                    adv = (adv - adv.mean()) / (adv.std(correction=0) + 1e-8)
-                stats = self._backward(batch, rows, adv, value_target[rows], behaviour_vpred[rows],
-                                       sync=step_now, scale=1.0 / min(accum, num_batches - group_start),
-                                       warmup=warmup)  # fmt: skip
-                for k in METRICS:
-                    totals[k] += stats[k]
-                    group[k] += stats[k]
-                if step_now:
-                    grad_norm = self._optimizer_step(value_only, group)
-                    grad_norms += [] if grad_norm is None else [grad_norm]
-                    group = {k: 0.0 for k in METRICS}
-        count = tc.epochs_per_iteration * num_batches
-        metrics = {f"trainer/{k}": v / count for k, v in totals.items()}
-        metrics["trainer/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        returns, values = batch[F.RETURN], batch[F.VALUE]
-        metrics["trainer/explained_variance"] = float(1 - (returns - values).var() / returns.var().clamp(min=1e-8))
-        metrics["trainer/value_only"] = float(value_only)
-        metrics["trainer/vf_warmup"] = float(warmup)
-        return metrics
+    @property
+    def rho(self) -> float:
+        """The KL weight of the current iteration."""
+        return self.rho_at(self.iteration)
 
-    def _backward(self, batch: dict, rows: torch.Tensor, advantage: torch.Tensor, value_target: torch.Tensor,
-                  behaviour_vpred: torch.Tensor, *, sync: bool, scale: float, warmup: bool) -> dict[str, float]:  # fmt: skip
-        """Forward/backward one micro-batch window by window; gradients accumulate in ``.grad``."""
-        tc = self.train_config
-        obs = tree_index(batch[F.OBS], rows)
-        first, action = batch[F.FIRST][rows], tree_index(batch[F.ACTION], rows)
-        state = tree_index(batch[F.STATE_IN], rows)
-        # The reference carries its own recurrent state, recorded by rollout at each fragment start (§5.4).
-        ref_state = tree_index(batch[F.REF_STATE_IN], rows) if batch.get(F.REF_STATE_IN) is not None else None
-        use_reference = self.reference is not None and (self.rho > 0 or warmup)
-        if use_reference and ref_state is None and state is not None:
-            raise RunFailedError(
-                "The KL reference policy is recurrent but these chunks carry no reference state (ref_state_in): "
-                "they were collected without the reference (a replay store from a run with "
-                "kl_divergence_coef_rho: 0). Start with a fresh replay store (database_config.path)."
-            )
-        length = first.shape[1]
-        spans = windows(length, tc.context_length)
-        totals = {k: 0.0 for k in METRICS}
-        amp_dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
-        for i, window in enumerate(spans):
-            # DDP all-reduces only on the very last backward before an optimiser step.
-            last = sync and i == len(spans) - 1
-            no_sync = self.model.no_sync() if hasattr(self.model, "no_sync") and not last else contextlib.nullcontext()
-            context = {"first": first[:, window]}
-            window_obs = slice_time(obs, window)
-            with no_sync:
-                with torch.autocast(self.device.type, dtype=amp_dtype, enabled=tc.use_amp):
-                    latents, state_out = self.model(input=window_obs, state_in=state, context=context)
-                    ref_logits = None
-                    if use_reference:
-                        with torch.no_grad():
-                            ref_latents, ref_state = self.reference(input=window_obs, state_in=ref_state, context=context)
-                        ref_logits = _float(ref_latents["pi_logits"])
-                loss, stats = ppo_loss(
-                    pi_head=self.policy.pi_head, pi_logits=_float(latents["pi_logits"]),
-                    vpred=squeeze_value(latents["vpred"]).float(), action=slice_time(action, window),
-                    behaviour_logprob=batch[F.LOGPROB][rows, window], behaviour_vpred=behaviour_vpred[:, window],
-                    advantage=advantage[:, window], value_target=value_target[:, window], ref_logits=ref_logits,
-                    rho=self.rho, clip=tc.ppo_clip, log_ratio_range=tc.log_ratio_range, clip_vloss=tc.clip_vloss,
-                    policy_coef=tc.ppo_policy_coef, vf_coef=tc.ppo_vf_coef, entropy_coef=tc.entropy_bonus_coef,
-                    warmup=warmup,
-                )  # fmt: skip
-                weight = (window.stop - window.start) / length
-                self.scaler.scale(loss * weight * scale).backward()
-            state = detach_state(state_out)
-            for k in METRICS:
-                totals[k] += float(stats[k]) * weight
-        return totals
+    @property
+    def warmup(self) -> bool:
+        """The current iteration is one of the first ``vf_warmup``."""
+        return self.iteration <= self.options.vf_warmup
 
-    def _optimizer_step(self, value_only: bool, loss_terms: dict[str, float]) -> float | None:
-        """Clip and step; None when the step was skipped for non-finite loss terms or gradients."""
-        tc = self.train_config
-        self.scaler.unscale_(self.optimizer)
-        if value_only:
+    def publishes_version(self, iteration: int) -> bool:
+        return iteration > self.options.vf_warmup
+
+    def uses_reference(self) -> bool:
+        return self.reference is not None and (self.rho > 0 or self.warmup)
+
+    def filter_gradients(self) -> None:
+        if self.warmup and self.options.vf_warmup_value_head_only:
             keep = {id(p) for p in self.policy.value_head.parameters()}
             for group in self.optimizer.param_groups:
                 for param in group["params"]:
                     if id(param) not in keep:
                         param.grad = None  # AdamW skips it entirely: no step, no weight decay
-        params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)
-        if not self.update_is_finite(grad_norm=float(grad_norm), loss_terms=loss_terms):
-            if self.scaler.is_enabled():
-                self.scaler.update()  # an fp16 overflow: the scaler lowers its scale, as its own skip would
-            self.optimizer.zero_grad(set_to_none=True)
-            return None
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
 
-    # -- cross-rank statistics ------------------------------------------------------------------
+    def iteration_metrics(self) -> dict[str, float]:
+        return {"trainer/rho": self.rho, "trainer/vf_warmup": float(self.warmup),
+                "trainer/value_only": float(self.warmup and self.options.vf_warmup_value_head_only)}  # fmt: skip
 
-    def _distributed(self) -> bool:
-        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+    # -- model, reference, checkpoints ------------------------------------------------------------
 
-    def _global_mean_std(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        sums = torch.stack([x.double().sum(), (x.double() ** 2).sum(), torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device)])
-        if self._distributed():
-            dist.all_reduce(sums)
-        mean = sums[0] / sums[2]
-        var = (sums[1] / sums[2] - mean**2).clamp(min=0) * sums[2] / (sums[2] - 1).clamp(min=1)
-        return mean.float(), var.sqrt().float()
+    def preflight(self) -> None:
+        super().preflight()
+        for key, why in _MINESTUDIO_ONLY.items():
+            if getattr(self.options, key):
+                log.warning("train_config.%s: %r has no effect (%s).", key, getattr(self.options, key), why)
 
-    def _all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._distributed():
-            return x
-        parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts)
+    def check_policy(self, policy: nn.Module) -> None:
+        super().check_policy(policy)
+        if self.options.freeze_pi_head and not list(getattr(policy, "pi_head", nn.Module()).parameters()):
+            raise ConfigError(
+                "train_config.freeze_pi_head: true freezes the policy's action decoder (pi_head), but "
+                f"{type(policy).__name__} has no pi_head parameters. Set freeze_pi_head: false."
+            )
 
+    def init_policy(self, policy: nn.Module) -> None:
+        if self.options.zero_initial_vf:
+            zero_value_head(policy.value_head, keep_normalizer=self.options.zero_initial_vf_keep_normalizer)
 
-def _float(tree: Any) -> Any:
-    return tree_map(lambda x: x.float(), tree)
+    def setup_model_and_optimizer(self, policy: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
+        if self.options.freeze_pi_head:
+            for param in policy.pi_head.parameters():
+                param.requires_grad_(False)
+        self.reference = self.make_reference() if self.options.kl_divergence_coef_rho > 0 else None
+        return super().setup_model_and_optimizer(policy)
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        if self.reference is not None and self.options.ref_update_at_checkpoint:
+            self.reference.load_state_dict(self.policy.state_dict())
+
+    def on_checkpoint(self, path: Any) -> None:
+        if self.reference is not None and self.options.ref_update_at_checkpoint:
+            self.reference.load_state_dict(self.policy.state_dict())
+            self.reference_changed()
 
 
 @mineonline_core.hookimpl

@@ -131,7 +131,7 @@ def test_vf_warmup_minestudio_meaning_trains_everything_on_value_loss_and_kl(tmp
     trainer.iteration = 1
     trainer.policy.actor[0].weight.data.add_(0.5)  # the reference differs, so the KL pulls the actor
     before = params(trainer.policy)
-    metrics = trainer.train(make_batch(trainer))
+    metrics = {**trainer.train(make_batch(trainer)), **trainer.iteration_metrics()}
     moved = changed(before, trainer.policy)
     assert metrics["trainer/vf_warmup"] == 1.0 and metrics["trainer/kl_ref"] > 0
     assert {"actor.0.weight", "value_head.linear.weight"} <= moved and not metrics["trainer/value_only"]
@@ -174,12 +174,13 @@ def test_freeze_pi_head_freezes_it_and_fix_decoder_alone_does_not(tmp_path):
         make_trainer(tmp_path, policy_fn=NoDecoder, freeze_pi_head=True, zero_initial_vf=False)
 
 
-def test_minestudio_only_keys_are_accepted_and_reported(caplog):
+def test_minestudio_only_keys_are_accepted_and_reported(tmp_path, caplog):
     from mineonline_core.config import load_config
 
     with caplog.at_level("WARNING", logger="mineonline"):
-        load_config({"train_config": {"fix_decoder": True, "enable_ref_update": True, "num_readers": 8,
-                                      "num_cpus_per_reader": 0.1}})  # fmt: skip
+        load_config({"train_config": {"num_readers": 8, "num_cpus_per_reader": 0.1}})  # the core's own
+        # PPO's own: reported once, by the driver's preflight.
+        make_trainer(tmp_path, fix_decoder=True, enable_ref_update=True).preflight()
     for key in ("fix_decoder", "enable_ref_update", "num_readers"):
         assert f"train_config.{key}" in caplog.text and "has no effect" in caplog.text
     assert "num_cpus_per_reader" not in caplog.text  # set to its default: nothing to say
@@ -191,11 +192,11 @@ def test_kl_reference_and_ref_update_at_checkpoint(tmp_path):
     assert ref is not None and not any(p.requires_grad for p in ref.parameters())
     # The reference starts as policy_generator()'s weights, i.e. the initial policy (value head aside).
     assert torch.equal(ref.actor[0].weight, trainer.policy.actor[0].weight)
-    trainer.iteration, trainer.rho = 1, trainer.rho_at(1)
+    trainer.iteration = 1
     batch = make_batch(trainer)
     metrics = trainer.train(copy.deepcopy(batch))
     assert metrics["trainer/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # first step: policy == reference
-    trainer.iteration, trainer.rho = 2, trainer.rho_at(2)
+    trainer.iteration = 2
     metrics = trainer.train(copy.deepcopy(batch))
     assert metrics["trainer/kl_ref"] > 0
     assert not torch.equal(ref.actor[0].weight, trainer.policy.actor[0].weight)
@@ -204,7 +205,7 @@ def test_kl_reference_and_ref_update_at_checkpoint(tmp_path):
     assert trainer.rho_at(3) == pytest.approx(0.5 * 0.9995**2)
     # enable_ref_update alone (MineStudio's PPOTrainer reads it nowhere) keeps the reference.
     minestudio = make_trainer(tmp_path, kl_divergence_coef_rho=0.5, enable_ref_update=True)
-    minestudio.iteration, minestudio.rho = 1, minestudio.rho_at(1)
+    minestudio.iteration = 1
     minestudio.train(make_batch(minestudio))
     minestudio.save_checkpoint()
     assert not torch.equal(minestudio.reference.actor[0].weight, minestudio.policy.actor[0].weight)

@@ -1,0 +1,150 @@
+"""Fetching an iteration's chunks, ahead of time, and the per-iteration estimate over them.
+
+The chunks of the next ``prefetch_batches`` iterations are fetched on one background thread while
+the current iteration trains; each is held to ``max_staleness`` at the version it will be trained
+at. The estimate (GAE by default) is not fetched ahead, because it needs the updated model.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import ray
+
+from mineonline_core.contracts import fragment as F
+from mineonline_core.errors import RunFailedError
+from mineonline_core.rollout.worker import fragment_checksum
+from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs, estimate_advantages
+
+log = logging.getLogger(__name__)
+SAMPLE_WAIT_S = 30.0  # how often a trainer waiting for chunks says why
+
+
+class ChunkFetching:
+    """``BaseTrainer``'s data side: ``fetch_chunks``, prefetching, and the ``estimate`` hook."""
+
+    def estimate(self, *, batch: dict[str, Any]) -> dict[str, Any]:
+        """Add ``value``, ``advantage`` and ``return`` ((N, L) float32, values denormalised) to this
+        iteration's batch, with the model as it is before the update. Default: GAE with
+        ``discount`` and ``gae_lambda``. An override may use ``current_policy_outputs``."""
+        tc = self.train_config
+        return estimate_advantages(self.model, batch, version=self.version, context_length=tc.context_length,
+                                   discount=tc.discount, gae_lambda=tc.gae_lambda)  # fmt: skip
+
+    def current_policy_outputs(self, *, batch: dict[str, Any]) -> dict[str, Any]:
+        """The current model over whole chunks from their stored recurrent states, without
+        gradients: ``pi_logits``, ``logprob`` of the stored actions and ``value`` (N, L), and
+        ``next_value`` (N,), values denormalised (``trainer.batch.current_policy_outputs``)."""
+        return current_policy_outputs(self.model, batch, context_length=self.train_config.context_length)
+
+    def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
+        """This iteration's chunks, with ``staleness`` and the ``estimate`` columns. The chunks of
+        the next ``prefetch_batches`` iterations are fetched in the background while this one
+        trains; the estimate is not, because it needs the updated model."""
+        tc = self.train_config
+        start = time.perf_counter()
+        ahead = self._prefetch
+        if ahead and ahead[0][:2] == (self.iteration, num_chunks):
+            batch = ahead.popleft()[2].result()
+        else:
+            ahead.clear()  # fetched for another iteration or size; the chunks are simply not trained on
+            # Judged at this rank's version, not the buffer's: after a resume the buffer starts at 0.
+            batch = self.fetch_chunks(num_chunks, self.version)
+        fetched = time.perf_counter()
+        last = ahead[-1][0] if ahead else self.iteration
+        for iteration in range(last + 1, min(self.iteration + tc.prefetch_batches, tc.num_iterations) + 1):
+            # Iteration j trains at the version the iterations before it will have published: the
+            # buffer judges staleness against that, so fetching early never loosens max_staleness.
+            bumps = sum(1 for k in range(self.iteration, iteration) if self.publishes_version(k))
+            ahead.append((iteration, num_chunks, self._fetch_in_background(num_chunks, self.version + bumps)))
+        batch["staleness"] = (self.version - batch[F.VERSION]).float()
+        batch = self.estimate(batch=batch)
+        self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)  # what the loop waited for, not the fetch itself
+        self.perf["perf/gae_ms"] = 1e3 * (time.perf_counter() - fetched)
+        return batch
+
+    def fetch_chunks(self, num_chunks: int, for_version: int | None = None) -> dict:
+        """Sample chunks fresh enough for ``for_version`` and read their payloads straight from the
+        store. A chunk with a fragment whose checksum does not match is dropped (counted in
+        ``trainer/corrupt_fragments``, logged) and another is sampled in its place."""
+        start = time.perf_counter()
+        grouped: list[list[dict]] = []
+        while len(grouped) < num_chunks:
+            chunks = self._sample(num_chunks - len(grouped), for_version)
+            payloads = self._store.get_many([key for chunk in chunks for key in chunk["keys"]])
+            # Payloads are in this process now: the buffer may drop used-up or evicted ones.
+            ray.get(self._buffer.release.remote([chunk["chunk_id"] for chunk in chunks]))
+            offset = 0
+            for chunk in chunks:
+                fragments = payloads[offset : offset + len(chunk["keys"])]
+                offset += len(chunk["keys"])
+                bad = [key for key, frag, crc in zip(chunk["keys"], fragments, chunk["checksums"])
+                       if fragment_checksum(key, frag) != crc]  # fmt: skip
+                if bad:
+                    self.corrupt_fragments += len(bad)
+                    log.warning("dropped chunk %s: fragments %s do not match their checksums", chunk["chunk_id"], bad)
+                    continue
+                grouped.append(fragments)
+        batch = assemble_chunks(grouped, device=self.device)
+        self.perf["perf/fetch_chunks_ms"] = 1e3 * (time.perf_counter() - start)
+        self.perf["trainer/corrupt_fragments"] = float(self.corrupt_fragments)
+        return batch
+
+    def _sample(self, num_chunks: int, for_version: int | None) -> list[dict]:
+        """``buffer.sample`` in slices of ``SAMPLE_WAIT_S``: between slices the wait is logged with
+        the buffer's reason and the rollout side's health checked; after ``progress_timeout`` it fails."""
+        from mineonline_core.rollout.buffer import SampleTimeout
+
+        limit = float(getattr(self.config, "progress_timeout", 0.0) or 0.0)
+        waited = 0.0
+        while True:
+            wait = SAMPLE_WAIT_S if not limit else max(min(SAMPLE_WAIT_S, limit - waited), 0.1)
+            try:
+                return ray.get(self._buffer.sample.remote(num_chunks, for_version, wait))
+            except SampleTimeout as exc:  # Ray's wrapper is also an instance of the actor's exception
+                waited += wait
+                reason = str(getattr(exc, "cause", exc))
+            if hasattr(self.rollout_manager, "health"):
+                ray.get(self.rollout_manager.health.remote())  # a failed rollout side is the cause: raise it
+            if limit and waited >= limit:
+                raise RunFailedError(
+                    f"trainer rank {self.rank}: no batch of {num_chunks} chunks for iteration {self.iteration + 1} "
+                    f"within progress_timeout={limit:g}s: {reason}"
+                )
+            log.warning("trainer rank %d has waited %.0fs for %d chunks: %s", self.rank, waited, num_chunks, reason)
+
+    def _fetch_in_background(self, num_chunks: int, for_version: int) -> Future:
+        if self._fetcher is None:
+            self._fetcher = _Fetcher()
+        return self._fetcher.submit(self.fetch_chunks, num_chunks, for_version)
+
+
+
+class _Fetcher:
+    """One long-lived thread that runs the trainer's fetches ahead: one thread per iteration would
+    churn the allocator's per-thread arenas. A daemon, because at a stop it may still be waiting in
+    ``buffer.sample`` and must not hold the rank's process open."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="mineonline-prefetch", daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self._jobs.get()
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the loop when it takes the batch
+                future.set_exception(exc)
+
+
