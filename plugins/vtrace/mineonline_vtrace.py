@@ -14,27 +14,21 @@ towards them and follows the policy gradient of §4.2 (``vtrace_loss``).
 
 from __future__ import annotations
 
-import contextlib
-import math
 from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 import mineonline_core
 from mineonline_core.contracts import fragment as F
-from mineonline_core.contracts.tree import tree_index
-from mineonline_core.trainer.base import BaseTrainer
-from mineonline_core.trainer.batch import denormalized_value
-from mineonline_core.trainer.sequence import detach_state, forward_sequence, slice_time, squeeze_value, unwrap, windows
+from mineonline_core.trainer.base import BaseTrainer, TrainerOptions
+from mineonline_core.trainer.sequence import unwrap
 
 # Batch columns added by VTraceTrainer.estimate, (N, L): the truncated importance weight rho_s of the
 # network before the update, and r_s + gamma v_{s+1} - V(x_s) of the policy gradient.
 RHO = "vtrace_rho"
 PG_DELTA = "vtrace_pg_delta"
-METRICS = ("policy_loss", "value_loss", "entropy")
 
 
 class VTraceTargets(NamedTuple):
@@ -141,13 +135,18 @@ def vtrace_loss(
     return loss, stats
 
 
-class VTraceOptions(BaseModel):
-    """``train_config`` keys of VTraceTrainer (beside the core's loop keys)."""
+class VTraceOptions(TrainerOptions):
+    """``train_config`` keys of VTraceTrainer, beside the core's loop keys."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    rho_bar: float = Field(1.0, gt=0, description="V-trace truncation of the importance weight rho (IMPALA's rho-bar).")
-    c_bar: float = Field(1.0, gt=0, description="V-trace truncation of the trace coefficients c (IMPALA's c-bar).")
+    rho_bar: float = Field(
+        1.0, gt=0, description="V-trace truncation of the importance weight rho_t = min(rho_bar, pi/mu) (IMPALA's "
+        "rho-bar): the fixed point of the value targets lies between the behaviour and the target policy's values, "
+        "nearer pi the larger it is. A large value (1e9) turns the truncation off.",
+    )  # fmt: skip
+    c_bar: float = Field(
+        1.0, gt=0, description="V-trace truncation of the trace coefficients c_i = min(c_bar, pi/mu) (IMPALA's c-bar): "
+        "how far back along the chunk a temporal difference corrects a target; 0 gives one-step targets.",
+    )  # fmt: skip
     vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss towards the V-trace targets v_s.")
     entropy_bonus_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
 
@@ -158,107 +157,51 @@ class VTraceTrainer(BaseTrainer):
     name = "VTraceTrainer"
     Config = VTraceOptions
 
-    @property
-    def options(self) -> VTraceOptions:
-        return getattr(self, "_options", None) or VTraceOptions()
-
-    def setup_model_and_optimizer(self, policy: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
-        tc = self.train_config
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=tc.learning_rate, eps=tc.adam_eps, weight_decay=tc.weight_decay)
-        return policy, optimizer
-
     @torch.no_grad()
-    def estimate(self, *, batch: dict) -> dict:
-        """Add ``value``, ``return`` (v_s), ``advantage`` (the §4.2 advantage), ``vtrace_rho`` and
-        ``staleness`` to the batch, from the current network run over whole chunks."""
-        tc, opts = self.train_config, self.options
-        policy = unwrap(self.model)
-        was_training = policy.training
-        policy.eval()
-        try:
-            latents, state = forward_sequence(policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=tc.context_length)
-            done_last = (batch[F.TERMINATED][:, -1:] | batch[F.TRUNCATED][:, -1:]).bool()
-            next_latents, _ = policy(input=batch[F.NEXT_OBS], state_in=state, context={"first": done_last})
-        finally:
-            policy.train(was_training)
-        value = denormalized_value(policy, latents["vpred"]).float()
-        next_value = denormalized_value(policy, squeeze_value(next_latents["vpred"])).float()[:, 0]
+    def estimate(self, *, batch: dict[str, Any]) -> dict[str, Any]:
+        """Add ``value`` (V(x_s)), ``return`` (v_s, what the core's loop regresses the value head on),
+        ``advantage`` (the §4.2 advantage) and ``vtrace_rho`` to the batch, from the current network
+        run over whole chunks."""
+        opts = self.options
+        current = self.current_policy_outputs(batch=batch)
         targets = vtrace(
-            behaviour_logprob=batch[F.LOGPROB], target_logprob=policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"].float()),
-            reward=batch[F.REWARD], value=value, next_value=next_value, terminated=batch[F.TERMINATED],
-            truncated=batch[F.TRUNCATED], bootstrap=batch[F.BOOTSTRAP], discount=tc.discount,
+            behaviour_logprob=batch[F.LOGPROB], target_logprob=current["logprob"], reward=batch[F.REWARD],
+            value=current["value"], next_value=current["next_value"], terminated=batch[F.TERMINATED],
+            truncated=batch[F.TRUNCATED], bootstrap=batch[F.BOOTSTRAP], discount=self.train_config.discount,
             rho_bar=opts.rho_bar, c_bar=opts.c_bar,
         )  # fmt: skip
-        batch[F.VALUE], batch[F.RETURN], batch[F.ADVANTAGE], batch[RHO] = value, targets.vs, targets.pg_advantage, targets.rho
-        batch[PG_DELTA] = targets.pg_delta
-        batch["staleness"] = (self.version - batch[F.VERSION]).float()
-        if hasattr(policy.value_head, "update_normalizer"):
-            policy.value_head.update_normalizer(self._all_gather(targets.vs))
+        batch[F.VALUE], batch[F.RETURN], batch[F.ADVANTAGE] = current["value"], targets.vs, targets.pg_advantage
+        batch[RHO], batch[PG_DELTA] = targets.rho, targets.pg_delta
+        ratio = (current["logprob"] - batch[F.LOGPROB].float()).exp()
+        self._rho_metrics = {"trainer/vtrace_rho_mean": float(targets.rho.mean()),
+                             "trainer/vtrace_rho_clipfrac": float((ratio > opts.rho_bar).float().mean())}  # fmt: skip
         return batch
 
-    def compute_loss(self, *, batch: dict, outputs: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of one window: ``batch`` columns and ``outputs`` (the policy's latents) are (B, W)."""
+    def compute_loss(self, *, batch: dict[str, Any], outputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """IMPALA's loss over one window; the core's loop put ``value_target`` (v_s) in the value
+        head's normalised units."""
         opts, policy = self.options, unwrap(self.model)
-        value_target, scale = batch[F.RETURN], 1.0
-        if hasattr(policy.value_head, "normalize"):
-            # The head regresses normalised targets; the policy gradient is taken in the same units
-            # (the advantage divided by the normaliser's scale, as PopArt-IMPALA does, Hessel et al.
-            # 2019), so one learning rate and entropy weight suit rewards of any size.
-            value_target = policy.value_head.normalize(value_target)
-            unit = torch.tensor([0.0, 1.0], device=value_target.device)
-            scale = float(policy.value_head.denormalize(unit).diff())
         return vtrace_loss(
-            pi_head=policy.pi_head, pi_logits=outputs["pi_logits"].float(),
-            vpred=squeeze_value(outputs["vpred"]).float(), action=batch[F.ACTION], value_target=value_target,
-            behaviour_logprob=batch[F.LOGPROB], pg_delta=batch[PG_DELTA] / scale, rho_bar=opts.rho_bar,
-            vf_coef=opts.vf_coef, entropy_coef=opts.entropy_bonus_coef,
+            pi_head=policy.pi_head, pi_logits=outputs["pi_logits"], vpred=outputs["vpred"], action=batch[F.ACTION],
+            behaviour_logprob=batch[F.LOGPROB], value_target=batch[F.VALUE_TARGET],
+            pg_delta=batch[PG_DELTA] / _value_scale(policy), rho_bar=opts.rho_bar, vf_coef=opts.vf_coef,
+            entropy_coef=opts.entropy_bonus_coef,
         )  # fmt: skip
 
-    # -- until the core owns the update loop (issue 17): a plain driver of estimate + compute_loss --
+    def iteration_metrics(self) -> dict[str, float]:
+        return dict(getattr(self, "_rho_metrics", {}))
 
-    def train(self, batch: dict) -> dict[str, float]:
-        tc = self.train_config
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate
-        batch = self.estimate(batch=batch)
-        n, per_batch, accum = batch[F.REWARD].shape[0], tc.batch_size_per_gpu, tc.gradient_accumulation
-        num_batches = math.ceil(n / per_batch)
-        totals = {k: 0.0 for k in METRICS}
-        grad_norms: list[float] = []
-        for _ in range(tc.epochs_per_iteration):
-            order = torch.randperm(n)
-            for b in range(num_batches):
-                rows = order[b * per_batch : (b + 1) * per_batch]
-                state = tree_index(batch[F.STATE_IN], rows)
-                spans = windows(batch[F.REWARD].shape[1], tc.context_length)
-                for window in spans:
-                    part = {c: slice_time(tree_index(batch[c], rows), window) for c in (F.OBS, F.ACTION, F.FIRST, F.RETURN, F.LOGPROB, PG_DELTA)}
-                    outputs, state_out = self.model(input=part[F.OBS], state_in=state, context={"first": part[F.FIRST]})
-                    loss, stats = self.compute_loss(batch=part, outputs=outputs)
-                    weight = (window.stop - window.start) / batch[F.REWARD].shape[1]
-                    (loss * weight / accum).backward()
-                    state = detach_state(state_out)
-                    for k in METRICS:
-                        totals[k] += float(stats[k]) * weight
-                if (b + 1) % accum == 0 or b == num_batches - 1:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
-                    if self.update_is_finite(grad_norm=grad_norm, loss_terms=stats):
-                        self.optimizer.step()
-                        grad_norms.append(grad_norm)
-                    self.optimizer.zero_grad(set_to_none=True)
-        count = tc.epochs_per_iteration * num_batches
-        metrics = {f"trainer/{k}": v / count for k, v in totals.items()}
-        metrics["trainer/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        metrics["trainer/vtrace_rho_mean"] = float(batch[RHO].mean())
-        metrics["trainer/vtrace_rho_clipfrac"] = float((batch[RHO] >= self.options.rho_bar).float().mean())
-        return metrics
 
-    def _all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.world_size > 1 and dist.is_available() and dist.is_initialized()):
-            return x
-        parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts)
+def _value_scale(policy: nn.Module) -> float:
+    """How many return units one unit of the value head's output is (1 without a normaliser).
+
+    The policy gradient is taken in the head's normalised units, as PopArt-IMPALA does (Hessel et al.
+    2019), so one learning rate and entropy weight suit CartPole's returns and Crafter's alike."""
+    head = policy.value_head
+    if not hasattr(head, "denormalize"):
+        return 1.0
+    unit = torch.tensor([0.0, 1.0], device=next(head.parameters()).device)
+    return float(head.denormalize(unit).diff())
 
 
 @mineonline_core.hookimpl

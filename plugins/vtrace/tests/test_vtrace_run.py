@@ -24,7 +24,7 @@ CONFIG = {
     "train_config": {
         "num_workers": 1, "num_iterations": 6, "batch_size_per_gpu": 2, "batches_per_iteration": 2,
         "gradient_accumulation": 1, "context_length": 16, "save_interval": 3, "record_video_interval": 0,
-        "learning_rate": 1e-3, "discount": 0.99,
+        "learning_rate": 1e-3, "discount": 0.99, "rho_bar": 1.0, "c_bar": 1.0, "entropy_bonus_coef": 0.01,  # V-trace keys
     },
     "logger_config": {"loggers": []},
 }  # fmt: skip

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from mineonline_core.config import OnlineConfig
+from mineonline_core.config.messages import validate_trainer_options
+from mineonline_core.errors import ConfigError
 from mineonline_core.contracts import fragment as F
 from mineonline_core.testing.kit import TinyGRUPolicy, cartpole, chunks_of, mlp_policy, rollout_fragments, time_limited_counting
 from mineonline_core.trainer.batch import assemble_chunks, denormalized_value
@@ -72,7 +74,8 @@ def test_an_iteration_moves_the_value_towards_the_vtrace_targets(tmp_path):
                            epochs_per_iteration=4, batch_size_per_gpu=4, batches_per_iteration=1)  # fmt: skip
     batch = chunks(trainer.policy, env_fn=lambda i: cartpole(12))
     before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
-    metrics = trainer.train(batch)  # adds the iteration's targets (return = v_s) and values to the batch
+    batch = trainer.estimate(batch=batch)  # the iteration's targets (return = v_s) and values, before the update
+    metrics = {**trainer.train(batch), **trainer.iteration_metrics()}
     assert all(math.isfinite(v) for v in metrics.values())
     assert {"trainer/policy_loss", "trainer/value_loss", "trainer/entropy", "trainer/vtrace_rho_mean"} <= set(metrics)
     assert all(not torch.equal(before[k], v) for k, v in trainer.policy.named_parameters())
@@ -81,3 +84,11 @@ def test_an_iteration_moves_the_value_towards_the_vtrace_targets(tmp_path):
     value_after = denormalized_value(trainer.policy, latents["vpred"])
     error_before = (batch[F.VALUE] - batch[F.RETURN]).pow(2).mean()
     assert (value_after - batch[F.RETURN]).pow(2).mean() < 0.8 * error_before
+
+
+@pytest.mark.parametrize("key,value", [("rho_bar", 0.0), ("c_bar", -1.0), ("ppo_clip", 0.2)])
+def test_bad_options_name_the_key(key, value):
+    """A non-positive truncation level, or a PPO-only key under trainer_name: VTraceTrainer, is refused."""
+    train_config = OnlineConfig(trainer_name="VTraceTrainer", train_config={key: value}).train_config
+    with pytest.raises(ConfigError, match=f"train_config.{key}"):
+        validate_trainer_options(VTraceTrainer, train_config)
