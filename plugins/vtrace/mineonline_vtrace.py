@@ -160,8 +160,8 @@ class VTraceTrainer(BaseTrainer):
     @torch.no_grad()
     def estimate(self, *, batch: dict[str, Any]) -> dict[str, Any]:
         """Add ``value`` (V(x_s)), ``return`` (v_s, what the core's loop regresses the value head on),
-        ``advantage`` (the §4.2 advantage) and ``vtrace_rho`` to the batch, from the current network
-        run over whole chunks."""
+        ``advantage`` (the §4.2 advantage), ``vtrace_rho`` and ``vtrace_pg_delta`` to the batch, from
+        the current network run over whole chunks."""
         opts = self.options
         current = self.current_policy_outputs(batch=batch)
         targets = vtrace(
