@@ -21,7 +21,6 @@ other hook has a default: ``estimate``, ``setup_model_and_optimizer``, ``init_po
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections import deque
@@ -32,23 +31,21 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import ray
 import torch
-import yaml
 from pydantic import BaseModel
 from torch import nn
 
 from mineonline_core.config._fields import Section
 from mineonline_core.config.messages import validate_trainer_options
 from mineonline_core.config.secrets import public_config, redact_text
-from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
-from mineonline_core.runtime.finite import UpdateGuard, require_finite
+from mineonline_core.errors import ConfigError
+from mineonline_core.runtime.finite import UpdateGuard
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer import recovery
+from mineonline_core.trainer.driver import DriverSide
 from mineonline_core.trainer.fetch import ChunkFetching, _Fetcher
-from mineonline_core.trainer.goals import BEST_DIR, Goals, replace_best
-from mineonline_core.trainer.sequence import unwrap
+from mineonline_core.trainer.goals import Goals
+from mineonline_core.trainer.publish import Publishing
 from mineonline_core.trainer.update import UpdateLoop
-
-log = logging.getLogger(__name__)
 
 _LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
          "_fetcher", "reference", "_reference_ref", "update_guard")
@@ -59,7 +56,7 @@ class TrainerOptions(Section):
     Unknown keys are errors and NaN/inf are never valid numbers, as in the core's sections."""
 
 
-class BaseTrainer(ChunkFetching, UpdateLoop):
+class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
     """Subclass, set ``name`` and ``Config``, implement ``compute_loss``; see the module doc."""
 
     name: ClassVar[str] = ""
@@ -193,78 +190,6 @@ class BaseTrainer(ChunkFetching, UpdateLoop):
             state = ckpt.load_checkpoint(self.train_config.resume)
             ckpt.check_compatible(policy, state["model"], source=str(state["path"]))
 
-    def uses_ray_train(self) -> bool:
-        """Ray Train for several ranks or GPUs (or when asked); otherwise the driver's process."""
-        tc = self.train_config
-        if tc.use_ray_train is not None:
-            return tc.use_ray_train
-        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0
-
-    def fit(self) -> dict:
-        """Run every iteration, on Ray Train ranks or in this process; return the final metrics."""
-        self.preflight()
-        self._fit_started, self.restarts = time.time(), 0
-        if not self.uses_ray_train():
-            return self._fit_in_process()
-        from ray.train import RunConfig, ScalingConfig
-        from ray.train.torch import TorchConfig, TorchTrainer
-
-        tc = self.train_config
-        use_gpu = tc.num_gpus_per_worker > 0
-        resources = {"CPU": tc.num_cpus_per_worker, **({"GPU": tc.num_gpus_per_worker} if use_gpu else {})}
-        while True:  # one Ray Train run per attempt; see trainer/recovery.py for why not FailureConfig
-            trainer = TorchTrainer(
-                self._train_func,
-                scaling_config=ScalingConfig(num_workers=tc.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
-                torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-                run_config=RunConfig(storage_path=str(Path(self.run_dir) / "ray_train"), name=f"train-{self.restarts}"),
-            )  # fmt: skip
-            try:
-                return self._final_metrics(trainer.fit().metrics)
-            except Exception as exc:
-                user_error = find_user_error(exc)
-                if user_error is not None:
-                    raise user_error from exc
-                if not recovery.is_rank_death(exc) or self.restarts >= tc.max_trainer_restarts:
-                    limit = f" after {self.restarts} restart(s) (train_config.max_trainer_restarts={tc.max_trainer_restarts})"
-                    raise RunFailedError(f"Training failed on a Ray Train worker{limit}: {exc}") from exc
-                self.restarts += 1
-                log.warning("a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
-                            str(exc).strip().splitlines()[-1][:200], self.restarts, tc.max_trainer_restarts)  # fmt: skip
-
-    def _fit_in_process(self) -> dict:
-        """The single-rank loop in this process: what a Ray Train rank runs, without the seconds of
-        start-up of its controller, placement group, worker group and process group."""
-        threads = torch.get_num_threads()
-        # As Ray Train gives a rank (OMP_NUM_THREADS): more threads than reserved CPUs spin
-        # against the rollout workers for the same cores.
-        torch.set_num_threads(max(1, int(self.train_config.num_cpus_per_worker)))
-        self.in_process = True
-        try:
-            self._train_func()
-        except Exception as exc:
-            raise find_user_error(exc) or RunFailedError(f"Training failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            torch.set_num_threads(threads)
-        return self._final_metrics(self.last_metrics)
-
-    def _final_metrics(self, reported: dict | None) -> dict:
-        """The last iteration's metrics plus ``iteration`` and ``version`` (the run's end point)."""
-        # Ray Train v2 keeps metrics only alongside checkpoints; the hub has the latest of everything.
-        metrics = dict(reported or {})
-        if not metrics and self.logger_hub is not None:
-            latest = ray.get(self.logger_hub.latest.remote())
-            metrics = {k: v for k, v in latest.items() if k.startswith(("trainer/", "perf/"))}
-        # Every run ends with a checkpoint of its last iteration: the authoritative end point (the
-        # hub's copy of the last metrics may still be in flight).
-        last = ckpt.latest_checkpoint(self.save_dir)
-        if last is not None:
-            state = torch.load(last / "trainer.pt", map_location="cpu", weights_only=True)
-            metrics.update({"trainer/iteration": state["iteration"], "trainer/version": state["version"]})
-        metrics["iteration"] = int(metrics.get("trainer/iteration", 0))
-        metrics["version"] = int(metrics.get("trainer/version", 0))
-        return metrics
-
     # -- rank side ------------------------------------------------------------------------------
 
     def setup_rank(self, *, local: bool = False) -> None:
@@ -393,76 +318,6 @@ class BaseTrainer(ChunkFetching, UpdateLoop):
         if self.rank == 0 and self.goals.active and self.logger_hub is not None:
             self._judge_goals(ray.get(self.logger_hub.latest.remote()))
         return metrics
-
-    def _judge_goals(self, latest: dict[str, float]) -> None:
-        """Rank 0: keep a new best checkpoint; note a reached stop criterion for ``_stop_requested``."""
-        best = self.goals.improved(latest)
-        if best is not None:
-            root = self.save_dir / BEST_DIR
-            written = self._write_checkpoint(root, keep_interval=None)
-            replace_best(root, written, {"iteration": self.iteration, "episode/return_mean": best, "env_steps": self.env_steps})
-        self._goal_reached = self.goals.stop_reason(latest)
-        if self._goal_reached is not None:
-            print(f"mineonline: stopping after iteration {self.iteration}: {self._goal_reached}", flush=True)
-
-    def broadcast_model_to_rollout_workers(self, new_version: bool) -> None:
-        """Bump the version (every rank) and publish the weights (rank 0, without waiting)."""
-        if new_version:
-            self.version += 1
-        if self.rank == 0:
-            self._publish_weights()
-
-    def reference_changed(self) -> None:
-        """The reference's weights changed: the next broadcast sends them to the rollout workers."""
-        self._reference_ref = None
-
-    def _publish_weights(self) -> None:
-        weights = {k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()}
-        require_finite(weights, what="broadcast to the rollout workers")
-        refs = [self._put_weights(weights)]
-        if self.reference is not None:
-            if self._reference_ref is None:
-                self._reference_ref = self._put_weights({k: v.detach().cpu().numpy() for k, v in self.reference.state_dict().items()})
-            refs.append(self._reference_ref)
-        # Straight to the workers this rank knows: one actor hop between the put and each worker's
-        # get, not two. The manager records the weights (for restarted workers), tells the buffer
-        # the version, and forwards them only when this rank has no worker handles.
-        for worker in self._workers:
-            worker.update_weights.remote(refs, self.version)
-        self.rollout_manager.update_weights.remote(refs, self.version, forward=not self._workers)
-
-    def _put_weights(self, weights: dict[str, np.ndarray]) -> Any:
-        # Owned by this rank (Ray >= 2.56 has no ``_owner``): workers fetch it while training runs.
-        return ray.put(weights)
-
-    def _log(self, metrics: dict[str, float], batch: dict) -> None:
-        if self.logger_hub is None:
-            return
-        # The step is fixed here, not when the hub gets to the call, so that the checkpoint of this
-        # iteration records exactly the step its metrics carry (a resume continues from it).
-        self.env_steps = int(ray.get(self.logger_hub.env_steps.remote()))
-        columns = {"trainer/advantages": "advantage", "trainer/values": "value", "trainer/staleness": "staleness"}
-        histograms = {key: batch[column].detach().float().cpu().numpy().ravel() for key, column in columns.items()}
-        self.logger_hub.log_batch.remote(metrics, histograms, self.env_steps)  # one actor task per iteration
-
-    def save_checkpoint(self) -> Path | None:
-        """Rank 0 writes the checkpoint of the current iteration; every rank then runs ``on_checkpoint``."""
-        path = self._write_checkpoint(self.save_dir, keep_interval=self.train_config.keep_interval) if self.rank == 0 else None
-        self.on_checkpoint(path)
-        return path
-
-    def _write_checkpoint(self, root: Path, *, keep_interval: int | None) -> Path:
-        model_state = unwrap(self.model).state_dict()
-        require_finite(model_state, what="checkpointed")
-        return ckpt.save_checkpoint(
-            root, iteration=self.iteration, model_state=model_state,
-            optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
-            trainer_state={"version": self.version, "learning_rate": self.learning_rate,
-                           "env_steps": self.env_steps, "best_return": self.goals.best_return, "extra": self.trainer_state()},
-            config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False), source_text=self.whole_config,
-            keep_interval=keep_interval,
-        )  # fmt: skip
-
 
 def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)

@@ -1,0 +1,96 @@
+"""The driver side of ``BaseTrainer``: where the ranks run, and what a run returns.
+
+``fit`` runs the loop on Ray Train ranks (``TorchTrainer``, restarted from the latest checkpoint when a
+rank dies, see ``recovery.py``) or, for one CPU rank, in the driver's own process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import ray
+import torch
+
+from mineonline_core.errors import RunFailedError, find_user_error
+from mineonline_core.trainer import checkpoint as ckpt
+from mineonline_core.trainer import recovery
+
+log = logging.getLogger(__name__)
+
+
+class DriverSide:
+    """``BaseTrainer``'s ``fit``: Ray Train ranks or the driver's process."""
+
+    def uses_ray_train(self) -> bool:
+        """Ray Train for several ranks or GPUs (or when asked); otherwise the driver's process."""
+        tc = self.train_config
+        if tc.use_ray_train is not None:
+            return tc.use_ray_train
+        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0
+
+    def fit(self) -> dict:
+        """Run every iteration, on Ray Train ranks or in this process; return the final metrics."""
+        self.preflight()
+        self._fit_started, self.restarts = time.time(), 0
+        if not self.uses_ray_train():
+            return self._fit_in_process()
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        tc = self.train_config
+        use_gpu = tc.num_gpus_per_worker > 0
+        resources = {"CPU": tc.num_cpus_per_worker, **({"GPU": tc.num_gpus_per_worker} if use_gpu else {})}
+        while True:  # one Ray Train run per attempt; see trainer/recovery.py for why not FailureConfig
+            trainer = TorchTrainer(
+                self._train_func,
+                scaling_config=ScalingConfig(num_workers=tc.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
+                torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+                run_config=RunConfig(storage_path=str(Path(self.run_dir) / "ray_train"), name=f"train-{self.restarts}"),
+            )  # fmt: skip
+            try:
+                return self._final_metrics(trainer.fit().metrics)
+            except Exception as exc:
+                user_error = find_user_error(exc)
+                if user_error is not None:
+                    raise user_error from exc
+                if not recovery.is_rank_death(exc) or self.restarts >= tc.max_trainer_restarts:
+                    limit = f" after {self.restarts} restart(s) (train_config.max_trainer_restarts={tc.max_trainer_restarts})"
+                    raise RunFailedError(f"Training failed on a Ray Train worker{limit}: {exc}") from exc
+                self.restarts += 1
+                log.warning("a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
+                            str(exc).strip().splitlines()[-1][:200], self.restarts, tc.max_trainer_restarts)  # fmt: skip
+
+    def _fit_in_process(self) -> dict:
+        """The single-rank loop in this process: what a Ray Train rank runs, without the seconds of
+        start-up of its controller, placement group, worker group and process group."""
+        threads = torch.get_num_threads()
+        # As Ray Train gives a rank (OMP_NUM_THREADS): more threads than reserved CPUs spin
+        # against the rollout workers for the same cores.
+        torch.set_num_threads(max(1, int(self.train_config.num_cpus_per_worker)))
+        self.in_process = True
+        try:
+            self._train_func()
+        except Exception as exc:
+            raise find_user_error(exc) or RunFailedError(f"Training failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            torch.set_num_threads(threads)
+        return self._final_metrics(self.last_metrics)
+
+    def _final_metrics(self, reported: dict | None) -> dict:
+        """The last iteration's metrics plus ``iteration`` and ``version`` (the run's end point)."""
+        # Ray Train v2 keeps metrics only alongside checkpoints; the hub has the latest of everything.
+        metrics = dict(reported or {})
+        if not metrics and self.logger_hub is not None:
+            latest = ray.get(self.logger_hub.latest.remote())
+            metrics = {k: v for k, v in latest.items() if k.startswith(("trainer/", "perf/"))}
+        # Every run ends with a checkpoint of its last iteration: the authoritative end point (the
+        # hub's copy of the last metrics may still be in flight).
+        last = ckpt.latest_checkpoint(self.save_dir)
+        if last is not None:
+            state = torch.load(last / "trainer.pt", map_location="cpu", weights_only=True)
+            metrics.update({"trainer/iteration": state["iteration"], "trainer/version": state["version"]})
+        metrics["iteration"] = int(metrics.get("trainer/iteration", 0))
+        metrics["version"] = int(metrics.get("trainer/version", 0))
+        return metrics
