@@ -76,7 +76,7 @@ def test_wheels_install_into_a_fresh_venv_and_train(tmp_path: Path) -> None:
                  cwd=work, env=env)  # fmt: skip
     assert all(line.startswith(str(venv)) for line in where.split()), where
     listing = _run([str(venv / "bin" / "mineonline"), "plugins"], cwd=work, env=env)
-    for component in ("PPOTrainer", "ReinforceTrainer", "lmdb", "memory", "wandb", "vpt", "cnn_gru", "crafter", "gymnasium"):
+    for component in ("PPOTrainer", "VTraceTrainer", "ReinforceTrainer", "lmdb", "memory", "wandb", "vpt", "cnn_gru", "crafter", "gymnasium"):
         assert component in listing, listing
     assert "failed to load" not in listing, listing
     assert "mineonline-ppo 0.1.0" in listing and "mineonline-lmdb-buffer 0.1.0" in listing
