@@ -140,7 +140,7 @@ def format_status(run: str, actors: list[str], status: dict[str, Any] | str) -> 
         fields = {"workers": _count(status.get("workers")), "buffer": buffer,
                   "version": status.get("version"), "env_steps": status.get("env_steps")}  # fmt: skip
         head = "  ".join(f"{k}={v}" for k, v in fields.items() if v is not None) or "status: " + repr(status)
-    short = ", ".join(split_name(name)[1] for name in actors)
+    short = ", ".join((split_name(name) or (run, name))[1] for name in actors)
     return f"{run}  {head}  actors: {short}"
 
 
