@@ -131,7 +131,8 @@ def test_a_class_that_is_not_a_component_is_refused_naming_the_plugin_and_the_ba
     base_module, base = BASE_CLASSES[kind]
     message = str(info.value)
     assert "mineonline-bogus 0.3 (plugin 'bogus')" in message and "NotAComponent" in message
-    assert f"does not subclass {base_module}.{base}" in message and "'name'" not in message and "'Config'" not in message
+    assert f"does not subclass {base_module}.{base}" in message and "'Config' is not a pydantic model" in message
+    assert "no string class attribute 'name'" not in message  # it has one
     assert "Bogus" not in plugin_manager.registries[kind] and not plugin_manager.is_registered(module)  # none of it
 
 
