@@ -297,13 +297,19 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
         finally:
             done.set()
 
-    threading.Thread(target=fit, name="mineonline-trainer", daemon=True).start()
+    trainer_thread = threading.Thread(target=fit, name="mineonline-trainer", daemon=True)
     display = Progress(cfg.train_config.num_iterations, enabled=progress)
     watchdog = ProgressWatchdog(timeout=cfg.progress_timeout)
     stopping = False
     try:
         while not done.is_set():
             try:
+                # Started here, under the Ctrl-C handler: a CartPole trainer finishes iterations within
+                # milliseconds, and a Ctrl-C that arrived while the display was being set up (the thread
+                # already running) left the trainer going through the whole teardown. Once started, the
+                # thread has an ident, so a Ctrl-C inside start() never starts it twice.
+                if trainer_thread.ident is None:
+                    trainer_thread.start()
                 done.wait(timeout=1.0)
                 latest = _checked(hub.latest, "logging actor (LoggerHub)")
                 display.update(latest)
