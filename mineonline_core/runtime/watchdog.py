@@ -92,9 +92,17 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def sigterm_as_ctrl_c() -> Callable[[], None]:
-    """Make SIGTERM raise ``KeyboardInterrupt`` in the main thread; returns the function that restores
-    the previous handler. Outside the main thread (a driver embedded in another program) it does nothing."""
+    """Make SIGTERM and SIGINT raise ``KeyboardInterrupt`` in the main thread; returns the function that
+    restores the previous handlers. SIGINT is set too because a process can inherit it ignored: a
+    non-interactive shell starts background jobs that way (CI scripts, ``cmd &``), and Python then installs
+    no Ctrl-C handler, so ``kill -INT`` did nothing. Outside the main thread (a driver embedded in another
+    program) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    return restore
