@@ -12,7 +12,7 @@ import pytest
 import ray
 import torch
 
-from mineonline_core.testing.kit import cartpole, chunks_of, ddp_train_step, mlp_policy, rollout_fragments
+from mineonline_core.testing.kit import cartpole, chunks_of, ddp_fit, ddp_train_step, mlp_policy, rollout_fragments
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "examples" / "custom_trainer"
@@ -35,22 +35,6 @@ def ray_with_example():
         os.environ["PYTHONPATH"] = previous
 
 
-def _fit(tmp_path: Path, online: dict, batch_path: Path, tag: str) -> dict:
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    out = tmp_path / f"params_{tag}.pt"
-    TorchTrainer(
-        ddp_train_step,
-        train_loop_config={"trainer_cls": TRAINER, "online": online, "batch_path": str(batch_path), "out_path": str(out),
-                           "run_dir": str(tmp_path)},  # fmt: skip
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(storage_path=str(tmp_path / "ray_train"), name=tag),
-    ).fit()
-    return torch.load(out, weights_only=True)
-
-
 def test_reinforce_example_trains_with_ddp_accumulation_and_amp(tmp_path, ray_with_example, monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLE_DIR))
     torch.manual_seed(0)
@@ -67,11 +51,11 @@ def test_reinforce_example_trains_with_ddp_accumulation_and_amp(tmp_path, ray_wi
     ddp_train_step({"trainer_cls": TRAINER, "online": online(4), "batch_path": str(batch_path),
                     "out_path": str(tmp_path / "one.pt"), "run_dir": str(tmp_path), "local": True})  # fmt: skip
     one = torch.load(tmp_path / "one.pt", weights_only=True)
-    two = _fit(tmp_path, online(2), batch_path, "two")
+    two, _ = ddp_fit(trainer_cls=TRAINER, online=online(2), batch_path=str(batch_path), run_dir=str(tmp_path), tag="two")
     initial = mlp_policy().state_dict()
     assert not torch.equal(one["actor.0.weight"], initial["actor.0.weight"])  # it did train
     for name in one:
         assert torch.allclose(one[name], two[name], atol=1e-6), (name, (one[name] - two[name]).abs().max())
-    amp = _fit(tmp_path, online(2, amp=True), batch_path, "amp")
+    amp, _ = ddp_fit(trainer_cls=TRAINER, online=online(2, amp=True), batch_path=str(batch_path), run_dir=str(tmp_path), tag="amp")
     assert all(torch.isfinite(v).all() for v in amp.values())
     assert not torch.equal(amp["actor.0.weight"], initial["actor.0.weight"])

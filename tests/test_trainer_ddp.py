@@ -9,7 +9,7 @@ import pytest
 import ray
 import torch
 
-from mineonline_core.testing.kit import cartpole, chunks_of, ddp_train_step, mlp_policy, rollout_fragments
+from mineonline_core.testing.kit import cartpole, chunks_of, ddp_fit, ddp_train_step, mlp_policy, rollout_fragments
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 
 
@@ -18,23 +18,6 @@ def ray_local():
     ray.init(num_cpus=2, address="local", include_dashboard=False)
     yield
     ray.shutdown()
-
-
-def _fit(tmp_path, num_workers, online, batch_path, tag):
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    out = tmp_path / f"params_{tag}.pt"
-    trainer = TorchTrainer(
-        ddp_train_step,
-        train_loop_config={"trainer_cls": "mineonline_ppo:PPOTrainer", "online": online, "batch_path": str(batch_path),
-                           "out_path": str(out), "run_dir": str(tmp_path)},  # fmt: skip
-        scaling_config=ScalingConfig(num_workers=num_workers, resources_per_worker={"CPU": 0.5}),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(storage_path=str(tmp_path / "ray_train"), name=tag),
-    )
-    result = trainer.fit()
-    return torch.load(out, weights_only=True), result.metrics
 
 
 def test_two_ranks_equal_one_rank(tmp_path, ray_local):
@@ -52,7 +35,8 @@ def test_two_ranks_equal_one_rank(tmp_path, ray_local):
     ddp_train_step({"trainer_cls": "mineonline_ppo:PPOTrainer", "online": {"train_config": {**common, "batch_size_per_gpu": 4}},
                     "batch_path": str(batch_path), "out_path": str(tmp_path / "one.pt"), "run_dir": str(tmp_path), "local": True})
     one = torch.load(tmp_path / "one.pt", weights_only=True)
-    two, _ = _fit(tmp_path, 2, {"train_config": {**common, "batch_size_per_gpu": 2}}, batch_path, "two")
+    two, _ = ddp_fit(trainer_cls="mineonline_ppo:PPOTrainer", online={"train_config": {**common, "batch_size_per_gpu": 2}},
+                     batch_path=str(batch_path), run_dir=str(tmp_path), tag="two")  # fmt: skip
     initial = mlp_policy().state_dict()
     assert not torch.equal(one["actor.0.weight"], initial["actor.0.weight"])  # it did train
     assert not torch.equal(one["value_head.normalizer.running_mean"], initial["value_head.normalizer.running_mean"])

@@ -316,3 +316,23 @@ def ddp_train_step(config: dict) -> None:
         torch.save({k: v.detach().cpu() for k, v in trainer.policy.state_dict().items()}, config["out_path"])
     if not config.get("local", False):
         ray.train.report(metrics)
+
+
+def ddp_fit(*, trainer_cls: str, online: dict, batch_path: str, run_dir: str, tag: str, num_workers: int = 2) -> tuple[dict, dict]:
+    """``ddp_train_step`` on ``num_workers`` Ray Train ranks (gloo, half a CPU each); returns rank 0's
+    parameters and the reported metrics. Ray must be initialised."""
+    from pathlib import Path
+
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    out = Path(run_dir) / f"params_{tag}.pt"
+    result = TorchTrainer(
+        ddp_train_step,
+        train_loop_config={"trainer_cls": trainer_cls, "online": online, "batch_path": batch_path, "out_path": str(out),
+                           "run_dir": run_dir},  # fmt: skip
+        scaling_config=ScalingConfig(num_workers=num_workers, resources_per_worker={"CPU": 0.5}),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=RunConfig(storage_path=str(Path(run_dir) / "ray_train"), name=tag),
+    ).fit()
+    return torch.load(out, weights_only=True), result.metrics
