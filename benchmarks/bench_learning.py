@@ -13,6 +13,9 @@ and its leaderboard do. The per-achievement success table goes to stderr; stdout
     python benchmarks/bench_learning.py --quick      # seed 0, 20k steps: a smoke run of the harness
     python benchmarks/bench_learning.py --env crafter --steps 1000000 --seeds 0 --memory 10
                                                      # also samples every process's RSS every 10 s
+    python benchmarks/bench_learning.py --env crafter --config examples/crafter_ppo_resnet.py --steps 1000000 \\
+        --seeds 0 --minutes 6 train_config.num_gpus_per_worker=0.5 rollout_config.num_rollout_workers=4 \\
+        rollout_config.num_gpus_per_worker=0.1       # stops at 6 minutes (a GPU lease) and scores the steps reached
 
 The all-episode rates come from the run's ``crafter/all_episodes/*`` metrics (``rollout/stats.py``),
 logged every 10 episodes: the last record at or before the budget stands for the budget, missing at
@@ -43,9 +46,10 @@ from mineonline_core.runtime.names import LOGGER_HUB, NAMESPACE, ROLLOUT_MANAGER
 
 
 def _monitor(run_name: str, *, target: float | None, budget: int, min_episodes: int, done: threading.Event, seen: dict,
-             memory_interval: float | None = None) -> None:
-    """Poll the run's hub; ask the manager to stop once the target is reached or the budget spent.
-    With ``memory_interval``, also sample every process's RSS into ``seen["memory"]``."""
+             memory_interval: float | None = None, deadline: float | None = None) -> None:
+    """Poll the run's hub; ask the manager to stop once the target is reached, the budget spent or the
+    ``deadline`` (``time.monotonic()``) passed. With ``memory_interval``, also sample every process's RSS
+    into ``seen["memory"]``."""
     import ray
     from bench_memory import sample
 
@@ -69,8 +73,9 @@ def _monitor(run_name: str, *, target: float | None, budget: int, min_episodes: 
             next_sample = time.monotonic() + memory_interval
             seen.setdefault("memory", []).append((time.monotonic() - start, sample()))
         reached = target is not None and ret is not None and ret >= target and latest.get("episode/count", 0) >= min_episodes
-        if reached or steps >= budget:
-            seen["stopped_at"] = steps
+        out_of_time = deadline is not None and time.monotonic() >= deadline
+        if reached or steps >= budget or out_of_time:
+            seen["stopped_at"], seen["out_of_time"] = steps, out_of_time and steps < budget
             manager.request_stop.remote()
             return
 
@@ -93,14 +98,15 @@ def _last_metric(run_dir: Path, key: str) -> float | None:
 
 
 def run_one(source: str, seed: int, out: str, *, target: float | None, budget: int, overrides: list[str],
-            memory_interval: float | None = None) -> dict:
+            memory_interval: float | None = None, minutes: float | None = None) -> dict:
     from mineonline_core.runtime.api import run
 
     run_name = f"bench-{Path(source).stem}-seed{seed}-{os.getpid()}"
     done, seen = threading.Event(), {}
+    deadline = time.monotonic() + 60 * minutes if minutes else None
     thread = threading.Thread(target=_monitor, args=(run_name,), daemon=True,
                               kwargs=dict(target=target, budget=budget, min_episodes=20, done=done, seen=seen,
-                                          memory_interval=memory_interval))  # fmt: skip
+                                          memory_interval=memory_interval, deadline=deadline))  # fmt: skip
     thread.start()
     start = time.perf_counter()
     try:
@@ -112,7 +118,8 @@ def run_one(source: str, seed: int, out: str, *, target: float | None, budget: i
     run_dir = Path(result["run_dir"])
     summary = result.get("summary", {})
     row = {"seed": seed, "wall_s": round(wall, 1), "env_steps": int(summary.get("env_steps", seen.get("stopped_at", 0))),
-           "iterations": _last_metric(run_dir, "trainer/iteration"), "final_return_mean": _last_metric(run_dir, "episode/return_mean")}  # fmt: skip
+           "iterations": _last_metric(run_dir, "trainer/iteration"), "final_return_mean": _last_metric(run_dir, "episode/return_mean"),
+           "env_steps_per_s": _last_metric(run_dir, "rollout/env_steps_per_s"), "out_of_time": bool(seen.get("out_of_time"))}  # fmt: skip
     score = _last_metric(run_dir, "crafter/score")
     if score is not None:
         row["final_crafter_score"] = score
@@ -187,6 +194,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="env-step budget (150k CartPole, 200k Crafter)")
     parser.add_argument("--config", default=None, help="config file (default: examples/cartpole.yaml or examples/crafter.py)")
     parser.add_argument("--quick", action="store_true", help="seed 0 and a 20k-step budget")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="wall-clock cap per seed: stop there and score the steps reached (a lease's limit)")
     parser.add_argument("--memory", type=float, default=None, metavar="SECONDS", help="sample every process's RSS this often")
     parser.add_argument("overrides", nargs="*", help="OmegaConf dotlist overrides")
     args = parser.parse_args()
@@ -208,7 +217,7 @@ def main() -> None:
     source = args.config or str(ROOT / "examples" / ("cartpole.yaml" if cartpole else "crafter.py"))
     out = tempfile.mkdtemp(prefix="bench_learning_")
     rows = [run_one(source, seed, out, target=475.0 if cartpole else None, budget=budget, overrides=args.overrides,
-                   memory_interval=args.memory)
+                   memory_interval=args.memory, minutes=args.minutes)
             for seed in args.seeds]  # fmt: skip
     ray.shutdown()
     report: dict = {"env": args.env, "budget_env_steps": budget, "seeds": rows, "config": source,

@@ -60,7 +60,9 @@ def _config(env: str, trainer: str, staleness: int) -> Any:
     if source is None:
         return online
     module = types.ModuleType(f"bench_vtrace_{env}")
-    module.env_generator, module.policy_generator, module.online_dict = source.env_generator, source.policy_generator, online
+    # The example may name its policy in policy_config rather than define a policy_generator.
+    module.env_generator, module.online_dict = source.env_generator, online
+    module.policy_generator = getattr(source, "policy_generator", None)
     return module
 
 

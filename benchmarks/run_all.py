@@ -41,6 +41,8 @@ PLAN: dict[str, tuple[list[str], int]] = {
     "bench_e2e.py": (["--workloads", "cartpole=40,cartpole-inline=40,crafter=8", "--timeout", "150"], 570),
     "bench_memory.py": (["--minutes", "2"], 240),
     "bench_vpt.py": ([], 150),
+    # Issue 19: which Crafter networks a 2-core machine can train for 1M steps (Moon et al.'s ResNet takes ~2 min here).
+    "bench_policy_cost.py": (["--repeats", "2"], 300),
     # MineStudio's cow example end to end on the real MinecraftSim (fake engine), small VPT weights.
     "bench_minestudio.py": (["--iterations", "2"], 300),
     # One seed fits the 30-minute set; the 3-seed learning figure is `bench_learning.py --seeds 0 1 2` (~10 min).

@@ -1,12 +1,29 @@
-"""Crafter with PPO and a recurrent CNN policy: a MineStudio-style config module.
+"""Crafter with PPO on a 2-core laptop: Moon et al.'s tuned PPO settings with the Nature CNN.
 
-``mineonline run examples/crafter.py`` reads the same three names as MineStudio's ``run.py``:
-``env_generator``, ``policy_generator`` and ``online_dict``. It fits a 2-core laptop: one rollout
-worker with 4 Crafter envs, one CPU train worker. ``make demo`` runs it for a short budget
-(30 iterations, see ``DEMO_OVERRIDES`` in the Makefile); ``benchmarks/bench_learning.py --env crafter`` measures it.
+``mineonline run examples/crafter.py`` reads the names MineStudio's ``run.py`` reads: ``env_generator``
+and ``online_dict`` (the policy is named in ``policy_config``, so that its width is an override away).
+
+The settings are those of the tuned PPO of Moon et al. (NeurIPS 2023): 8 envs x 512 steps per
+iteration, 3 epochs x 8 minibatches, Adam with lr 3e-4, entropy bonus 0.01, gamma 0.95, GAE lambda
+0.65, advantages normalised over the whole batch, normalised value targets. The network is
+Stable-Baselines3's ``CnnPolicy`` (the core's ``cnn``) in place of their IMPALA-ResNet, whose
+cheapest useful width still costs 10 times the CNN's training time on this CPU
+(``crafter_ppo_resnet.py`` is the published recipe, for a GPU).
+
+How it maps here: an iteration trains on 64 chunks of 64 steps (4096 steps, as 8 envs x 512), split
+into 8 minibatches of 8 chunks for 3 epochs. With gamma 0.95 and lambda 0.65 the advantages look about
+3 steps ahead, and each chunk's last step bootstraps from the next observation's value, so cutting at
+64 steps changes no advantage. Collection runs beside training, so a chunk may be one model version
+old (``max_staleness`` 1); each chunk is trained in one iteration only. The run ends at 1M env steps,
+the Crafter paper's budget.
+
+Crafter score over all training episodes up to 1M env steps (the paper's rule), on this project's
+2-core machine: see benchmarks/RESULTS.md, issue 19 (about 45 minutes a run)::
+
+    python benchmarks/bench_learning.py --env crafter --steps 1000000 --seeds 0 1 2
+
+``make demo`` runs the first 6 iterations (``DEMO_OVERRIDES`` in the Makefile).
 """
-
-from mineonline_core.builtin.models import RecurrentCNNPolicy
 
 
 def env_generator():
@@ -18,26 +35,23 @@ def env_generator():
     return CrafterAchievements(adapt_env(crafter.Env(size=(64, 64), length=10000)))
 
 
-def policy_generator():
-    return RecurrentCNNPolicy(image_shape=(64, 64, 3), num_actions=17, channels=[32, 64, 64], hidden_size=256)
-
-
 online_dict = {
     "trainer_name": "PPOTrainer",
+    "policy_config": {"name": "cnn"},
     "detach_rollout_manager": False,
     "rollout_config": {
         "num_rollout_workers": 1,
         "num_gpus_per_worker": 0.0,
         "num_cpus_per_worker": 0.5,
         "fragment_length": 64,
-        "to_send_queue_size": 4,
-        "worker_config": {"num_envs": 4, "batch_size": 4, "restart_interval": 0, "video_fps": 10, "video_output_dir": "videos"},
+        "to_send_queue_size": 8,
+        "worker_config": {"num_envs": 8, "batch_size": 8, "restart_interval": 0, "video_fps": 10, "video_output_dir": "videos"},
         "replay_buffer_config": {
             "max_chunks": 256,
-            "max_reuse": 2,
-            "max_staleness": 2,
-            "fragments_per_report": 40,
-            "fragments_per_chunk": 2,  # 128-step sequences, trained from the first fragment's state_in
+            "max_reuse": 1,  # the 3 passes over a chunk are the epochs of its iteration
+            "max_staleness": 1,
+            "fragments_per_report": 64,
+            "fragments_per_chunk": 1,
             "database_config": {"backend": "memory"},
         },
         "episode_statistics_config": {"window": 20},
@@ -46,38 +60,33 @@ online_dict = {
         "num_workers": 1,
         "num_gpus_per_worker": 0.0,
         "num_cpus_per_worker": 1.0,
-        "num_iterations": 400,  # 400 x 8 chunks x 128 steps ~ 400k steps of data (reused at most twice)
+        "num_iterations": 400,  # an upper bound: max_env_steps ends the run after about 245 iterations
+        "max_env_steps": 1_000_000,
         "vf_warmup": 0,
         "learning_rate": 3e-4,
         "anneal_lr_linearly": False,
         "weight_decay": 0.0,
-        "adam_eps": 1e-5,
-        "batch_size_per_gpu": 4,
-        "batches_per_iteration": 2,
+        "adam_eps": 1e-8,
+        "batch_size_per_gpu": 8,
+        "batches_per_iteration": 8,
         "gradient_accumulation": 1,
-        "epochs_per_iteration": 2,
+        "epochs_per_iteration": 3,
         "context_length": 64,
-        "discount": 0.99,
-        "gae_lambda": 0.95,
+        "discount": 0.95,
+        "gae_lambda": 0.65,
         "ppo_clip": 0.2,
         "clip_vloss": False,
         "max_grad_norm": 0.5,
-        "zero_initial_vf": True,
+        "zero_initial_vf": False,  # keep the policy's own value-head init
         "ppo_policy_coef": 1.0,
         "ppo_vf_coef": 0.5,
         "kl_divergence_coef_rho": 0.0,
         "entropy_bonus_coef": 0.01,
-        "coef_rho_decay": 0.9995,
-        "log_ratio_range": 50,
         "normalize_advantage_full_batch": True,
         "use_normalized_vf": True,
-        "save_interval": 50,
-        "keep_interval": 200,
+        "save_interval": 25,
+        "keep_interval": 125,
         "record_video_interval": 0,
-        "enable_ref_update": False,
-        "fix_decoder": False,
-        "resume": None,
-        "resume_optimizer": True,
         "save_path": "checkpoints",
         "use_amp": False,
     },

@@ -1,92 +1,28 @@
 """Crafter with the tuned PPO of Moon et al. (NeurIPS 2023), 15.6% Crafter score at 1M env steps.
 
-The published recipe: an IMPALA-ResNet encoder (channels 64/128/128, GroupNorm, dense 256 then 1024 with
-LayerNorm; the core's ``impala_resnet`` policy), 8 envs x 512 steps per iteration, 3 epochs x 8 minibatches,
-Adam with lr 3e-4, entropy bonus 0.01, gamma 0.95, GAE lambda 0.65, advantages normalised over the whole
-batch, value targets normalised by an EWMA with beta 0.99 (the policy's ``value_normalizer_beta``).
+``crafter.py``'s settings, which are theirs, with their network: an IMPALA-ResNet encoder (channels
+64/128/128, GroupNorm, dense 256 then 1024 with LayerNorm; the core's ``impala_resnet``) and value
+targets normalised by an EWMA with beta 0.99 (the policy's ``value_normalizer_beta``).
 
-How it maps here: an iteration trains on 64 chunks of 64 steps (4096 steps, as 8 envs x 512), split into
-8 minibatches of 8 chunks (512 steps) for 3 epochs. A minibatch holds 8 stretches of 64 consecutive steps
-instead of 512 steps drawn at random; with gamma 0.95 and lambda 0.65 the advantages look about 3 steps
-ahead, and each chunk's last step bootstraps from the next observation's value, so cutting at 64 steps
-changes no advantage. Collection runs beside training, so a chunk may be one model version old
-(``max_staleness`` 1) where the paper's loop alternates; each chunk is trained in one iteration only.
+The encoder costs about 0.5 GMAC per env step forward: at 1M steps it needs a GPU. On one H200 with 16
+cores, 4 rollout workers (inference on the GPU) and the learner on the same GPU collected 1.4k env
+steps/s (504k steps in 6.1 minutes); 8 workers, 2.8k (benchmarks/RESULTS.md, issue 19)::
 
-The full encoder costs about 0.5 GMAC per env step forward; at 1M steps it needs a GPU. A narrower
-encoder is an override away::
-
-    mineonline run examples/crafter_ppo_resnet.py train_config.num_gpus_per_worker=1
-    mineonline run examples/crafter_ppo_resnet.py 'policy_config.channels=[16,32,32]'
+    mineonline run examples/crafter_ppo_resnet.py train_config.num_gpus_per_worker=0.5 \\
+        rollout_config.num_rollout_workers=4 rollout_config.num_gpus_per_worker=0.1
+    mineonline run examples/crafter_ppo_resnet.py 'policy_config.channels=[16,32,32]'   # narrower
 
 ``benchmarks/bench_learning.py --env crafter --config examples/crafter_ppo_resnet.py --steps 1000000
 --seeds 0 1 2`` scores it by the paper's rule.
 """
 
+import copy
+import runpy
+from pathlib import Path
 
-def env_generator():
-    import crafter
-
-    from mineonline_core.builtin.envs import CrafterAchievements, adapt_env
-
-    return CrafterAchievements(adapt_env(crafter.Env(size=(64, 64), length=10000)))
-
-
-online_dict = {
-    "trainer_name": "PPOTrainer",
-    # By name rather than a policy_generator, so that the width is an override away.
-    "policy_config": {"name": "impala_resnet", "channels": [64, 128, 128], "blocks_per_stage": 2, "group_norm": True,
-                      "dense_sizes": [256, 1024], "layer_norm": True, "value_normalizer_beta": 0.99},
-    "detach_rollout_manager": False,
-    "rollout_config": {
-        "num_rollout_workers": 1,
-        "num_gpus_per_worker": 0.0,
-        "num_cpus_per_worker": 0.5,
-        "fragment_length": 64,
-        "to_send_queue_size": 8,
-        "worker_config": {"num_envs": 8, "batch_size": 8, "restart_interval": 0, "video_fps": 10, "video_output_dir": "videos"},
-        "replay_buffer_config": {
-            "max_chunks": 256,
-            "max_reuse": 1,  # the 3 passes over a chunk are the epochs of its iteration
-            "max_staleness": 1,
-            "fragments_per_report": 64,
-            "fragments_per_chunk": 1,
-            "database_config": {"backend": "memory"},
-        },
-        "episode_statistics_config": {"window": 20},
-    },
-    "train_config": {
-        "num_workers": 1,
-        "num_gpus_per_worker": 0.0,
-        "num_cpus_per_worker": 1.0,
-        "num_iterations": 250,  # 250 x 4096 steps: the paper's 1M-step budget
-        "max_env_steps": 1_000_000,
-        "vf_warmup": 0,
-        "learning_rate": 3e-4,
-        "anneal_lr_linearly": False,
-        "weight_decay": 0.0,
-        "adam_eps": 1e-8,
-        "batch_size_per_gpu": 8,
-        "batches_per_iteration": 8,
-        "gradient_accumulation": 1,
-        "epochs_per_iteration": 3,
-        "context_length": 64,
-        "discount": 0.95,
-        "gae_lambda": 0.65,
-        "ppo_clip": 0.2,
-        "clip_vloss": False,
-        "max_grad_norm": 0.5,
-        "zero_initial_vf": False,  # keep the policy's own small value-head init
-        "ppo_policy_coef": 1.0,
-        "ppo_vf_coef": 0.5,
-        "kl_divergence_coef_rho": 0.0,
-        "entropy_bonus_coef": 0.01,
-        "normalize_advantage_full_batch": True,
-        "use_normalized_vf": True,
-        "save_interval": 25,
-        "keep_interval": 125,
-        "record_video_interval": 0,
-        "save_path": "checkpoints",
-        "use_amp": False,
-    },
-    "logger_config": {"loggers": [], "project": "mineonline-crafter"},
-}
+# crafter.py is the single source of the PPO settings; only the network differs.
+_base = runpy.run_path(str(Path(__file__).with_name("crafter.py")))
+env_generator = _base["env_generator"]
+online_dict = copy.deepcopy(_base["online_dict"])
+online_dict["policy_config"] = {"name": "impala_resnet", "channels": [64, 128, 128], "blocks_per_stage": 2, "group_norm": True,
+                                "dense_sizes": [256, 1024], "layer_norm": True, "value_normalizer_beta": 0.99}
