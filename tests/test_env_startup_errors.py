@@ -5,6 +5,7 @@ rollout worker after a few identical failures instead of at its warm-up timeout 
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 import textwrap
@@ -94,6 +95,17 @@ def test_run_fails_before_ray_starts(tmp_path: Path) -> None:
 def test_probe_reports_a_hang_with_its_stage() -> None:
     with pytest.raises(ConfigError, match="not reset within 2s"):
         probe_env(broken_sim(Hangs()), startup_timeout=2.0, step_timeout=2.0)
+
+
+def minecraft_without_engine(directory: str) -> MinecraftSim:
+    os.environ["MINESTUDIO_DIR"] = directory  # set here: the env process, not the test, looks for the engine
+    return MinecraftSim(obs_size=(128, 128), num_empty_frames=1)
+
+
+def test_a_missing_minecraft_engine_is_named_not_a_bare_eof(tmp_path: Path) -> None:
+    # The real MinecraftSim finds no engine under an empty MINESTUDIO_DIR and asks on stdin to download it.
+    with pytest.raises(ConfigError, match=r"EOFError.*download its Minecraft engine.*minestudio\.simulator\.entry -y"):
+        probe_env(functools.partial(minecraft_without_engine, str(tmp_path)), startup_timeout=60.0, step_timeout=10.0)
 
 
 def test_probe_returns_the_adapted_spaces() -> None:
