@@ -124,6 +124,7 @@ def run_one(source: str, seed: int, out: str, *, target: float | None, budget: i
     if score is not None:
         row["final_crafter_score"] = score
         row["paper_crafter"] = paper_crafter_score(run_dir / "metrics.jsonl", budget)
+        row["paper_crafter_along_the_way"] = crafter_trajectory(run_dir / "metrics.jsonl", budget)
     if seen.get("memory"):
         from bench_memory import summarise
 
@@ -150,6 +151,14 @@ def paper_crafter_score(metrics_path: Path, budget: int) -> dict | None:
     success = {name: float(record[f"crafter/all_episodes/success/{name}"]) for name in CRAFTER_ACHIEVEMENTS}
     return {"score": crafter_score(100.0 * rate for rate in success.values()), "episodes": int(record["crafter/all_episodes/count"]),
             "at_env_step": int(record["step"]), "success": success}  # fmt: skip
+
+
+def crafter_trajectory(metrics_path: Path, budget: int, every: int = 100_000) -> dict[str, float]:
+    """The paper's score over all episodes up to each multiple of ``every`` env steps within ``budget``
+    (how fast a run gets there: the paper's rule weighs early episodes as much as late ones)."""
+    reached = max(json.loads(line)["step"] for line in metrics_path.read_text().splitlines())
+    scores = {f"{b // 1000}k": paper_crafter_score(metrics_path, b) for b in range(every, min(budget, reached) + 1, every)}
+    return {k: round(v["score"], 3) for k, v in scores.items() if v is not None}
 
 
 def mean_std(values: list[float]) -> dict[str, float]:
