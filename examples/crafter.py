@@ -5,10 +5,10 @@ and ``online_dict`` (the policy is named in ``policy_config``, so that its width
 
 The settings are those of the tuned PPO of Moon et al. (NeurIPS 2023): 8 envs x 512 steps per
 iteration, 3 epochs x 8 minibatches, Adam with lr 3e-4, entropy bonus 0.01, gamma 0.95, GAE lambda
-0.65, advantages normalised over the whole batch, normalised value targets. The network is
-Stable-Baselines3's ``CnnPolicy`` (the core's ``cnn``) in place of their IMPALA-ResNet, whose
-cheapest useful width still costs 10 times the CNN's training time on this CPU
-(``crafter_ppo_resnet.py`` is the published recipe, for a GPU).
+0.65, advantages normalised over the whole batch, normalised value targets (by the ``cnn`` policy's
+EWMA, beta 0.99999, where they use 0.99). The network is Stable-Baselines3's ``CnnPolicy`` (the core's
+``cnn``) in place of their IMPALA-ResNet, whose cheapest useful width still costs 10 times the CNN's
+training time on this CPU (``crafter_ppo_resnet.py`` is the published recipe, for a GPU).
 
 How it maps here: an iteration trains on 64 chunks of 64 steps (4096 steps, as 8 envs x 512), split
 into 8 minibatches of 8 chunks for 3 epochs. With gamma 0.95 and lambda 0.65 the advantages look about
@@ -18,7 +18,8 @@ old (``max_staleness`` 1); each chunk is trained in one iteration only. The run 
 the Crafter paper's budget.
 
 Crafter score over all training episodes up to 1M env steps (the paper's rule), on this project's
-2-core machine: see benchmarks/RESULTS.md, issue 19 (about 45 minutes a run)::
+2-core machine: 8.6 % (Moon et al. report 15.6 % with their ResNet), about 49 minutes a run
+(benchmarks/RESULTS.md, issue 19)::
 
     python benchmarks/bench_learning.py --env crafter --steps 1000000 --seeds 0 1 2
 
