@@ -18,8 +18,8 @@ old (``max_staleness`` 1); each chunk is trained in one iteration only. The run 
 the Crafter paper's budget.
 
 Crafter score over all training episodes up to 1M env steps (the paper's rule), on this project's
-2-core machine: 8.6 % (Moon et al. report 15.6 % with their ResNet), about 49 minutes a run
-(benchmarks/RESULTS.md, issue 19)::
+2-core machine: 8.56 +- 0.12 % over 3 seeds, about 50 minutes a run (Moon et al. report 15.6 % with
+their ResNet; benchmarks/RESULTS.md, issue 19)::
 
     python benchmarks/bench_learning.py --env crafter --steps 1000000 --seeds 0 1 2
 
