@@ -66,7 +66,7 @@ def check_observation(space: Any, obs: Any, after: str) -> None:
 
 # MineStudio's MinecraftSim asks on stdin whether to download its engine when the engine is missing; an env
 # process has no stdin, so the question surfaces as a bare EOFError unless it is explained.
-STDIN_HINT = (" The env read standard input, which its process does not have: MineStudio's MinecraftSim asks there "
+_STDIN_HINT = (" The env read standard input, which its process does not have: MineStudio's MinecraftSim asks there "
               "whether to download its Minecraft engine when the engine is missing. Fix: download the engine once "
               "beforehand (python -m minestudio.simulator.entry -y, or set MINESTUDIO_DIR to where it is), or make "
               "the env take its answer from its config.")
@@ -125,7 +125,7 @@ def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_
                 hint = (" Env factories are pickled into a fresh process: define env_generator in an importable module "
                         "or a Python config file.") if failed == "unpickled" else ""  # fmt: skip
                 if exception_line(trace).startswith("EOFError"):
-                    hint += STDIN_HINT
+                    hint += _STDIN_HINT
                 raise ConfigError(
                     f"env_generator: the env raised {exception_line(trace)} while being {failed} in a subprocess, as a "
                     f"rollout worker would build, reset and step it. Every env would fail the same way.{hint}\n{trace}"
