@@ -24,8 +24,8 @@ their ResNet; benchmarks/RESULTS.md, issue 19)::
     python benchmarks/bench_learning.py --env crafter --steps 1000000 --seeds 0 1 2
 
 Twice the CNN's channels (``policy_config.channels=[64,128,128]``) is the best 2-core configuration
-found so far: 10.17 % on seed 1 in 65 minutes (the default's seed 1: 8.66 %), ahead from 400k steps on;
-it is an override, not the default, until more seeds confirm it (RESULTS.md, "The wide CNN").
+found so far: 10.15 +- 0.02 % over seeds 1 and 2 in 65 minutes each (the default's: 8.66 and 8.39 %);
+it is an override, not the default, until a third seed confirms it (RESULTS.md, "The wide CNN").
 
 ``make demo`` runs the first 4 iterations (``DEMO_OVERRIDES`` in the Makefile).
 """
