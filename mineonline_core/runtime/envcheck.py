@@ -67,9 +67,9 @@ def check_observation(space: Any, obs: Any, after: str) -> None:
 # MineStudio's MinecraftSim asks on stdin whether to download its engine when the engine is missing; an env
 # process has no stdin, so the question surfaces as a bare EOFError unless it is explained.
 _STDIN_HINT = (" The env read standard input, which its process does not have: MineStudio's MinecraftSim asks there "
-              "whether to download its Minecraft engine when the engine is missing. Fix: download the engine once "
-              "beforehand (python -m minestudio.simulator.entry -y, or set MINESTUDIO_DIR to where it is), or make "
-              "the env take its answer from its config.")
+               "whether to download its Minecraft engine when the engine is missing. Fix: download the engine once "
+               "beforehand (python -m minestudio.simulator.entry -y, or set MINESTUDIO_DIR to where it is), or make "
+               "the env take its answer from its config.")
 
 
 def exception_line(trace: str) -> str:
