@@ -61,6 +61,11 @@ class UpdateLoop:
     def filter_gradients(self) -> None:
         """Called with unscaled gradients before clipping: set ``param.grad = None`` to leave a parameter out."""
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The numerics of every training-side forward (the update's and the estimate pass's)."""
+        amp_dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
+        return torch.autocast(self.device.type, dtype=amp_dtype, enabled=self.train_config.use_amp)
+
     # -- the loop ---------------------------------------------------------------------------------
 
     def train(self, batch: dict[str, Any]) -> dict[str, float]:
@@ -130,7 +135,6 @@ class UpdateLoop:
             )
         spans = windows(length, tc.context_length)
         totals: dict[str, float] = defaultdict(float)
-        amp_dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
         for i, window in enumerate(spans):
             # DDP all-reduces only on the very last backward before an optimiser step.
             last = sync and i == len(spans) - 1
@@ -138,7 +142,7 @@ class UpdateLoop:
             part = {k: slice_time(v, window) for k, v in steps.items()}
             context = {"first": part[F.FIRST]}
             with no_sync:
-                with torch.autocast(self.device.type, dtype=amp_dtype, enabled=tc.use_amp):
+                with self.autocast():
                     latents, state_out = self.model(input=part[F.OBS], state_in=state, context=context)
                     outputs = {**latents, "pi_logits": _float(latents["pi_logits"]), "vpred": squeeze_value(latents["vpred"]).float(),
                                "ref_logits": None}  # fmt: skip
