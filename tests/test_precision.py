@@ -35,6 +35,15 @@ def tiny_vpt(seed: int = 0) -> VPTPolicy:
     return VPTPolicy.build(SMALL_VPT, observation_space=tk.TinyImageEnv().observation_space, action_space=gym.spaces.Discrete(3))
 
 
+@pytest.fixture
+def tf32_on():
+    """PyTorch's default for convolutions, on both switches (restored after the test)."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 # -- the decision, per device (pure) ---------------------------------------------------------------
 
 DECISIONS = [
@@ -116,7 +125,7 @@ def test_float16_with_a_policy_that_does_not_declare_it_is_refused_before_ray() 
 
 
 @pytest.mark.parametrize("amp_dtype", ["bfloat16", "float16"])
-def test_rollout_logprobs_are_computed_in_the_training_dtype(amp_dtype: str) -> None:
+def test_rollout_logprobs_are_computed_in_the_training_dtype(tf32_on, amp_dtype: str) -> None:
     """A training-side forward in the training dtype recomputes the collector's behaviour log-probs
     below issue 24's on-policy bound (1e-3), and far closer than a float32 forward does."""
     torch.set_num_threads(1)
@@ -128,7 +137,7 @@ def test_rollout_logprobs_are_computed_in_the_training_dtype(amp_dtype: str) -> 
         frags = c.collect(4)
     finally:
         c.close()
-    assert c.precision.dtype == amp_dtype
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32  # set by the process itself
     batch = assemble_chunks([[f] for f in frags])
 
     def max_ratio_error(precision: P.Precision) -> float:
@@ -147,7 +156,7 @@ def test_rollout_logprobs_are_computed_in_the_training_dtype(amp_dtype: str) -> 
 
 
 @pytest.mark.parametrize("amp_dtype", ["bfloat16", "float16"])
-def test_ppo_trains_vpt_under_autocast(tmp_path, amp_dtype: str) -> None:
+def test_ppo_trains_vpt_under_autocast(tmp_path, tf32_on, amp_dtype: str) -> None:
     torch.set_num_threads(1)
     train = {"num_iterations": 2, "batches_per_iteration": 2, "batch_size_per_gpu": 2, "gradient_accumulation": 2,
              "context_length": 8, "learning_rate": 1e-3, "use_amp": True, "amp_dtype": amp_dtype}  # fmt: skip
@@ -155,6 +164,9 @@ def test_ppo_trains_vpt_under_autocast(tmp_path, amp_dtype: str) -> None:
     trainer = PPOTrainer(rollout_manager=None, policy_generator=tiny_vpt, env_generator=None, config=config, run_dir=str(tmp_path))
     trainer.setup_rank(local=True)
     trainer.iteration = 1
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32  # set by the process itself
+    with trainer.autocast():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == getattr(torch, amp_dtype)
     # The scaler follows the policy: float16 on CPU trains unscaled, on CUDA it would be scaled.
     assert trainer.scaler.is_enabled() is PrecisionChoice.from_config(trainer.train_config).on(trainer.device).grad_scaler is False
     with trainer.autocast():  # what the rollout worker does (runtime/precision.py)
