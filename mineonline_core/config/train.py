@@ -151,8 +151,8 @@ class TrainConfig(OpenSection):
     # --- numerics (mineonline_core/runtime/precision.py decides for rollout and training together) ---
     use_amp: bool = Field(
         False,
-        description="Mixed precision: training forwards and rollout inference autocast to amp_dtype (the "
-        "heads stay float32); false computes in float32.",
+        description="Mixed precision: rollout inference and the training forwards autocast to amp_dtype, "
+        "one decision for both (docs/cluster.md, Precision); false computes in float32.",
     )
     amp_dtype: Literal["auto", "bfloat16", "float16"] = Field(
         "auto",

@@ -4,9 +4,10 @@
 per process against the device it computes on (``PrecisionChoice.on`` -> ``Precision``):
 
 * **autocast dtype**: ``use_amp: false`` is float32. ``use_amp: true`` autocasts to ``amp_dtype``;
-  ``auto`` means bfloat16, which every CPU and CUDA devices from Ampere on support. float16 is used
-  only when asked: its range ends at 65504, so idioms like a ``-1e9`` mask fill overflow in it, and a
-  policy must declare ``supports_float16 = True`` (``BaseTrainer.check_policy`` refuses it otherwise).
+  ``auto`` means bfloat16, which CPUs and CUDA devices from Ampere (compute capability 8.0) on
+  compute. float16 is used only when asked: its range ends at 65504, so idioms like a ``-1e9`` mask
+  fill overflow in it, and a policy must declare ``supports_float16 = True`` (refused otherwise
+  before Ray by ``runtime/resolve.py`` and on each rank by ``BaseTrainer.check_policy``).
   bfloat16 asked of a CUDA device without it is a ``ConfigError`` (``float16``, or ``use_amp: false``).
 * **GradScaler**: only float16 on CUDA needs one (bfloat16 has float32's exponent range; CPU autocast
   in float16 trains unscaled, as the scaler is a CUDA tool).
@@ -20,8 +21,8 @@ per process against the device it computes on (``PrecisionChoice.on`` -> ``Preci
   the training forwards (on its own device, without a scaler). The behaviour log-prob ``mu`` is then
   rounded as the training side's proximal/current log-probs are, so on version-0 data the ratio and
   the importance weight ``pi / mu`` carry only the batch-shape noise of one dtype, not the gap between
-  two (bf16 training against fp32 rollout: max |ratio - 1| 0.25 on tiny VPT), and rollout gets the
-  bfloat16 speed. The heads stay float32 inside the policy (VPT does this), so log-probs are float32.
+  two (tiny VPT on CPU, bf16 training: max |ratio - 1| 1.3e-4 with bf16 rollout, 2.8e-3 with fp32
+  rollout; issue 24 saw 0.25 on its data), and rollout gets the bfloat16 speed. The heads stay float32 inside the policy (VPT does this), so log-probs are float32.
 
 Nothing here reads a global default: ``Precision.apply_tf32`` writes both flags whatever they were.
 The module imports torch only when a decision is applied: the rollout manager, which never imports
@@ -85,6 +86,7 @@ class PrecisionChoice:
 
     @classmethod
     def from_config(cls, train_config: Any) -> "PrecisionChoice":
+        """The choice a ``train_config`` makes (its ``use_amp``, ``amp_dtype`` and ``allow_tf32``)."""
         tc = train_config
         return cls(use_amp=bool(tc.use_amp), amp_dtype=str(tc.amp_dtype), allow_tf32=bool(tc.allow_tf32))
 
