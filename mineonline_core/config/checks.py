@@ -63,7 +63,34 @@ def check_consistency(cfg: OnlineConfig) -> None:
             f"replay_buffer_config.fragments_per_chunk {rb.fragments_per_chunk}). Fix: lower "
             f"context_length to at most {chunk_steps} or raise fragment_length."
         )
+    problems += _precision_problems(cfg)
     _raise(problems, "values that cannot work together")
+
+
+def _precision_problems(cfg: OnlineConfig) -> list[str]:
+    """``amp_dtype`` without ``use_amp``; bfloat16 on a GPU this driver sees and that lacks it (a driver
+    without CUDA cannot tell: the trainer rank and the rollout worker raise the same error on theirs)."""
+    tc = cfg.train_config
+    if not tc.use_amp:
+        if "amp_dtype" in tc.model_fields_set and tc.amp_dtype != "auto":
+            return [
+                f"train_config.amp_dtype is {tc.amp_dtype!r} but use_amp is false, so nothing autocasts and it has "
+                f"no effect. Fix: set train_config.use_amp: true, or remove amp_dtype."
+            ]
+        return []
+    gpus = {"train_config": tc.num_gpus_per_worker, "rollout_config": cfg.rollout_config.num_gpus_per_worker}
+    on_gpu = [section for section, n in gpus.items() if n > 0]
+    if not on_gpu or tc.amp_dtype == "float16":
+        return []
+    import torch  # only for a GPU run with mixed precision: config loading stays torch-free otherwise
+
+    from mineonline_core.runtime.precision import PrecisionChoice, bf16_supported
+
+    if not torch.cuda.is_available():
+        return []
+    where = f" ({' and '.join(s + '.num_gpus_per_worker > 0' for s in on_gpu)})"
+    problem = PrecisionChoice.from_config(tc).problem(device_type="cuda", bf16_supported=bf16_supported("cuda"), where=where)
+    return [problem] if problem else []
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -4,7 +4,7 @@ section; they are the extra keys, validated against that trainer's ``Config`` (`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -148,8 +148,23 @@ class TrainConfig(OpenSection):
         "of this run, before the run fails; 0 fails at the first death.",
         ge=0,
     )
+    # --- numerics (mineonline_core/runtime/precision.py decides for rollout and training together) ---
     use_amp: bool = Field(
-        False, description="Train with automatic mixed precision (bf16/fp16 autocast) on GPU."
+        False,
+        description="Mixed precision: rollout inference and the training forwards autocast to amp_dtype, "
+        "one decision for both (docs/cluster.md, Precision); false computes in float32.",
+    )
+    amp_dtype: Literal["auto", "bfloat16", "float16"] = Field(
+        "auto",
+        description="The autocast dtype when use_amp is true. auto: bfloat16 (CPUs, CUDA from Ampere on; "
+        "refused before start on an older GPU). float16 only when asked: it trains with a gradient "
+        "scaler on CUDA and needs a policy that declares supports_float16.",
+    )
+    allow_tf32: bool = Field(
+        False,
+        description="Let float32 CUDA matmuls and convolutions run in TF32, in rollout and training alike "
+        "(faster on Ampere and newer). Off by default: TF32 convolutions made training's log-probs "
+        "differ from rollout's on on-policy data (mean 7e-3, max 4e-2).",
     )
 
     @field_validator("resume", mode="before")

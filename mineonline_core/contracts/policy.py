@@ -33,6 +33,10 @@ class Policy(nn.Module):
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[BaseModel]] = PolicyOptions
+    #: Whether the forward is safe under float16 autocast (``train_config.amp_dtype: float16``):
+    #: no constant or activation beyond float16's 65504 (mask fills from ``torch.finfo``). bfloat16
+    #: has float32's range and needs no declaration.
+    supports_float16: ClassVar[bool] = False
 
     @classmethod
     def build(cls, options: BaseModel, *, observation_space: Any, action_space: Any) -> "Policy":

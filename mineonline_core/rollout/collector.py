@@ -45,6 +45,7 @@ import torch
 from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.errors import RunFailedError
 from mineonline_core.runtime.finite import env_answer_problem
+from mineonline_core.runtime.precision import PrecisionChoice
 from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, InlineEnv, default_context
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map, tree_stack
@@ -106,15 +107,19 @@ class FragmentCollector:
         startup_timeout: float | None = None,
         backoff_base: float = 0.1,
         backoff_max: float = 10.0,
+        precision: PrecisionChoice = PrecisionChoice(),
     ) -> None:
         """``config`` is the run's ``rollout_config`` (its ``worker_config`` but ``num_envs``, which
         ``env_fns`` gives, plus ``fragment_length`` and ``restart_window``); ``discount`` only
-        weighs the episodes' discounted returns in the statistics."""
+        weighs the episodes' discounted returns in the statistics. ``precision`` (from
+        ``train_config``) makes the policy and reference forwards compute as the training forwards do."""
         wc = config.worker_config
         batch_size = wc.batch_size
         if batch_size > len(env_fns):
             raise ValueError(f"batch_size={batch_size} exceeds the number of envs ({len(env_fns)})")
         device = "cuda" if config.num_gpus_per_worker > 0 else "cpu"
+        self.precision = precision.on(device)
+        self.precision.apply_tf32()
         self.policy = policy.to(device).eval()
         self._standby = copy.deepcopy(self.policy)  # loaded by set_weights, swapped in by step
         self._standby_version: int | None = None  # set once the standby holds complete weights
@@ -498,7 +503,8 @@ class FragmentCollector:
                 state_sel = tree_map(lambda s, *vs: torch.cat([s, *vs]), state_sel, *[v[3] for v in values])
         first = torch.tensor([[self._slots[i].first] for i in rows] + [[False]] * len(values), device=self.device)
         try:
-            latents, state_out = self.policy(input=obs, state_in=state_sel, context={"first": first})
+            with self.precision.autocast():
+                latents, state_out = self.policy(input=obs, state_in=state_sel, context={"first": first})
         except Exception as exc:  # a wrong observation shape fails deep in the policy: name the envs
             raise RunFailedError(self._batch_failure("the policy's forward", rows, exc)) from exc
         pi_logits = latents["pi_logits"]
@@ -544,7 +550,8 @@ class FragmentCollector:
         if self.ref_state is None:
             return None
         ref_sel = tree_map(lambda s: s.index_select(0, idx), self.ref_state)
-        _, ref_out = self.reference(input=tree_map(lambda x: x[:n], obs), state_in=ref_sel, context={"first": first[:n]})
+        with self.precision.autocast():
+            _, ref_out = self.reference(input=tree_map(lambda x: x[:n], obs), state_in=ref_sel, context={"first": first[:n]})
         tree_map(lambda full, new: full.index_copy_(0, idx, new.to(full.dtype)), self.ref_state, ref_out)
         return to_numpy(ref_sel)
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from mineonline_core.errors import RunFailedError
 from mineonline_core.runtime import names
 from mineonline_core.runtime.names import NAMESPACE, actor_name
+from mineonline_core.runtime.precision import PrecisionChoice
 from mineonline_core.runtime.watchdog import RestartBudget
 from mineonline_core.runtime.runlog import setup_actor_logging
 
@@ -104,6 +105,7 @@ class RolloutManager:
                 worker_id=i, config=rc, policy_generator=policy_generator, env_generator=env_generator,
                 store_client=self._store, buffer=self._buffer, stats=self._stats, logger_hub=logger_hub, manager=me,
                 discount=config.train_config.discount, seed=None if config.seed is None else config.seed + 7 * i,
+                precision=PrecisionChoice.from_config(config.train_config),
             )
             for i in range(rc.num_rollout_workers)
         ]  # fmt: skip

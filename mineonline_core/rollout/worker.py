@@ -32,6 +32,7 @@ from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import MineOnlineError, RunFailedError
 from mineonline_core.rollout.fragbuild import Timers
 from mineonline_core.contracts.store import payload_nbytes
+from mineonline_core.runtime.precision import PrecisionChoice
 from mineonline_core.runtime.runlog import setup_actor_logging
 
 log = logging.getLogger(__name__)
@@ -119,13 +120,15 @@ class RolloutWorker:
         seed: int | None = None,
         report_interval: float = 0.5,  # the resolution of the env-step axis every metric is logged on
         incarnation: int = 0,
+        precision: PrecisionChoice = PrecisionChoice(),
     ) -> None:
         """``config`` is the run's ``rollout_config``; ``discount`` (``train_config.discount``) weighs
-        the episodes' discounted returns in the statistics."""
+        the episodes' discounted returns in the statistics; ``precision`` (``train_config``'s) is the
+        numerics of inference, those of the training forwards (``runtime/precision.py``)."""
         setup_actor_logging()  # its records reach the console marked (runlog.py)
         self.worker_id, self.config = worker_id, config
         self._policy_generator, self._env_generator = policy_generator, env_generator
-        self._discount, self._seed = discount, seed
+        self._discount, self._seed, self._precision = discount, seed, precision
         self._store, self._buffer, self._stats, self._hub, self._manager = store_client, buffer, stats, logger_hub, manager
         self._report_interval = report_interval
         self.incarnation = incarnation
@@ -235,7 +238,7 @@ class RolloutWorker:
         self.collector = FragmentCollector(
             policy=self._policy_generator(), env_fns=[self._env_generator] * self.config.worker_config.num_envs,
             config=self.config, discount=self._discount, worker_id=self.worker_id, incarnation=self.incarnation,
-            seed=self._seed,
+            seed=self._seed, precision=self._precision,
         )  # fmt: skip
         self._built.set()
         self.collector.warmup(timeout=self.collector.startup_timeout * 2)

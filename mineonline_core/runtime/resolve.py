@@ -233,6 +233,10 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
 
         memory = estimate_memory(cfg, policy_generator, observation_space, action_space, store_cls)
         memory.check_policy_fits()  # measured on the meta device: a huge network is refused, not allocated
-        _call(policy_generator, "policy_generator()")
+        from mineonline_core.runtime.precision import PrecisionChoice, float16_problem
+
+        problem = float16_problem(PrecisionChoice.from_config(cfg.train_config), _call(policy_generator, "policy_generator()"))
+        if problem:  # before Ray: a float16 overflow would otherwise surface at the first training step
+            raise ConfigError(problem)
 
     return Generators(env_generator, policy_generator, observation_space, action_space, memory)

@@ -39,6 +39,7 @@ from mineonline_core.config.messages import validate_trainer_options
 from mineonline_core.config.secrets import public_config, redact_text
 from mineonline_core.errors import ConfigError
 from mineonline_core.runtime.finite import UpdateGuard
+from mineonline_core.runtime.precision import PrecisionChoice, float16_problem
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.runtime.runlog import setup_actor_logging
 from mineonline_core.trainer import recovery
@@ -142,6 +143,9 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
                 f"train_config.use_normalized_vf: true needs a value head with a running normaliser, but "
                 f"{type(policy).__name__}.value_head has no update_normalizer(). Set use_normalized_vf: false."
             )
+        problem = float16_problem(PrecisionChoice.from_config(self.train_config), policy)
+        if problem:
+            raise ConfigError(problem)
 
     def make_reference(self) -> nn.Module:
         """A frozen copy of the initial policy (``policy_generator()`` at the run's seed) on this
@@ -225,8 +229,9 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
 
             model = ray.train.torch.prepare_model(model, move_to_device=False)
         self.model = model
-        cuda_amp = tc.use_amp and self.device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda", enabled=cuda_amp)
+        precision = PrecisionChoice.from_config(tc).on(self.device)  # raises for bfloat16 on a GPU without it
+        precision.apply_tf32()  # explicit on every rank, as on every rollout worker
+        self.scaler = precision.make_scaler()  # float16 on CUDA only
         self.update_guard = UpdateGuard(max_consecutive=tc.max_skipped_updates)
         _seed_everything(seed + 1000 * self.rank + 1)
         if resume is not None:

@@ -63,8 +63,10 @@ class UpdateLoop:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The numerics of every training-side forward (the update's and the estimate pass's)."""
-        amp_dtype = torch.float16 if self.device.type == "cuda" else torch.bfloat16
-        return torch.autocast(self.device.type, dtype=amp_dtype, enabled=self.train_config.use_amp)
+        from mineonline_core.runtime.precision import PrecisionChoice
+
+        # One decision for rollout and training (runtime/precision.py): rollout infers in the same dtype.
+        return PrecisionChoice.from_config(self.train_config).on(self.device).autocast()
 
     # -- the loop ---------------------------------------------------------------------------------
 

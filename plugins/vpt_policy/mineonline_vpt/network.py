@@ -189,7 +189,9 @@ class MaskedAttention(nn.Module):
         r = self.r_layer(h).view(b, t, self.heads, self.N_BIAS)
         rel_by_dist = torch.einsum("bthn,nd->bhtd", r, self.b_nd.to(h.dtype))  # (B, heads, t, maxlen)
         rel = rel_by_dist.gather(-1, dist.expand(b, self.heads, t, dist.shape[-1]))
-        bias = rel.masked_fill(~allowed[:, None], -1e9)
+        # The fill comes from the range of the dtype attention computes in: -1e9 overflows float16
+        # (max 65504). Every query sees at least its own frame, so no row is all fill.
+        bias = rel.to(q.dtype).masked_fill(~allowed[:, None], torch.finfo(q.dtype).min)
         out = F.scaled_dot_product_attention(split(q), split(k_all), split(v_all), attn_mask=bias,
                                              scale=1.0 / self.hd)  # fmt: skip
         out = self.proj_layer(out.transpose(1, 2).reshape(b, t, -1))

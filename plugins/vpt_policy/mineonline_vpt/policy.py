@@ -137,6 +137,7 @@ class VPTPolicy(Policy):
 
     name: ClassVar[str] = "vpt"
     Config: ClassVar[type[BaseModel]] = VPTPolicyConfig
+    supports_float16: ClassVar[bool] = True  # the attention mask fills from the dtype's range
 
     def __init__(self, *, net_kwargs: Mapping[str, Any], pi_head: torch.nn.Module, normalize_value: bool = True,
                  image_key: str = "image") -> None:  # fmt: skip

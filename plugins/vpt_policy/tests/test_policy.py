@@ -184,6 +184,48 @@ def test_autocast_keeps_logprobs_and_state_in_float32() -> None:
     assert (latents["pi_logits"] - reference["pi_logits"]).abs().max() < 0.05  # bf16 trunk, fp32 heads
 
 
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.bfloat16, 0.02), (torch.float16, 0.005)], ids=["bf16", "fp16"])
+def test_autocast_forward_backward_is_finite_close_to_float32_and_masks_exactly(dtype: torch.dtype, tol: float) -> None:
+    """bf16 and fp16 autocast (CPU runs both) through the whole network and back: finite, log-probs
+    within ``tol`` of float32 (measured: 9e-4 bf16, 3e-4 fp16), gradients pointing the same way
+    (cosine 0.9995 bf16, 0.9997 fp16), and
+    masked keys given exactly zero weight (the mask fills from the dtype's range; -1e9 overflowed fp16)."""
+    policy = crafter_policy(5, hw=32)
+    b, t = 2, 5
+    gen = torch.Generator().manual_seed(2)
+    img = torch.randint(0, 256, (b, t, 32, 32, 3), dtype=torch.uint8, generator=gen)
+    first = torch.zeros(b, t, dtype=torch.bool)
+    first[:, 0] = first[1, 3] = True
+
+    def run(images: torch.Tensor, state: list, amp: bool) -> tuple[dict, dict]:
+        policy.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype, enabled=amp):
+            latents, _ = policy({"image": images}, state, {"first": first})
+        # The policy term: at random init the value's gradient through the 15 convolutions is far
+        # worse conditioned (cosine 0.91 in bf16, 0.99 in fp16), so it would measure the init, not the dtype.
+        latents["pi_logits"][..., 1].sum().backward()
+        return latents, {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+
+    reference, ref_grads = run(img, policy.initial_state(b), amp=False)
+    latents, grads = run(img, policy.initial_state(b), amp=True)
+    assert all(torch.isfinite(g).all() for g in grads.values()) and grads.keys() == ref_grads.keys()
+    assert (latents["pi_logits"] - reference["pi_logits"]).abs().max() < tol
+    assert (latents["vpred"] - reference["vpred"]).abs().max() < tol * 10  # the value is unbounded, not a log-prob
+    flat, ref_flat = torch.cat([g.flatten() for g in grads.values()]), torch.cat([g.flatten() for g in ref_grads.values()])
+    assert torch.nn.functional.cosine_similarity(flat, ref_flat, dim=0) > 0.99
+    # Zero weight on masked keys: a state whose every column belongs to an earlier episode (first[:, 0])
+    # filled with large garbage, and env 1's frames before its reset at t=3, change nothing they must not.
+    garbage = [(torch.ones_like(mask), (torch.randn(k.shape, generator=gen) * 100, torch.randn(v.shape, generator=gen) * 100))
+               for mask, (k, v) in policy.initial_state(b)]  # fmt: skip
+    masked, _ = run(img, garbage, amp=True)
+    other = img.clone()
+    other[1, :3] = 255 - other[1, :3]
+    changed, _ = run(other, policy.initial_state(b), amp=True)
+    assert torch.equal(masked["pi_logits"], latents["pi_logits"]) and torch.equal(masked["vpred"], latents["vpred"])
+    assert torch.equal(changed["pi_logits"][1, 3:], latents["pi_logits"][1, 3:])
+    assert not torch.equal(changed["pi_logits"][1, :3], latents["pi_logits"][1, :3])
+
+
 def test_config_rejects_inconsistent_sizes() -> None:
     with pytest.raises(Exception, match="must divide hidsize"):
         VPTPolicy.Config(hidsize=30, attention_heads=4)
