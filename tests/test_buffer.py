@@ -94,6 +94,36 @@ def test_max_reuse_and_freshest_first_least_reused_among_equals() -> None:
     assert h.buffer.stats()["replay/size"] == 1
 
 
+def test_ranks_of_one_round_get_disjoint_chunks_while_enough_unserved_are_eligible() -> None:
+    """Issue 25's reproduction: 4 chunks of version 4 and 4 of version 5, two ranks ask for 4 each
+    at version 5 in the same round. Freshest-first alone serves both the same 4 (max_reuse 2)."""
+
+    async def go():
+        h = Harness(max_reuse=2, max_staleness=1)
+        await h.buffer.set_version(5)
+        for i in range(4):
+            await h.add(f"old{i}", 0, version=4)
+            await h.add(f"new{i}", 0, version=5)
+        rank0 = await h.buffer.sample(4, for_version=5, round_id=1)
+        rank1 = await h.buffer.sample(4, for_version=5, round_id=1)
+        next0 = await h.buffer.sample(4, for_version=5, round_id=2)  # a new round: freshest first again
+        few = Harness(max_reuse=3)
+        for stream, version in (("a", 0), ("b", 1), ("c", 1)):
+            await few.add(stream, 0, version=version)
+        few0 = await few.buffer.sample(2, round_id=1)
+        few1 = await few.buffer.sample(2, round_id=1)
+        return rank0, rank1, next0, few0, few1
+
+    rank0, rank1, next0, few0, few1 = run(go())
+    ids = lambda chunks: [c["chunk_id"] for c in chunks]  # noqa: E731
+    assert ids(rank0) == [f"new{i}.000000000" for i in range(4)]  # freshest first
+    assert ids(rank1) == [f"old{i}.000000000" for i in range(4)]  # not the chunks rank 0 just took
+    assert ids(next0) == [f"new{i}.000000000" for i in range(4)]
+    # Too few for both ranks: the unserved one first, then freshest, least reused, as without rounds.
+    assert ids(few0) == ["b.000000000", "c.000000000"]
+    assert [(c["chunk_id"], c["reuse"]) for c in few1] == [("a.000000000", 1), ("b.000000000", 2)]
+
+
 def test_staleness_checked_at_add_at_every_version_bump_over_all_chunks_and_at_sample() -> None:
     async def go():
         h = Harness(max_staleness=1)

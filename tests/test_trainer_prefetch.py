@@ -34,7 +34,7 @@ def fragment(stream: str, index: int, version: int) -> dict:
     return frag
 
 
-def setup(ray, tmp_path, *, max_staleness: int = 0, **train):
+def setup(ray, tmp_path, *, max_staleness: int = 0, max_reuse: int = 1, **train):
     """A trainer reading from a real ``ReplayBuffer`` actor and store; returns it, ``add`` and the store."""
     from mineonline_core.rollout.buffer import ReplayBuffer
     from mineonline_core.runtime.storehost import StoreClient, start_store_host
@@ -42,7 +42,7 @@ def setup(ray, tmp_path, *, max_staleness: int = 0, **train):
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
     buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
-        store_client=store, max_chunks=16, max_reuse=1, max_staleness=max_staleness)  # fmt: skip
+        store_client=store, max_chunks=16, max_reuse=max_reuse, max_staleness=max_staleness)  # fmt: skip
 
     def add(stream: str, index: int, version: int) -> None:
         frag = fragment(stream, index, version)
@@ -103,6 +103,32 @@ def test_prefetch_batches_is_the_fetch_ahead_depth(local_ray, tmp_path) -> None:
     add("c", 0, version=1)
     assert trainer._prefetch[0][2].result(timeout=60)["version"].unique().tolist() == [0]
     assert trainer._prefetch[1][2].result(timeout=60)["version"].unique().tolist() == [1]
+
+
+def test_each_fetch_names_the_iteration_it_is_for_so_ranks_of_one_iteration_get_disjoint_chunks(local_ray, tmp_path) -> None:
+    """Two ranks on one buffer (max_reuse 2, 4 chunks, 2 per iteration). Rank A fetches iteration 1
+    and, ahead, iteration 2, before rank B fetches iteration 1: B must not get A's iteration-1
+    chunks, which it would if A's early fetch were filed under the iteration A was in."""
+    a, add, store = setup(local_ray, tmp_path, max_staleness=1, max_reuse=2, num_iterations=2)
+    b = RecordingTrainer(rollout_manager=None, policy_generator=tk.mlp_policy, env_generator=tk.cartpole,
+                         config=a.config, run_dir=str(tmp_path / "run_b"))  # fmt: skip
+    b.setup_rank(local=True)
+    b._buffer, b._store = a._buffer, store
+    for index in range(4):
+        add("s", index, version=0)
+    logprobs = {i: frag[F.LOGPROB] for i, frag in enumerate(store.get_many([F.fragment_key("s", i) for i in range(4)]))}
+
+    def chunks(batch: dict) -> set[int]:
+        return {i for row in batch[F.LOGPROB].numpy() for i, ref in logprobs.items() if np.array_equal(row, ref)}
+
+    served = {}
+    for name, trainer in (("a", a), ("b", b)):
+        trainer.iteration = 1
+        served[name, 1] = chunks(trainer.fetch_fragments_and_estimate_advantages(2))
+        ((iteration, _, ahead),) = trainer._prefetch
+        served[name, iteration] = chunks(ahead.result(timeout=60))
+    assert served["a", 1] | served["b", 1] == {0, 1, 2, 3}  # every chunk once in iteration 1
+    assert served["a", 2] | served["b", 2] == {0, 1, 2, 3}  # and once in iteration 2
 
 
 def test_the_first_fetch_after_a_resume_honours_max_staleness(local_ray, tmp_path) -> None:

@@ -8,6 +8,11 @@ is ever copied through this actor. Rules (DESIGN §4):
   lost or stale fragment) drops the pending partial chunk, so a chunk is always contiguous in time.
 * at most ``max_chunks`` chunks; the oldest are evicted first.
 * a chunk is served at most ``max_reuse`` times, freshest first (least reused among equals).
+* ranks of one iteration train on disjoint chunks while enough eligible ones exist: each rank
+  samples on its own, naming the iteration (``round_id``), and a chunk not yet served in that round
+  comes before any that was, so with ``max_reuse >= 2`` a rank never gets the chunks another rank
+  just took while unserved ones wait (that would count them twice in the all-reduced gradient).
+  The round is the iteration, not the version: warm-up iterations do not bump the version.
 * a chunk older than ``max_staleness`` versions is never served: checked at add, at every
   ``set_version`` over *all* chunks, and at sample.
 * payloads of dropped chunks are deleted from the store, but only once no trainer is still
@@ -42,6 +47,9 @@ class _Chunk:
     seq: int
     reuse: int = 0
     readers: int = 0  # handed out and not yet released
+    # The rounds it was served in (at most max_reuse): a set, not the last one, because a rank's
+    # prefetch for round j+1 may run before another rank's fetch for round j.
+    rounds: set[int] = field(default_factory=set)
     dropped: bool = False  # no longer servable; payloads go once readers == 0
 
 
@@ -160,13 +168,17 @@ class ReplayBuffer:
 
     # -- the trainer --------------------------------------------------------------------------
 
-    async def sample(self, num_chunks: int, for_version: int | None = None, timeout: float | None = None) -> list[dict]:
+    async def sample(self, num_chunks: int, for_version: int | None = None, timeout: float | None = None, *,
+                     round_id: int | None = None) -> list[dict]:  # fmt: skip
         """Wait until ``num_chunks`` chunks are eligible, then serve the freshest (least reused first).
 
         ``for_version``: the version the trainer will train these chunks at, when it fetches ahead of
         its own broadcast; staleness is then judged against it, so prefetching never trains on a chunk
         more than ``max_staleness`` versions old. ``timeout``: seconds to wait at most, then raise
-        ``SampleTimeout`` with ``explain``'s account of why no chunk is eligible."""
+        ``SampleTimeout`` with ``explain``'s account of why no chunk is eligible. ``round_id``: the
+        training iteration these chunks are for; chunks not yet served in that round come first (then
+        freshest, least reused), so the ranks of one iteration get disjoint chunks whenever enough are
+        eligible, and overlap (least reused first) only when not. None: no round (one consumer)."""
         if num_chunks > self.max_chunks:
             raise ConfigError(
                 f"The trainer asks for {num_chunks} chunks per iteration but the replay buffer holds at most "
@@ -180,11 +192,13 @@ class ReplayBuffer:
             except asyncio.TimeoutError:
                 raise SampleTimeout(f"after {timeout:.0f}s: {self.explain(num_chunks, for_version)}") from None
             eligible = [c for c in self._chunks.values() if self._eligible(c, for_version)]
-            eligible.sort(key=lambda c: (-c.version, c.reuse, c.seq))
+            eligible.sort(key=lambda c: (round_id in c.rounds, -c.version, c.reuse, c.seq))
             served = eligible[:num_chunks]
         out = []
         for chunk in served:
             chunk.reuse += 1
+            if round_id is not None:
+                chunk.rounds.add(round_id)
             chunk.readers += 1
             out.append({"chunk_id": chunk.chunk_id, "keys": list(chunk.keys), "version": chunk.version,
                         "reuse": chunk.reuse, "checksums": list(chunk.checksums)})  # fmt: skip

@@ -318,21 +318,29 @@ def ddp_train_step(config: dict) -> None:
         ray.train.report(metrics)
 
 
-def ddp_fit(*, trainer_cls: str, online: dict, batch_path: str, run_dir: str, tag: str, num_workers: int = 2) -> tuple[dict, dict]:
-    """``ddp_train_step`` on ``num_workers`` Ray Train ranks (gloo, half a CPU each); returns rank 0's
-    parameters and the reported metrics. Ray must be initialised."""
+def ddp_run(loop: Callable[[dict], None], config: dict, *, run_dir: str, tag: str, num_workers: int = 2) -> dict:
+    """``loop(config)`` on ``num_workers`` Ray Train ranks (gloo, half a CPU each); returns the
+    reported metrics. Ray must be initialised."""
     from pathlib import Path
 
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    out = Path(run_dir) / f"params_{tag}.pt"
-    result = TorchTrainer(
-        ddp_train_step,
-        train_loop_config={"trainer_cls": trainer_cls, "online": online, "batch_path": batch_path, "out_path": str(out),
-                           "run_dir": run_dir},  # fmt: skip
+    return TorchTrainer(
+        loop,
+        train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=num_workers, resources_per_worker={"CPU": 0.5}),
         torch_config=TorchConfig(backend="gloo"),
         run_config=RunConfig(storage_path=str(Path(run_dir) / "ray_train"), name=tag),
-    ).fit()
-    return torch.load(out, weights_only=True), result.metrics
+    ).fit().metrics
+
+
+def ddp_fit(*, trainer_cls: str, online: dict, batch_path: str, run_dir: str, tag: str, num_workers: int = 2) -> tuple[dict, dict]:
+    """``ddp_train_step`` on ``num_workers`` Ray Train ranks; returns rank 0's parameters and the
+    reported metrics. Ray must be initialised."""
+    from pathlib import Path
+
+    out = Path(run_dir) / f"params_{tag}.pt"
+    config = {"trainer_cls": trainer_cls, "online": online, "batch_path": batch_path, "out_path": str(out), "run_dir": run_dir}
+    metrics = ddp_run(ddp_train_step, config, run_dir=run_dir, tag=tag, num_workers=num_workers)
+    return torch.load(out, weights_only=True), metrics

@@ -2,7 +2,9 @@
 
 The chunks of the next ``prefetch_batches`` iterations are fetched on one background thread while
 the current iteration trains; each is held to ``max_staleness`` at the version it will be trained
-at. The estimate (GAE by default) is not fetched ahead, because it needs the updated model.
+at, and names the iteration it is for, so that the ranks of one iteration get disjoint chunks from
+the buffer (``ReplayBuffer.sample``'s ``round_id``). The estimate (GAE by default) is not fetched
+ahead, because it needs the updated model.
 """
 
 from __future__ import annotations
@@ -61,21 +63,24 @@ class ChunkFetching:
             # Iteration j trains at the version the iterations before it will have published: the
             # buffer judges staleness against that, so fetching early never loosens max_staleness.
             bumps = sum(1 for k in range(self.iteration, iteration) if self.publishes_version(k))
-            ahead.append((iteration, num_chunks, self._fetch_in_background(num_chunks, self.version + bumps)))
+            ahead.append((iteration, num_chunks, self._fetch_in_background(num_chunks, self.version + bumps, iteration)))
         batch["staleness"] = (self.version - batch[F.VERSION]).float()
         batch = self.estimate(batch=batch)
         self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)  # what the loop waited for, not the fetch itself
         self.perf["perf/gae_ms"] = 1e3 * (time.perf_counter() - fetched)
         return batch
 
-    def fetch_chunks(self, num_chunks: int, for_version: int | None = None) -> dict:
+    def fetch_chunks(self, num_chunks: int, for_version: int | None = None, for_iteration: int | None = None) -> dict:
         """Sample chunks fresh enough for ``for_version`` and read their payloads straight from the
-        store. A chunk with a fragment whose checksum does not match is dropped (counted in
-        ``trainer/corrupt_fragments``, logged) and another is sampled in its place."""
+        store. ``for_iteration`` (default: the current one) is the iteration they are trained in: the
+        other ranks' fetches for it get other chunks while enough are eligible. A chunk with a
+        fragment whose checksum does not match is dropped (counted in ``trainer/corrupt_fragments``,
+        logged) and another is sampled in its place."""
         start = time.perf_counter()
+        round_id = self.iteration if for_iteration is None else for_iteration
         grouped: list[list[dict]] = []
         while len(grouped) < num_chunks:
-            chunks = self._sample(num_chunks - len(grouped), for_version)
+            chunks = self._sample(num_chunks - len(grouped), for_version, round_id)
             payloads = self._store.get_many([key for chunk in chunks for key in chunk["keys"]])
             # Payloads are in this process now: the buffer may drop used-up or evicted ones.
             ray.get(self._buffer.release.remote([chunk["chunk_id"] for chunk in chunks]))
@@ -95,7 +100,7 @@ class ChunkFetching:
         self.perf["trainer/corrupt_fragments"] = float(self.corrupt_fragments)
         return batch
 
-    def _sample(self, num_chunks: int, for_version: int | None) -> list[dict]:
+    def _sample(self, num_chunks: int, for_version: int | None, round_id: int) -> list[dict]:
         """``buffer.sample`` in slices of ``SAMPLE_WAIT_S``: between slices the wait is logged with
         the buffer's reason and the rollout side's health checked; after ``progress_timeout`` it fails."""
         from mineonline_core.rollout.buffer import SampleTimeout
@@ -105,7 +110,7 @@ class ChunkFetching:
         while True:
             wait = SAMPLE_WAIT_S if not limit else max(min(SAMPLE_WAIT_S, limit - waited), 0.1)
             try:
-                return ray.get(self._buffer.sample.remote(num_chunks, for_version, wait))
+                return ray.get(self._buffer.sample.remote(num_chunks, for_version, wait, round_id=round_id))
             except SampleTimeout as exc:  # Ray's wrapper is also an instance of the actor's exception
                 waited += wait
                 reason = str(getattr(exc, "cause", exc))
@@ -118,10 +123,11 @@ class ChunkFetching:
                 )
             log.warning("trainer rank %d has waited %.0fs for %d chunks: %s", self.rank, waited, num_chunks, reason)
 
-    def _fetch_in_background(self, num_chunks: int, for_version: int) -> Future:
+    def _fetch_in_background(self, num_chunks: int, for_version: int, for_iteration: int) -> Future:
         if self._fetcher is None:
             self._fetcher = _Fetcher()
-        return self._fetcher.submit(self.fetch_chunks, num_chunks, for_version)
+        # The iteration is passed, not read there: the loop moves on while this fetch waits.
+        return self._fetcher.submit(self.fetch_chunks, num_chunks, for_version, for_iteration)
 
 
 
