@@ -36,6 +36,7 @@ GAE = "mineonline_core/trainer/gae.py"
 VPT_NET = "plugins/vpt_policy/mineonline_vpt/network.py"
 BUFFER_TESTS = "tests/test_buffer.py"
 GAE_TESTS = "tests/test_gae.py"
+VPT_STEPWISE = "plugins/vpt_policy/tests/test_policy.py::test_stepwise_rollout_equals_chunked_training_forward[0-dtype0-1e-09]"
 COLLECTOR_BOOTSTRAP = "tests/test_rollout_collector.py::test_recurrent_state_and_truncation_bootstrap_reproduce_rollout[inline]"
 
 
@@ -127,13 +128,13 @@ MUTATIONS = (
              ("tests/test_rollout_ray.py::test_worker_records_the_reference_policys_own_state_at_each_fragment_start",)),
     Mutation("vpt-first-t0", "VPT honours first only at a call's first step", VPT_NET,
              "episode = first.long().cumsum(1)", "episode = first[:, :1].long().expand(b, t)",
-             ("plugins/vpt_policy/tests/test_policy.py::test_stepwise_rollout_equals_chunked_training_forward[0-dtype0-1e-09]",)),
+             (VPT_STEPWISE,)),
     Mutation("vpt-mask-state", "VPT's attention sees the state's memory across an episode start", VPT_NET,
              "state_ok = state_mask.expand(b, t, maxlen) & fresh[:, :, None]", "state_ok = state_mask.expand(b, t, maxlen)",
              ("plugins/vpt_policy/tests/test_conformance.py::TestVPTPolicy::test_an_episode_start_forgets_the_state_in",)),
     Mutation("vpt-mask-frames", "VPT's attention sees a call's frames of the previous episode", VPT_NET,
              "frame_ok = episode[:, :, None] == episode[:, None, :]", "frame_ok = episode[:, :, None] >= episode[:, None, :]",
-             ("plugins/vpt_policy/tests/test_policy.py::test_stepwise_rollout_equals_chunked_training_forward[0-dtype0-1e-09]",)),
+             (VPT_STEPWISE,)),
     Mutation("vtrace-cbar", "V-trace truncates the traces c with rho-bar instead of c-bar", "plugins/vtrace/mineonline_vtrace.py",
              "ratio.clamp(max=rho_bar), ratio.clamp(max=c_bar)", "ratio.clamp(max=rho_bar), ratio.clamp(max=rho_bar)",
              ("plugins/vtrace/tests/test_vtrace_math.py::test_recursion_matches_the_sum_of_eq_1[0-2.0-0.5]",)),
