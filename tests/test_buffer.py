@@ -171,6 +171,46 @@ def test_a_prefetching_trainer_is_held_to_max_staleness_at_the_version_it_will_t
     assert "a.000000000" in {c.chunk_id for c in h.buffer._chunks.values()}  # still servable at version 4
 
 
+def test_a_chunk_is_as_old_as_its_oldest_fragment() -> None:
+    """Weights can change between a chunk's fragments: the chunk is served with its oldest fragment's
+    version and dropped as soon as that fragment is too stale, though its newest one is not."""
+
+    async def go():
+        h = Harness(max_staleness=1, max_reuse=2, fragments_per_chunk=2)
+        await h.buffer.set_version(4)
+        await h.add("s", 0, version=3)
+        await h.add("s", 1, version=4)
+        served = await h.buffer.sample(1)
+        await h.buffer.release([c["chunk_id"] for c in served])
+        await h.buffer.set_version(5)  # fragment 0 is 2 versions old now, fragment 1 only 1
+        return h, served
+
+    h, served = run(go())
+    assert [(c["chunk_id"], c["version"]) for c in served] == [("s.000000000", 3)]
+    assert h.buffer.stats()["replay/size"] == 0 and h.buffer.counters["dropped_stale"] == 2
+    assert h.store.keys() == []
+
+
+def test_a_fragment_is_as_old_as_its_oldest_step() -> None:
+    """Weights can swap in mid-fragment: the meta a worker sends (``fragment_meta``) carries the
+    oldest step's version, so the buffer drops a fragment whose first steps are too stale."""
+
+    async def go():
+        h = Harness(max_staleness=1)
+        await h.buffer.set_version(5)
+        frag = make_fragment("s", 0, version=4)
+        frag[F.VERSION][:2] = 3  # the first two steps acted with version 3
+        meta = fragment_meta(frag)
+        h.store.put(meta["key"], frag)
+        await h.buffer.add_fragment(meta)
+        return h, meta
+
+    h, meta = run(go())
+    assert meta["version"] == 3
+    assert h.buffer.counters["dropped_stale"] == 1 and h.buffer.stats()["replay/size"] == 0
+    assert h.store.keys() == []
+
+
 def test_add_fragments_indexes_a_batch_in_order_like_single_adds() -> None:
     async def go():
         one, many = Harness(fragments_per_chunk=2, max_chunks=2), Harness(fragments_per_chunk=2, max_chunks=2)

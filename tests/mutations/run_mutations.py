@@ -30,6 +30,14 @@ FETCH = "mineonline_core/trainer/fetch.py"
 UPDATE = "mineonline_core/trainer/update.py"
 GUARANTEES = "tests/test_guarantees.py"
 PPO_TESTS = "plugins/ppo/tests/test_ppo_loss.py"
+BUFFER = "mineonline_core/rollout/buffer.py"
+COLLECTOR = "mineonline_core/rollout/collector.py"
+GAE = "mineonline_core/trainer/gae.py"
+VPT_NET = "plugins/vpt_policy/mineonline_vpt/network.py"
+BUFFER_TESTS = "tests/test_buffer.py"
+GAE_TESTS = "tests/test_gae.py"
+VPT_STEPWISE = "plugins/vpt_policy/tests/test_policy.py::test_stepwise_rollout_equals_chunked_training_forward[0-dtype0-1e-09]"
+COLLECTOR_BOOTSTRAP = "tests/test_rollout_collector.py::test_recurrent_state_and_truncation_bootstrap_reproduce_rollout[inline]"
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,52 @@ MUTATIONS = (
     Mutation("resume-staleness", "the first fetch after a resume is judged at the buffer's version 0", FETCH,
              "batch = self.fetch_chunks(num_chunks, self.version)", "batch = self.fetch_chunks(num_chunks)",
              ("tests/test_trainer_prefetch.py::test_the_first_fetch_after_a_resume_honours_max_staleness",)),
+    Mutation("chunk-staleness", "a chunk's staleness is judged by its newest fragment", BUFFER,
+             "version=min(int(m[\"version\"]) for m in metas),", "version=max(int(m[\"version\"]) for m in metas),",
+             (f"{BUFFER_TESTS}::test_a_chunk_is_as_old_as_its_oldest_fragment",)),
+    Mutation("frag-staleness", "a fragment's staleness is judged by its newest step", "mineonline_core/rollout/worker.py",
+             "\"version\": int(np.min(fragment[F.VERSION])),", "\"version\": int(np.max(fragment[F.VERSION])),",
+             (f"{BUFFER_TESTS}::test_a_fragment_is_as_old_as_its_oldest_step",)),
+    Mutation("gae-trunc-zero", "GAE treats a truncation as a terminal (bootstraps nothing)", GAE,
+             "following = torch.where(terminated, torch.zeros_like(following), following)",
+             "following = torch.where(terminated | truncated, torch.zeros_like(following), following)",
+             (f"{GAE_TESTS}::test_truncation_bootstraps_from_the_stored_value_and_restarts",)),
+    Mutation("gae-trunc-carry", "GAE carries the trace through a truncation into the next episode", GAE,
+             "carry = (~(terminated | truncated)).float()", "carry = (~terminated).float()",
+             (f"{GAE_TESTS}::test_truncation_bootstraps_from_the_stored_value_and_restarts",)),
+    Mutation("gae-normalized", "GAE runs on the value head's normalised values", "mineonline_core/trainer/batch.py",
+             "\"value\": denormalized_value(policy, latents[\"vpred\"]).float(),", "\"value\": latents[\"vpred\"].float(),",
+             ("tests/test_trainer_sequence.py::test_forward_reproduces_behaviour[mlp]",)),
+    Mutation("bootstrap-initial", "a truncation bootstraps from the initial recurrent state", COLLECTOR,
+             "row = tree_map(lambda s: s[slot.env_id : slot.env_id + 1].clone(), self.state)",
+             "row = tree_map(lambda s: s.clone(), self._init_row)", (COLLECTOR_BOOTSTRAP,)),
+    Mutation("bootstrap-first", "a truncation bootstraps with first=True (the policy resets its state)", COLLECTOR,
+             "+ [[False]] * len(values)", "+ [[True]] * len(values)", (COLLECTOR_BOOTSTRAP,)),
+    Mutation("kl-direction", "the KL penalty is KL(ref || pi) instead of KL(pi || ref)", PPO,
+             "pi_head.kl_divergence(pi_logits, ref_logits)", "pi_head.kl_divergence(ref_logits, pi_logits)",
+             (f"{PPO_TESTS}::test_kl_term_is_weighted_by_rho",
+              f"{GUARANTEES}::test_drifted_reference_carries_its_own_state_from_each_episode_start")),
+    Mutation("ref-state-after", "rollout records the reference's state after the fragment's first step", COLLECTOR,
+             "        return to_numpy(ref_sel)\n", "        return to_numpy(ref_out)\n",
+             ("tests/test_rollout_ray.py::test_worker_records_the_reference_policys_own_state_at_each_fragment_start",)),
+    Mutation("vpt-first-t0", "VPT honours first only at a call's first step", VPT_NET,
+             "episode = first.long().cumsum(1)", "episode = first[:, :1].long().expand(b, t)",
+             (VPT_STEPWISE,)),
+    Mutation("vpt-mask-state", "VPT's attention sees the state's memory across an episode start", VPT_NET,
+             "state_ok = state_mask.expand(b, t, maxlen) & fresh[:, :, None]", "state_ok = state_mask.expand(b, t, maxlen)",
+             ("plugins/vpt_policy/tests/test_conformance.py::TestVPTPolicy::test_an_episode_start_forgets_the_state_in",)),
+    Mutation("vpt-mask-frames", "VPT's attention sees a call's frames of the previous episode", VPT_NET,
+             "frame_ok = episode[:, :, None] == episode[:, None, :]", "frame_ok = episode[:, :, None] >= episode[:, None, :]",
+             (VPT_STEPWISE,)),
+    Mutation("vtrace-cbar", "V-trace truncates the traces c with rho-bar instead of c-bar", "plugins/vtrace/mineonline_vtrace.py",
+             "ratio.clamp(max=rho_bar), ratio.clamp(max=c_bar)", "ratio.clamp(max=rho_bar), ratio.clamp(max=rho_bar)",
+             ("plugins/vtrace/tests/test_vtrace_math.py::test_recursion_matches_the_sum_of_eq_1[0-2.0-0.5]",)),
+    Mutation("accum-scale", "gradient accumulation sums the micro-batches' gradients (no 1/k)", UPDATE,
+             "scale=1.0 / min(accum, num_batches - group_start)", "scale=1.0",
+             (f"{PPO_TESTS}::test_gradient_accumulation_matches_one_big_batch",)),
+    Mutation("adv-per-rank", "advantages are normalised with each rank's own statistics", UPDATE,
+             "            dist.all_reduce(sums)\n", "            pass\n",
+             ("tests/test_trainer_ddp.py::test_two_ranks_equal_one_rank",)),
 )
 
 
