@@ -50,7 +50,8 @@ from mineonline_core.trainer.publish import Publishing
 from mineonline_core.trainer.update import UpdateLoop
 
 _LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
-         "_fetcher", "reference", "_reference_ref", "update_guard", "_broadcaster", "_broadcast")
+         "_fetcher", "reference", "_reference_ref", "update_guard", "_broadcaster", "_broadcast",
+         "_snapshot")
 
 
 class TrainerOptions(Section):
@@ -96,6 +97,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         self._reference_stale = True  # the next broadcast sends the reference's weights (trainer thread)
         self._broadcaster: _Fetcher | None = None  # the broadcast thread (trainer/publish.py)
         self._broadcast: tuple[int, Future] | None = None  # (version, its send) in flight
+        self._snapshot: Any = None  # the weights' buffers on this rank's device, reused by every broadcast
         self._fetcher: _Fetcher | None = None
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.in_process = False  # True while fit() runs the loop in this process instead of Ray Train

@@ -1,11 +1,13 @@
 """What a rank publishes: weights to the rollout workers, metrics to the logger hub, checkpoints.
 
 Weights leave the trainer's critical path in two halves. On the trainer's thread: a snapshot of
-the state dict on the rank's device (``clone``: a device-memory copy, which the next optimiser step
-cannot change) and the finite check, one fused reduction on the device (``require_finite``). On one
-long-lived broadcast thread: the copy to host numpy, ``ray.put`` and the ``update_weights`` calls.
-At most one broadcast is in flight: the next one first waits for it, so broadcasts leave in version
-order and at most one snapshot is held. A broadcast that failed is logged on its thread and raised
+the state dict on the rank's device (``_Snapshot``: a device-memory copy into buffers allocated
+once, which the next optimiser step cannot change) and the finite check, one sum per buffer on the
+device (``surely_finite``; only a failed check scans per parameter, for ``require_finite``'s
+message). On one long-lived broadcast thread: the copy to host numpy (one transfer per buffer;
+none on a CPU rank, whose snapshot is host memory already), ``ray.put`` and the ``update_weights``
+calls. At most one broadcast is in flight: the next one first waits for it, so broadcasts leave in
+version order and the snapshot's buffers are free again when they are reused. A broadcast that failed is logged on its thread and raised
 on the trainer's thread with its cause, at the start of the next iteration or the next broadcast,
 whichever comes first. The end of training (``_train_func``) waits for the last broadcast; a run
 that fails drops the one in flight (the thread is a daemon), since its rollout side is torn down.
@@ -24,7 +26,7 @@ import torch
 import yaml
 
 from mineonline_core.errors import RunFailedError
-from mineonline_core.runtime.finite import require_finite
+from mineonline_core.runtime.finite import require_finite, surely_finite
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.fetch import _Fetcher
 from mineonline_core.trainer.goals import BEST_DIR, replace_best
@@ -60,23 +62,28 @@ class Publishing:
 
     def _publish_weights(self) -> None:
         """Snapshot and check the weights here; the broadcast thread sends them (see the module doc)."""
-        self.flush_broadcast()  # one in flight at most: versions leave in order
-        weights = _snapshot(unwrap(self.model).state_dict())
-        require_finite(weights, what="broadcast to the rollout workers")
+        self.flush_broadcast()  # one in flight at most: versions leave in order, the buffers are free
+        state = unwrap(self.model).state_dict()
+        if self._snapshot is None or not self._snapshot.holds(state):
+            self._snapshot = _Snapshot(state)
+        weights = self._snapshot.copy_from(state)
+        if not surely_finite(weights.flats):
+            require_finite(weights.views, what="broadcast to the rollout workers")
         reference = None
-        if self.reference is not None and self._reference_stale:
-            reference, self._reference_stale = _snapshot(self.reference.state_dict()), False
+        if self.reference is not None and self._reference_stale:  # rare: its own buffers, not kept
+            ref_state = self.reference.state_dict()
+            reference, self._reference_stale = _Snapshot(ref_state).copy_from(ref_state), False
         if self._broadcaster is None:
             self._broadcaster = _Fetcher(name="mineonline-broadcast")
         self._broadcast = (self.version, self._broadcaster.submit(self._send_weights, self.version, weights, reference))
 
-    def _send_weights(self, version: int, weights: dict[str, torch.Tensor], reference: dict[str, torch.Tensor] | None) -> float:
+    def _send_weights(self, version: int, weights: _Snapshot, reference: _Snapshot | None) -> float:
         """The broadcast thread's half: host copy, ``ray.put``, ``update_weights``. Returns its ms."""
         start = time.perf_counter()
         try:
             if reference is not None:  # the reference's put is kept until it changes (``_reference_ref``)
-                self._reference_ref = self._put_weights(_host(reference))
-            refs = [self._put_weights(_host(weights))]
+                self._reference_ref = self._put_weights(reference.host())
+            refs = [self._put_weights(weights.host())]
             if self._reference_ref is not None:
                 refs.append(self._reference_ref)
             # Straight to the workers this rank knows: one actor hop between the put and each worker's
@@ -140,12 +147,32 @@ class Publishing:
         )  # fmt: skip
 
 
-def _snapshot(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A copy of every tensor on its own device: the optimiser's next step cannot change it."""
-    with torch.no_grad():
-        return {k: v.detach().clone() for k, v in state.items()}
+class _Snapshot:
+    """A state dict's copy on its own device, in one flat buffer per (device, dtype) whose views are
+    the tensors: a copy into memory already touched, a finite check of one sum per buffer, a host
+    copy of one transfer per buffer."""
 
+    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.layout = [(k, v.shape, v.dtype, v.device) for k, v in state.items()]
+        sizes: dict[tuple[torch.device, torch.dtype], int] = {}
+        self.places: dict[str, tuple[int, int, torch.Size]] = {}  # key -> (buffer, offset, shape)
+        for k, v in state.items():
+            group = (v.device, v.dtype)
+            offset = sizes.setdefault(group, 0)
+            self.places[k] = (list(sizes).index(group), offset, v.shape)
+            sizes[group] = offset + v.numel()
+        self.flats = [torch.empty(n, dtype=dtype, device=device) for (device, dtype), n in sizes.items()]
+        self.views = {k: self.flats[i][o : o + shape.numel()].view(shape) for k, (i, o, shape) in self.places.items()}
 
-def _host(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    # A CPU snapshot is already private to the broadcast: ``numpy()`` shares it, ``ray.put`` copies once.
-    return {k: v.cpu().numpy() for k, v in state.items()}
+    def holds(self, state: Mapping[str, torch.Tensor]) -> bool:
+        return self.layout == [(k, v.shape, v.dtype, v.device) for k, v in state.items()]
+
+    def copy_from(self, state: Mapping[str, torch.Tensor]) -> _Snapshot:
+        with torch.no_grad():
+            torch._foreach_copy_(list(self.views.values()), [v.detach() for v in state.values()])
+        return self
+
+    def host(self) -> dict[str, np.ndarray]:
+        """Numpy views of host copies of the buffers (a CPU buffer is shared: ``ray.put`` copies it once)."""
+        hosts = [flat.cpu().numpy() for flat in self.flats]
+        return {k: hosts[i][o : o + shape.numel()].reshape(shape) for k, (i, o, shape) in self.places.items()}
