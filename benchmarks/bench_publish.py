@@ -15,7 +15,7 @@ Figures per path, medians over ``--rounds`` after a warm-up round: ``trainer_ms`
 on the trainer's thread, ``perf/broadcast_ms``), ``delivered_ms`` (call → the worker holds the
 version), ``send_ms`` (async: the broadcast thread's time, ``perf/broadcast_send_ms``).
 
-    python benchmarks/bench_publish.py --mbytes 150 --rounds 5
+    python benchmarks/bench_publish.py --mbytes 150 --rounds 4 --train-ms 500   # about a minute on 2 cores
 """
 
 from __future__ import annotations
@@ -113,7 +113,9 @@ def main() -> None:
     parser.add_argument("--mbytes", type=float, default=150.0, help="float32 weights of the MLP, in MB")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--train-ms", type=float, default=1000.0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the in-process rank's num_cpus_per_worker)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     bl.init_local_ray(num_cpus=2)
     import ray
 
@@ -138,7 +140,7 @@ def main() -> None:
         ray.kill(manager)
         ray.shutdown()
     for row in rows:
-        bl.emit("publish", {"mbytes": round(mbytes, 1), **row}, rounds=args.rounds, train_ms=args.train_ms)
+        bl.emit("publish", {"mbytes": round(mbytes, 1), **row}, rounds=args.rounds, train_ms=args.train_ms, threads=args.threads)
 
 
 if __name__ == "__main__":
