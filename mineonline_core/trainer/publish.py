@@ -7,18 +7,20 @@ device (``surely_finite``; only a failed check scans per parameter, for ``requir
 message). On one long-lived broadcast thread: the copy to host numpy (one transfer per buffer;
 none on a CPU rank, whose snapshot is host memory already), ``ray.put`` and the ``update_weights``
 calls. At most one broadcast is in flight: the next one first waits for it, so broadcasts leave in
-version order and the snapshot's buffers are free again when they are reused. A broadcast that failed is logged on its thread and raised
-on the trainer's thread with its cause, at the start of the next iteration or the next broadcast,
-whichever comes first. The end of training (``_train_func``) waits for the last broadcast; a run
-that fails drops the one in flight (the thread is a daemon), since its rollout side is torn down.
+version order and the snapshot's buffers are free again when they are reused. A broadcast that
+failed is logged on its thread and raised on the trainer's thread with its cause, at the start of
+the next iteration or at the next broadcast, whichever comes first. The end of training
+(``_train_func``) waits for the last broadcast; a run that fails drops the one in flight (the
+thread is a daemon), since its rollout side is being torn down.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import ray
