@@ -17,7 +17,8 @@ from mineonline_core.errors import ConfigError
 from mineonline_core.runtime.names import NAMESPACE
 from mineonline_core.testing.kit import cartpole, mlp_policy
 from mineonline_core.trainer import checkpoint as ckpt
-from mineonline_core.trainer.device import lease_gpu, rank_device
+from mineonline_core.runtime.gpulease import lease_gpu
+from mineonline_core.trainer.device import rank_device
 from mineonline_ppo import PPOTrainer
 
 

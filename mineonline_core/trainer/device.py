@@ -1,28 +1,23 @@
 """The device of a single trainer rank in the driver's process: the CPU, or the GPU Ray leases it.
 
-One rank trains in the driver's process (``DriverSide.fit``), a GPU rank too: no Ray Train controller,
-worker group or NCCL group for a world of one. The driver is not a Ray actor, so Ray has reserved
-nothing for it and set no ``CUDA_VISIBLE_DEVICES``. A GPU rank therefore first leases its share: a
-``GpuLease`` actor with ``train_config.num_gpus_per_worker`` GPUs and no CPU, pinned to the driver's
-node, holds the share until training ends, so that rollout workers' ``num_gpus_per_worker`` are
-never booked onto it, and reports which GPU Ray gave it; ``rank_device`` maps that GPU to this
-process's CUDA device. Ray Train runs the rank instead, with a log line saying why, when this process
-sees no CUDA device, the lease is not granted within ``LEASE_WAIT_S`` (no free share on the driver's
-node), or the leased GPU is not one of this process's CUDA devices. As for a CPU rank, the driver's
-CPU threads are not reserved in Ray (``num_cpus_per_worker`` sets torch's thread count).
+One rank trains in the driver's process (``DriverSide.fit``), a GPU rank too: no Ray Train
+controller, worker group or NCCL group for a world of one. The driver is not a Ray actor, so Ray has
+reserved nothing for it and set no ``CUDA_VISIBLE_DEVICES``. A GPU rank therefore first leases its
+share: a ``GpuLease`` actor (``runtime/gpulease.py``) with ``train_config.num_gpus_per_worker`` GPUs
+and no CPU, pinned to the driver's node, holds the share until training ends, so that rollout
+workers' ``num_gpus_per_worker`` are never booked onto it, and reports which GPU Ray gave it;
+``rank_device`` maps that GPU to this process's CUDA device. Ray Train runs the rank instead, with a
+log line saying why, when this process sees no CUDA device, the lease is not granted within
+``LEASE_WAIT_S`` (no free share on the driver's node), or the leased GPU is not one of this
+process's CUDA devices. As for a CPU rank, the driver's CPU threads are not reserved in Ray
+(``num_cpus_per_worker`` sets torch's thread count).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from typing import Any
 
-import ray
 import torch
-
-log = logging.getLogger(__name__)
-LEASE_WAIT_S = 60.0  # an actor start takes a second or two; longer means no free GPU share on this node
 
 
 def rank_device(*, gpu_ids: Sequence[str], visible_devices: str | None, device_count: int) -> tuple[torch.device | None, str]:
@@ -41,25 +36,3 @@ def rank_device(*, gpu_ids: Sequence[str], visible_devices: str | None, device_c
     if gpu not in names:
         return None, f"Ray's GPU {gpu} is not one of the driver's CUDA devices (CUDA_VISIBLE_DEVICES={visible_devices!r})"
     return torch.device("cuda", names.index(gpu)), f"Ray's GPU {gpu}"
-
-
-@ray.remote(num_cpus=0)
-class GpuLease:
-    """Holds a GPU share in Ray's books for the trainer in the driver's process; does nothing else."""
-
-    def gpu_ids(self) -> list[str]:
-        return [str(gpu) for gpu in ray.get_gpu_ids()]
-
-
-def lease_gpu(num_gpus: float, *, timeout: float = LEASE_WAIT_S) -> tuple[Any, list[str]]:
-    """A ``GpuLease`` of ``num_gpus`` on this node and its GPU ids, or ``(None, [])`` when Ray does
-    not grant it within ``timeout`` seconds. The caller ends the lease with ``ray.kill``."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-    lease = GpuLease.options(num_gpus=num_gpus, scheduling_strategy=node).remote()
-    ready, _ = ray.wait([lease.gpu_ids.remote()], timeout=timeout)
-    if not ready:
-        ray.kill(lease)
-        return None, []
-    return lease, ray.get(ready[0])

@@ -18,7 +18,8 @@ import torch
 
 from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
 from mineonline_core.trainer import checkpoint as ckpt
-from mineonline_core.trainer.device import lease_gpu, rank_device
+from mineonline_core.runtime.gpulease import lease_gpu
+from mineonline_core.trainer.device import rank_device
 from mineonline_core.trainer import recovery
 
 log = logging.getLogger(__name__)
