@@ -9,8 +9,8 @@ minus the version that chose its action.
 The loop runs on ``train_config.num_workers`` Ray Train ranks (``TorchTrainer``; gloo on CPU, NCCL on
 GPU), or, for one rank, in the driver's own process (``train_config.use_ray_train``), on its CPU or
 on the GPU share it leases from Ray (``trainer/device.py``): the same ``_train_func``, without Ray
-Train's seconds of start-up nor a process group for a world of one. The trainer object is pickled to each rank,
-so it holds only handles and config until ``_train_func`` builds the live model there.
+Train's seconds of start-up nor a process group for a world of one. The trainer object is pickled
+to each rank, so it holds only handles and config until ``_train_func`` builds the live model there.
 
 A trainer plugin subclasses ``BaseTrainer`` with a ``name``, a ``Config`` (a ``TrainerOptions``
 model of its own ``train_config`` keys, available as ``self.options``) and ``compute_loss``; every

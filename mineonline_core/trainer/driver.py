@@ -12,15 +12,16 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch
 
 from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
-from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.runtime.gpulease import lease_gpu
-from mineonline_core.trainer.device import rank_device
+from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer import recovery
+from mineonline_core.trainer.device import rank_device
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class DriverSide:
                 log.warning("a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
                             str(exc).strip().splitlines()[-1][:200], self.restarts, tc.max_trainer_restarts)  # fmt: skip
 
-    def _driver_device(self) -> tuple[torch.device | None, object]:
+    def _driver_device(self) -> tuple[torch.device | None, Any]:
         """The CPU, or the GPU this process leased (with its lease); None when Ray Train must run the
         GPU rank because this process cannot (logged), or a ConfigError when use_ray_train is false."""
         tc = self.train_config
