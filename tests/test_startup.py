@@ -11,7 +11,7 @@ import sys
 from mineonline_core.runtime.resolve import Deferred
 
 BOOKKEEPING = ("mineonline_core.rollout.manager", "mineonline_core.rollout.buffer", "mineonline_core.rollout.stats",
-               "mineonline_core.runtime.storehost", "mineonline_core.runtime.loggerhub", "mineonline_core.runtime.console", "mineonline_lmdb.store")  # fmt: skip
+               "mineonline_core.runtime.storehost", "mineonline_core.runtime.gpulease", "mineonline_core.runtime.loggerhub", "mineonline_core.runtime.console", "mineonline_lmdb.store")  # fmt: skip
 
 
 def _fresh_python(code: str) -> str:

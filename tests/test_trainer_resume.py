@@ -71,6 +71,7 @@ def run(trainer):
     for iteration in range(trainer.iteration + 1, trainer.train_config.num_iterations + 1):
         metrics = trainer.run_iteration(iteration)
         seq.append((metrics["trainer/iteration"], metrics["trainer/version"], metrics["trainer/rho"], metrics["trainer/learning_rate"]))
+    trainer.flush_broadcast()  # as _train_func ends: the broadcast thread has sent the last version
     return seq
 
 

@@ -48,12 +48,11 @@ def check_consistency(cfg: OnlineConfig) -> None:
             f"would wait forever. Fix: raise max_chunks to at least {per_iteration} or lower "
             f"those train_config values."
         )
-    if tc.use_ray_train is False and (tc.num_workers > 1 or tc.num_gpus_per_worker > 0):
+    if tc.use_ray_train is False and tc.num_workers > 1:
         problems.append(
-            f"train_config.use_ray_train is false, which trains in the driver's process on its CPU, but "
-            f"train_config.num_workers is {tc.num_workers} and num_gpus_per_worker is "
-            f"{tc.num_gpus_per_worker:g}. Fix: set use_ray_train to null (Ray Train for several ranks or "
-            f"GPUs), or num_workers 1 and num_gpus_per_worker 0."
+            f"train_config.use_ray_train is false, which trains one rank in the driver's process, but "
+            f"train_config.num_workers is {tc.num_workers}. Fix: set use_ray_train to null (Ray Train for "
+            f"several ranks), or num_workers 1."
         )
     chunk_steps = rc.fragment_length * rb.fragments_per_chunk
     if tc.context_length > chunk_steps:

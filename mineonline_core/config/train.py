@@ -28,9 +28,11 @@ class TrainConfig(OpenSection):
     use_ray_train: bool | None = Field(
         None,
         description="Train on Ray Train ranks (true) or in the driver's own process (false). null: Ray "
-        "Train when num_workers > 1 or num_gpus_per_worker > 0, the driver otherwise, which starts "
-        "training about 10 s sooner (no controller, placement group or worker group). Both run the "
-        "same trainer code.",
+        "Train when num_workers > 1, the driver otherwise, which starts training about 10 s sooner (no "
+        "controller, placement group, worker group or process group). A GPU rank in the driver leases "
+        "num_gpus_per_worker from Ray for the run (no rollout worker is placed on that share) and "
+        "trains on that GPU; when the driver's process sees no CUDA device, null hands the rank to Ray "
+        "Train (logged) and false is an error. Both run the same trainer code.",
     )
     # --- schedule -----------------------------------------------------------------------------
     num_iterations: int = setting(

@@ -8,7 +8,9 @@
   (``trainer/skipped_updates``); ``max_consecutive`` skips in a row stop the run with an error that
   names the loss terms and parameters that went non-finite.
 * **Weights** (``require_finite``): never broadcast to the rollout workers nor checkpointed unless
-  every floating-point value is finite.
+  every floating-point value is finite. Tensors are checked where they live, by their sums (which a
+  NaN or an infinity always makes non-finite) and one device sync (``surely_finite``); only a
+  failed check scans every value, to name the parameters (or to find that a sum only overflowed).
 """
 
 from __future__ import annotations
@@ -73,8 +75,23 @@ def env_answer_problem(reward: float | None, obs: Any, final_obs: Any) -> str | 
     return "; ".join(problems) or None
 
 
+def surely_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    """True only when every value of ``tensors`` is finite: one sum per tensor, stacked per (device,
+    dtype), one sync. A NaN or an infinity always makes a sum non-finite; an overflow of finite
+    values does too, so False means "maybe not": the caller then scans for the culprits."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.is_floating_point() or t.is_complex():
+            groups.setdefault((t.device, t.dtype), []).append(t.detach().sum())
+    flags = [torch.isfinite(torch.stack(sums)).all().cpu() for sums in groups.values()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
 def require_finite(state_dict: Mapping[str, Any], *, what: str) -> None:
     """Raise ``RunFailedError`` naming the parameters when any weight is NaN or infinite."""
+    values = list(state_dict.values())
+    if all(isinstance(v, torch.Tensor) for v in values) and surely_finite(values):
+        return
     hits = [(name, bad, _size(value)) for name, value in state_dict.items() if (bad := _nonfinite_count(value))]
     if hits:
         raise RunFailedError(

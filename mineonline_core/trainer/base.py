@@ -7,9 +7,10 @@ and broadcasts the weights to the rollout workers. **Staleness** of a step is th
 minus the version that chose its action.
 
 The loop runs on ``train_config.num_workers`` Ray Train ranks (``TorchTrainer``; gloo on CPU, NCCL on
-GPU), or, for one CPU rank, in the driver's own process (``train_config.use_ray_train``): the same
-``_train_func``, without Ray Train's seconds of start-up. The trainer object is pickled to each rank,
-so it holds only handles and config until ``_train_func`` builds the live model there.
+GPU), or, for one rank, in the driver's own process (``train_config.use_ray_train``), on its CPU or
+on the GPU share it leases from Ray (``trainer/device.py``): the same ``_train_func``, without Ray
+Train's seconds of start-up nor a process group for a world of one. The trainer object is pickled
+to each rank, so it holds only handles and config until ``_train_func`` builds the live model there.
 
 A trainer plugin subclasses ``BaseTrainer`` with a ``name``, a ``Config`` (a ``TrainerOptions``
 model of its own ``train_config`` keys, available as ``self.options``) and ``compute_loss``; every
@@ -50,7 +51,8 @@ from mineonline_core.trainer.publish import Publishing
 from mineonline_core.trainer.update import UpdateLoop
 
 _LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
-         "_fetcher", "reference", "_reference_ref", "update_guard")
+         "_fetcher", "reference", "_reference_ref", "update_guard", "_broadcaster", "_broadcast",
+         "_snapshot")
 
 
 class TrainerOptions(Section):
@@ -92,7 +94,11 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         # A KL reference policy, if the algorithm has one: rollout runs it beside the behaviour
         # policy so that each fragment records the reference's own recurrent state (DESIGN §5.4).
         self.reference: nn.Module | None = None
-        self._reference_ref: Any = None  # the reference's weights in the object store, once put
+        self._reference_ref: Any = None  # the reference's weights in the object store (the broadcast thread's)
+        self._reference_stale = True  # the next broadcast sends the reference's weights (trainer thread)
+        self._broadcaster: _Fetcher | None = None  # the broadcast thread (trainer/publish.py)
+        self._broadcast: tuple[int, Future] | None = None  # (version, its send) in flight
+        self._snapshot: Any = None  # the weights' buffers on this rank's device, reused by every broadcast
         self._fetcher: _Fetcher | None = None
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.in_process = False  # True while fit() runs the loop in this process instead of Ray Train
@@ -111,6 +117,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         for key in _LIVE:
             state[key] = None
         state["_prefetch"] = deque()
+        state["_reference_stale"] = True
         return state
 
     # -- hooks with defaults (compute_loss and the loop's hooks: trainer/update.py) -----------------
@@ -197,13 +204,16 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
 
     # -- rank side ------------------------------------------------------------------------------
 
-    def setup_rank(self, *, local: bool = False) -> None:
+    def setup_rank(self, *, local: bool = False, device: torch.device | None = None) -> None:
         """Build the policy, optimiser, DDP wrapper and AMP scaler on this rank (resuming if asked).
 
-        ``local=True`` sets up a single CPU rank outside Ray Train (the in-process trainer, tests).
+        ``local=True`` sets up a single rank outside Ray Train (the in-process trainer, tests) on
+        ``device``: the CPU by default; ``fit`` passes the GPU the driver leased (``trainer/device.py``).
         """
         if local:
-            self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
+            self.rank, self.world_size, self.device = 0, 1, device or torch.device("cpu")
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)  # what a bare "cuda" means here, as Ray Train sets for its ranks
         else:
             import ray.train
             import ray.train.torch
@@ -213,6 +223,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
             self.device = ray.train.torch.get_device()
         tc, seed = self.train_config, int(getattr(self.config, "seed", 0) or 0)
         torch.manual_seed(seed)  # the same initial weights (and KL reference) on every rank
+        self._reference_stale = True  # a rebuilt reference is sent with the first broadcast
         policy = self.policy_generator()
         self.check_policy(policy)
         self.init_policy(policy)
@@ -256,7 +267,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
     def _train_func(self) -> None:
         # No parameter: Ray Train passes its config to a loop function that takes one.
         setup_actor_logging()  # a Ray Train rank is an actor; in the driver's process this does nothing
-        self.setup_rank(local=self.in_process)
+        self.setup_rank(local=self.in_process, device=self.device if self.in_process else None)
         self._connect()
         self.version = recovery.rejoin_version(self.rollout_manager, self.version)
         if self.rank == 0:
@@ -270,6 +281,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
                     self.save_checkpoint()
                 self.last_metrics["trainer/stopped_early"] = 1.0
                 break
+        self.flush_broadcast()  # the last version reaches the rollout side before training ends
         if not self.in_process:
             import ray.train
 
@@ -299,6 +311,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         self.iteration = iteration
         self.learning_rate = self.learning_rate_at(iteration)
         self.update_guard.skipped_iteration = 0
+        self.check_broadcast()  # the previous broadcast's failure, if it already failed
         batch = self.fetch_fragments_and_estimate_advantages(tc.batches_per_iteration * tc.batch_size_per_gpu)
         start = time.perf_counter()
         metrics = {**self.train(batch), **self.iteration_metrics()}

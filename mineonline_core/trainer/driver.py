@@ -1,21 +1,27 @@
 """The driver side of ``BaseTrainer``: where the ranks run, and what a run returns.
 
 ``fit`` runs the loop on Ray Train ranks (``TorchTrainer``, restarted from the latest checkpoint when a
-rank dies, see ``recovery.py``) or, for one CPU rank, in the driver's own process.
+rank dies, see ``recovery.py``) or, for one rank, in the driver's own process: on its CPU, or on the
+GPU share it leases from Ray (``trainer/device.py``; Ray Train takes over, saying why, when the
+driver's process cannot use that GPU).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch
 
-from mineonline_core.errors import RunFailedError, find_user_error
+from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
+from mineonline_core.runtime.gpulease import lease_gpu
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer import recovery
+from mineonline_core.trainer.device import rank_device
 
 log = logging.getLogger(__name__)
 
@@ -24,18 +30,30 @@ class DriverSide:
     """``BaseTrainer``'s ``fit``: Ray Train ranks or the driver's process."""
 
     def uses_ray_train(self) -> bool:
-        """Ray Train for several ranks or GPUs (or when asked); otherwise the driver's process."""
+        """Ray Train for several ranks (or when asked); otherwise the driver's process, which may
+        still hand a GPU rank to Ray Train when it cannot use the GPU (``fit``)."""
         tc = self.train_config
         if tc.use_ray_train is not None:
             return tc.use_ray_train
-        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0
+        return tc.num_workers > 1
 
-    def fit(self) -> dict:
-        """Run every iteration, on Ray Train ranks or in this process; return the final metrics."""
+    def fit(self, *, device: torch.device | None = None) -> dict:
+        """Run every iteration, on Ray Train ranks or in this process; return the final metrics.
+
+        ``device``: run the single rank in this process on it, whatever the config says (a test's CPU
+        device standing in for a GPU); None: the config decides, and a GPU rank leases its GPU."""
         self.preflight()
         self._fit_started, self.restarts = time.time(), 0
+        if device is not None:
+            return self._fit_in_process(device)
         if not self.uses_ray_train():
-            return self._fit_in_process()
+            device, lease = self._driver_device()
+            if device is not None:
+                try:
+                    return self._fit_in_process(device)
+                finally:
+                    if lease is not None:
+                        ray.kill(lease)
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -62,14 +80,39 @@ class DriverSide:
                 log.warning("a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
                             str(exc).strip().splitlines()[-1][:200], self.restarts, tc.max_trainer_restarts)  # fmt: skip
 
-    def _fit_in_process(self) -> dict:
-        """The single-rank loop in this process: what a Ray Train rank runs, without the seconds of
-        start-up of its controller, placement group, worker group and process group."""
+    def _driver_device(self) -> tuple[torch.device | None, Any]:
+        """The CPU, or the GPU this process leased (with its lease); None when Ray Train must run the
+        GPU rank because this process cannot (logged), or a ConfigError when use_ray_train is false."""
+        tc = self.train_config
+        if tc.num_gpus_per_worker == 0:
+            return torch.device("cpu"), None
+        lease, gpu_ids, visible, count = None, [], os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count()
+        if count:
+            lease, gpu_ids = lease_gpu(tc.num_gpus_per_worker)
+        device, why = rank_device(gpu_ids=gpu_ids, visible_devices=visible, device_count=count)
+        if device is not None:
+            log.info("training in the driver's process on %s (%s)", device, why)
+            return device, lease
+        if lease is not None:
+            ray.kill(lease)
+        if tc.use_ray_train is False:
+            raise ConfigError(
+                f"train_config.use_ray_train is false with num_gpus_per_worker {tc.num_gpus_per_worker:g}, which "
+                f"trains in the driver's process on a GPU, but {why}. Fix: set use_ray_train to null (Ray Train "
+                f"runs the rank when the driver cannot), make a GPU visible to the driver, or set "
+                f"num_gpus_per_worker 0."
+            )
+        log.warning("the trainer's GPU rank runs on Ray Train, not in the driver's process: %s", why)
+        return None, None
+
+    def _fit_in_process(self, device: torch.device) -> dict:
+        """The single-rank loop in this process on ``device``: what a Ray Train rank runs, without
+        the seconds of start-up of its controller, placement group, worker group and process group."""
         threads = torch.get_num_threads()
         # As Ray Train gives a rank (OMP_NUM_THREADS): more threads than reserved CPUs spin
         # against the rollout workers for the same cores.
         torch.set_num_threads(max(1, int(self.train_config.num_cpus_per_worker)))
-        self.in_process = True
+        self.in_process, self.device = True, device
         try:
             self._train_func()
         except Exception as exc:

@@ -132,13 +132,14 @@ class ChunkFetching:
 
 
 class _Fetcher:
-    """One long-lived thread that runs the trainer's fetches ahead: one thread per iteration would
-    churn the allocator's per-thread arenas. A daemon, because at a stop it may still be waiting in
-    ``buffer.sample`` and must not hold the rank's process open."""
+    """One long-lived thread that runs the trainer's fetches ahead (and, as ``mineonline-broadcast``,
+    its weight broadcasts, ``trainer/publish.py``), in submission order: one thread per iteration
+    would churn the allocator's per-thread arenas. A daemon, because at a stop it may still be
+    waiting in ``buffer.sample`` and must not hold the rank's process open."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "mineonline-prefetch") -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="mineonline-prefetch", daemon=True).start()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         future: Future = Future()

@@ -1,18 +1,40 @@
-"""What a rank publishes: weights to the rollout workers, metrics to the logger hub, checkpoints."""
+"""What a rank publishes: weights to the rollout workers, metrics to the logger hub, checkpoints.
+
+Weights leave the trainer's critical path in two halves. On the trainer's thread: a snapshot of
+the state dict on the rank's device (``_Snapshot``: a device-memory copy into buffers allocated
+once, which the next optimiser step cannot change) and the finite check, one sum per buffer on the
+device (``surely_finite``; only a failed check scans per parameter, for ``require_finite``'s
+message). On one long-lived broadcast thread: the copy to host numpy (one transfer per buffer;
+none on a CPU rank, whose snapshot is host memory already), ``ray.put`` and the ``update_weights``
+calls. At most one broadcast is in flight: the next one first waits for it, so broadcasts leave in
+version order and the snapshot's buffers are free again when they are reused. A broadcast that
+failed is logged on its thread and raised on the trainer's thread with its cause, at the start of
+the next iteration or at the next broadcast, whichever comes first. The end of training
+(``_train_func``) waits for the last broadcast; a run that fails drops the one in flight (the
+thread is a daemon), since its rollout side is being torn down.
+"""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
+import torch
 import yaml
 
-from mineonline_core.runtime.finite import require_finite
+from mineonline_core.errors import RunFailedError
+from mineonline_core.runtime.finite import require_finite, surely_finite
 from mineonline_core.trainer import checkpoint as ckpt
+from mineonline_core.trainer.fetch import _Fetcher
 from mineonline_core.trainer.goals import BEST_DIR, replace_best
 from mineonline_core.trainer.sequence import unwrap
+
+log = logging.getLogger(__name__)
 
 
 class Publishing:
@@ -30,7 +52,7 @@ class Publishing:
             print(f"mineonline: stopping after iteration {self.iteration}: {self._goal_reached}", flush=True)
 
     def broadcast_model_to_rollout_workers(self, new_version: bool) -> None:
-        """Bump the version (every rank) and publish the weights (rank 0, without waiting)."""
+        """Bump the version (every rank) and publish the weights (rank 0, sent by the broadcast thread)."""
         if new_version:
             self.version += 1
         if self.rank == 0:
@@ -38,22 +60,61 @@ class Publishing:
 
     def reference_changed(self) -> None:
         """The reference's weights changed: the next broadcast sends them to the rollout workers."""
-        self._reference_ref = None
+        self._reference_stale = True
 
     def _publish_weights(self) -> None:
-        weights = {k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()}
-        require_finite(weights, what="broadcast to the rollout workers")
-        refs = [self._put_weights(weights)]
-        if self.reference is not None:
-            if self._reference_ref is None:
-                self._reference_ref = self._put_weights({k: v.detach().cpu().numpy() for k, v in self.reference.state_dict().items()})
-            refs.append(self._reference_ref)
-        # Straight to the workers this rank knows: one actor hop between the put and each worker's
-        # get, not two. The manager records the weights (for restarted workers), tells the buffer
-        # the version, and forwards them only when this rank has no worker handles.
-        for worker in self._workers:
-            worker.update_weights.remote(refs, self.version)
-        self.rollout_manager.update_weights.remote(refs, self.version, forward=not self._workers)
+        """Snapshot and check the weights here; the broadcast thread sends them (see the module doc)."""
+        self.flush_broadcast()  # one in flight at most: versions leave in order, the buffers are free
+        state = unwrap(self.model).state_dict()
+        if self._snapshot is None or not self._snapshot.holds(state):
+            self._snapshot = _Snapshot(state)
+        weights = self._snapshot.copy_from(state)
+        if not surely_finite(weights.flats):
+            require_finite(weights.views, what="broadcast to the rollout workers")
+        reference = None
+        if self.reference is not None and self._reference_stale:  # rare: its own buffers, not kept
+            ref_state = self.reference.state_dict()
+            reference, self._reference_stale = _Snapshot(ref_state).copy_from(ref_state), False
+        if self._broadcaster is None:
+            self._broadcaster = _Fetcher(name="mineonline-broadcast")
+        self._broadcast = (self.version, self._broadcaster.submit(self._send_weights, self.version, weights, reference))
+
+    def _send_weights(self, version: int, weights: _Snapshot, reference: _Snapshot | None) -> float:
+        """The broadcast thread's half: host copy, ``ray.put``, ``update_weights``. Returns its ms."""
+        start = time.perf_counter()
+        try:
+            if reference is not None:  # the reference's put is kept until it changes (``_reference_ref``)
+                self._reference_ref = self._put_weights(reference.host())
+            refs = [self._put_weights(weights.host())]
+            if self._reference_ref is not None:
+                refs.append(self._reference_ref)
+            # Straight to the workers this rank knows: one actor hop between the put and each worker's
+            # get, not two. The manager records the weights (for restarted workers), tells the buffer
+            # the version, and forwards them only when this rank has no worker handles.
+            for worker in self._workers:
+                worker.update_weights.remote(refs, version)
+            self.rollout_manager.update_weights.remote(refs, version, forward=not self._workers)
+        except BaseException:
+            log.exception("broadcasting model version %d to the rollout workers failed", version)
+            raise
+        return 1e3 * (time.perf_counter() - start)
+
+    def check_broadcast(self) -> None:
+        """Raise the failure of the broadcast in flight if it has already failed; never waits."""
+        if self._broadcast is not None and self._broadcast[1].done():
+            self.flush_broadcast()
+
+    def flush_broadcast(self) -> None:
+        """Wait for the broadcast in flight; raise its failure with its cause."""
+        if self._broadcast is None:
+            return
+        (version, future), self._broadcast = self._broadcast, None
+        try:
+            self.perf["perf/broadcast_send_ms"] = future.result()
+        except Exception as exc:
+            raise RunFailedError(
+                f"Broadcasting model version {version} to the rollout workers failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _put_weights(self, weights: dict[str, np.ndarray]) -> Any:
         # Owned by this rank (Ray >= 2.56 has no ``_owner``): workers fetch it while training runs.
@@ -86,3 +147,34 @@ class Publishing:
             config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False), source_text=self.whole_config,
             keep_interval=keep_interval,
         )  # fmt: skip
+
+
+class _Snapshot:
+    """A state dict's copy on its own device, in one flat buffer per (device, dtype) whose views are
+    the tensors: a copy into memory already touched, a finite check of one sum per buffer, a host
+    copy of one transfer per buffer."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.layout = [(k, v.shape, v.dtype, v.device) for k, v in state.items()]
+        sizes: dict[tuple[torch.device, torch.dtype], int] = {}
+        self.places: dict[str, tuple[int, int, torch.Size]] = {}  # key -> (buffer, offset, shape)
+        for k, v in state.items():
+            group = (v.device, v.dtype)
+            offset = sizes.setdefault(group, 0)
+            self.places[k] = (list(sizes).index(group), offset, v.shape)
+            sizes[group] = offset + v.numel()
+        self.flats = [torch.empty(n, dtype=dtype, device=device) for (device, dtype), n in sizes.items()]
+        self.views = {k: self.flats[i][o : o + shape.numel()].view(shape) for k, (i, o, shape) in self.places.items()}
+
+    def holds(self, state: Mapping[str, torch.Tensor]) -> bool:
+        return self.layout == [(k, v.shape, v.dtype, v.device) for k, v in state.items()]
+
+    def copy_from(self, state: Mapping[str, torch.Tensor]) -> _Snapshot:
+        with torch.no_grad():
+            torch._foreach_copy_(list(self.views.values()), [v.detach() for v in state.values()])
+        return self
+
+    def host(self) -> dict[str, np.ndarray]:
+        """Numpy views of host copies of the buffers (a CPU buffer is shared: ``ray.put`` copies it once)."""
+        hosts = [flat.cpu().numpy() for flat in self.flats]
+        return {k: hosts[i][o : o + shape.numel()].reshape(shape) for k, (i, o, shape) in self.places.items()}

@@ -28,6 +28,8 @@ PPO = "plugins/ppo/mineonline_ppo.py"
 BASE = "mineonline_core/trainer/base.py"
 FETCH = "mineonline_core/trainer/fetch.py"
 UPDATE = "mineonline_core/trainer/update.py"
+PUBLISH = "mineonline_core/trainer/publish.py"
+DRIVER = "mineonline_core/trainer/driver.py"
 GUARANTEES = "tests/test_guarantees.py"
 PPO_TESTS = "plugins/ppo/tests/test_ppo_loss.py"
 BUFFER = "mineonline_core/rollout/buffer.py"
@@ -156,6 +158,16 @@ MUTATIONS = (
     Mutation("adv-per-rank", "advantages are normalised with each rank's own statistics", UPDATE,
              "            dist.all_reduce(sums)\n", "            pass\n",
              ("tests/test_trainer_ddp.py::test_two_ranks_equal_one_rank",)),
+    Mutation("broadcast-live", "the broadcast thread sends the live weights, not the snapshot", PUBLISH,
+             "            refs = [self._put_weights(weights.host())]",
+             "            refs = [self._put_weights(weights.copy_from(unwrap(self.model).state_dict()).host())]",
+             ("tests/test_trainer_broadcast.py::test_versions_arrive_in_order_with_the_weights_they_were_published_with",)),
+    Mutation("broadcast-silent", "a failed broadcast is not raised by the next iteration", BASE,
+             "        self.check_broadcast()  # the previous", "        pass  # the previous",
+             ("tests/test_trainer_broadcast.py::test_a_failed_broadcast_surfaces_on_the_next_iteration_with_its_cause",)),
+    Mutation("gpu-ray-train", "one GPU rank always goes to Ray Train", DRIVER,
+             "        return tc.num_workers > 1\n", "        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0\n",
+             ("tests/test_trainer_device.py::test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train",)),
 )
 
 
