@@ -19,7 +19,7 @@ from mineonline_core.rollout.inference import InferenceServer
 from mineonline_core.testing import kit as tk
 
 GRU = functools.partial(tk.TinyGRUPolicy, 3, 2)
-MLP = functools.partial(tk.TinyMLPPolicy, 4, 2)
+RGRU = functools.partial(tk.TinyGRUPolicy, 4, 2)  # CartPole's observations
 ENV = functools.partial(tk.cartpole, 50)
 
 
@@ -94,22 +94,27 @@ def online_dict(tmp_path, **rollout) -> dict:
 
 def weights(version: int) -> dict[str, np.ndarray]:
     torch.manual_seed(0)
-    return {k: (v + 0.1 * version).numpy() for k, v in MLP().state_dict().items()}
+    return {k: (v + 0.1 * version).numpy() for k, v in RGRU().state_dict().items()}
 
 
-def test_each_step_records_the_version_of_the_weights_that_chose_it(local_ray, tmp_path) -> None:
-    """2 workers x 2 envs through one server: every step's stored log-prob is its action's under
-    the weights of the version stored with it, across a weight update; forwards mixed both workers."""
+def test_each_step_records_the_version_and_states_that_chose_it(local_ray, tmp_path) -> None:
+    """2 workers x 2 envs through one server, a recurrent policy and a KL reference: replaying each
+    fragment from its stored ``state_in`` under the weights of each step's stored version gives its
+    stored log-probs, across a weight update; each fragment's ``ref_state_in`` is the reference's
+    state after the stream's previous fragment; and some forwards mixed both workers' rows."""
     ray = local_ray
     from mineonline_core.rollout.manager import launch_rollout_manager
 
+    torch.manual_seed(1)
+    reference = RGRU()
+    ref_ref = ray.put(numpy_state(reference))
     cfg = load_config(online_dict(tmp_path)).config
-    manager = launch_rollout_manager(policy_generator=MLP, env_generator=ENV, config=cfg)
+    manager = launch_rollout_manager(policy_generator=RGRU, env_generator=ENV, config=cfg)
     try:
         ray.get(manager.wait_ready.remote(120), timeout=150)
         server, store = ray.get([manager.get_inference_server.remote(), manager.get_store_client.remote()])
         assert ray.get(manager.weight_receivers.remote()) == [server]  # the trainer broadcasts to the server
-        manager.update_weights.remote([ray.put(weights(1))], 1)
+        manager.update_weights.remote([ray.put(weights(1)), ref_ref], 1)
 
         def wait_for_version(version: int) -> list[str]:
             deadline = time.monotonic() + 120
@@ -122,8 +127,8 @@ def test_each_step_records_the_version_of_the_weights_that_chose_it(local_ray, t
             raise AssertionError(f"no fragment of version {version} within 120s")
 
         wait_for_version(1)
-        manager.update_weights.remote([ray.put(weights(3))], 3)
-        keys = wait_for_version(3)
+        manager.update_weights.remote([ray.put(weights(3)), ref_ref], 3)
+        keys = sorted(wait_for_version(3), key=lambda k: [int(p) for p in k.split(".")])
         fragments = store.get_many(keys)
         ray.get(manager.health.remote())
         metrics = ray.get(server.metrics.remote())
@@ -131,23 +136,30 @@ def test_each_step_records_the_version_of_the_weights_that_chose_it(local_ray, t
         ray.get(manager.shutdown.remote(), timeout=120)
 
     assert metrics["rollout/inference_multi_worker_forwards"] >= 1  # rows of both workers in one forward
-    assert {k.rsplit(".", 1)[0] for k in keys} == {"0.0.0", "0.0.1", "1.0.0", "1.0.1"}
+    streams = {k.rsplit(".", 1)[0] for k in keys}
+    assert streams == {"0.0.0", "0.0.1", "1.0.0", "1.0.1"}
     policies = {}
     for version in (1, 3):
-        policies[version] = MLP()
+        policies[version] = RGRU()
         policies[version].load_state_dict({k: torch.as_tensor(v) for k, v in weights(version).items()})
-    seen = set()
+    versions, ref_state, carried = set(), {}, 0
     with torch.no_grad():
-        for frag in fragments:
-            for version in np.unique(frag[F.VERSION]):
-                rows = frag[F.VERSION] == version
-                policy = policies[int(version)]
-                obs = torch.as_tensor(frag[F.OBS]["obs"][rows])[:, None]
-                latents, _ = policy(input={"obs": obs}, state_in=None, context={})
-                logprob = policy.pi_head.logprob(torch.as_tensor(frag[F.ACTION][rows])[:, None], latents["pi_logits"])
-                np.testing.assert_allclose(frag[F.LOGPROB][rows], logprob.reshape(-1).numpy(), atol=1e-5)
-                seen.add(int(version))
-    assert seen == {1, 3}
+        for key, frag in zip(keys, fragments):
+            obs, first = torch.tensor(frag[F.OBS]["obs"]), torch.tensor(frag[F.FIRST])
+            h = [torch.as_tensor(frag[F.STATE_IN][0])]
+            for t in range(len(first)):
+                policy = policies[int(frag[F.VERSION][t])]
+                latents, h = policy(input={"obs": obs[t : t + 1, None]}, state_in=h, context={"first": first[t : t + 1, None]})
+                logprob = policy.pi_head.logprob(torch.as_tensor(frag[F.ACTION][t : t + 1, None]), latents["pi_logits"])
+                np.testing.assert_allclose(frag[F.LOGPROB][t], float(logprob), atol=1e-5)
+                versions.add(int(frag[F.VERSION][t]))
+            stream = key.rsplit(".", 1)[0]
+            expected = reference.initial_state(1)[0] if frag[F.FIRST][0] or stream not in ref_state else ref_state[stream]
+            carried += not frag[F.FIRST][0] and stream in ref_state
+            np.testing.assert_allclose(frag[F.REF_STATE_IN][0], expected.numpy(), atol=1e-6)
+            _, (ref_state[stream],) = reference(input={"obs": obs[None]}, state_in=[torch.as_tensor(frag[F.REF_STATE_IN][0])],
+                                                context={"first": first[None]})  # fmt: skip
+    assert versions == {1, 3} and carried  # some reference state was carried across fragments
 
 
 def test_shared_inference_reserves_the_workers_gpus_once_and_one_more_cpu_share(tmp_path) -> None:
@@ -162,3 +174,39 @@ def test_unknown_inference_mode_is_refused(tmp_path) -> None:
 
     with pytest.raises(ConfigError, match="inference"):
         load_config(online_dict(tmp_path, inference="remote"))
+
+
+def test_a_run_trains_through_the_shared_inference_server(tmp_path, monkeypatch) -> None:
+    """CartPole, 2 rollout workers x 2 envs, KL-PPO in the driver's process: the server holds the
+    policy and the KL reference, and the run trains its iterations with the server's versions."""
+    import ray
+
+    from mineonline_core.runtime.api import run
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    config = {
+        "run_name": "shared-e2e", "output_dir": str(tmp_path),
+        "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+        "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
+        "rollout_config": {
+            "num_rollout_workers": 2, "num_cpus_per_worker": 0.25, "fragment_length": 32, "inference": "shared",
+            "worker_config": {"num_envs": 2, "batch_size": 2},
+            "replay_buffer_config": {"max_staleness": 3, "max_reuse": 2, "database_config": {"backend": "memory"}},
+        },
+        "train_config": {
+            "num_workers": 1, "num_cpus_per_worker": 0.5, "num_iterations": 3, "vf_warmup": 1, "batch_size_per_gpu": 2,
+            "batches_per_iteration": 2, "gradient_accumulation": 1, "context_length": 16, "save_interval": 3, "record_video_interval": 0,
+            "learning_rate": 1e-3, "kl_divergence_coef_rho": 0.1,
+        },
+        "logger_config": {"loggers": []},
+    }  # fmt: skip
+    ray.init(num_cpus=2, address="local", include_dashboard=False, namespace="mineonline")
+    try:
+        result = run(config, progress=False)
+    finally:
+        ray.shutdown()
+    assert result["status"] == "completed"
+    summary = result["summary"]
+    assert summary["trainer/iteration"] == 3 and summary["trainer/version"] == 2
+    assert 1 <= summary["rollout/model_version"] <= 2  # the version the server's replies carried
+    assert summary["rollout/inference_forwards"] > 0 and summary["rollout/fragments_sent"] > 0
