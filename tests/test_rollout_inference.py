@@ -176,11 +176,9 @@ def test_unknown_inference_mode_is_refused(tmp_path) -> None:
         load_config(online_dict(tmp_path, inference="remote"))
 
 
-def test_a_run_trains_through_the_shared_inference_server(tmp_path, monkeypatch) -> None:
+def test_a_run_trains_through_the_shared_inference_server(local_ray, tmp_path, monkeypatch) -> None:
     """CartPole, 2 rollout workers x 2 envs, KL-PPO in the driver's process: the server holds the
     policy and the KL reference, and the run trains its iterations with the server's versions."""
-    import ray
-
     from mineonline_core.runtime.api import run
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -200,11 +198,7 @@ def test_a_run_trains_through_the_shared_inference_server(tmp_path, monkeypatch)
         },
         "logger_config": {"loggers": []},
     }  # fmt: skip
-    ray.init(num_cpus=2, address="local", include_dashboard=False, namespace="mineonline")
-    try:
-        result = run(config, progress=False)
-    finally:
-        ray.shutdown()
+    result = run(config, progress=False)
     assert result["status"] == "completed"
     summary = result["summary"]
     assert summary["trainer/iteration"] == 3 and summary["trainer/version"] == 2
