@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mineonline_core.config.online import OnlineConfig
+from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.errors import ConfigError
 
 # Ray's own resource bookkeeping is in 1e-4 units; a smaller gap is rounding, not a shortage.
@@ -96,13 +97,23 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def inference_resources(rc: RolloutConfig) -> tuple[float, float, float]:
+    """``(CPUs of the shared inference server, its GPUs, GPUs of each rollout worker)``: with
+    ``inference: shared`` the server takes the workers' GPU shares (one process uses one GPU at
+    most) and one worker's CPUs; with ``local`` there is no server."""
+    if rc.inference == "local":
+        return 0.0, 0.0, rc.num_gpus_per_worker
+    return rc.num_cpus_per_worker, min(1.0, rc.num_rollout_workers * rc.num_gpus_per_worker), 0.0
+
+
 def required_resources(cfg: OnlineConfig) -> dict[str, float]:
-    """CPUs and GPUs the run's workers reserve (the small actors reserve none)."""
+    """CPUs and GPUs the run's workers (and shared inference server) reserve (the small actors reserve none)."""
     rc, tc = cfg.rollout_config, cfg.train_config
+    server_cpus, server_gpus, worker_gpus = inference_resources(rc)
     return {
-        "CPU": rc.num_rollout_workers * rc.num_cpus_per_worker
+        "CPU": rc.num_rollout_workers * rc.num_cpus_per_worker + server_cpus
         + tc.num_workers * tc.num_cpus_per_worker,
-        "GPU": rc.num_rollout_workers * rc.num_gpus_per_worker
+        "GPU": rc.num_rollout_workers * worker_gpus + server_gpus
         + tc.num_workers * tc.num_gpus_per_worker,
     }
 
@@ -123,7 +134,8 @@ def check_resources(cfg: OnlineConfig, available: Mapping[str, float]) -> None:
                 f"The config asks for {needed[resource]:g} {resource}s: "
                 f"rollout_config.num_rollout_workers {rc.num_rollout_workers} x "
                 f"rollout_config.{per} {getattr(rc, per):g} + train_config.num_workers "
-                f"{tc.num_workers} x train_config.{per} {getattr(tc, per):g}, but the Ray cluster "
+                f"{tc.num_workers} x train_config.{per} {getattr(tc, per):g}"
+                f"{' (with inference: shared, the inference server too)' if rc.inference == 'shared' else ''}, but the Ray cluster "
                 f"has {have:g}. Fix: lower those worker counts or per-worker {resource}s "
                 f"(fractions are allowed), or add nodes with more {resource}s."
             )

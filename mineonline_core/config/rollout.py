@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from mineonline_core.config._fields import OpenSection, Section, setting
@@ -135,6 +137,23 @@ class RolloutConfig(Section):
     )
     num_cpus_per_worker: float = setting(
         1.0, "CPUs reserved for each rollout worker actor; fractions allowed.", gt=0
+    )
+    inference: Literal["local", "shared"] = Field(
+        "local",
+        description="Where the rollout policy runs. 'local': each rollout worker runs its own envs' "
+        "batches (on its GPU share when num_gpus_per_worker > 0). 'shared': one inference server "
+        "actor per run batches the requests of every worker into one forward, on a GPU when "
+        "num_gpus_per_worker > 0 (it then reserves num_rollout_workers x num_gpus_per_worker, at "
+        "most 1, and the workers none) or on the CPU otherwise, reserving num_cpus_per_worker CPUs "
+        "more; envs still step in the workers, which send their recurrent states with each request.",
+    )
+    inference_wait_ms: float = setting(
+        2.0,
+        "With inference: shared, how long the free inference server waits for the requests of "
+        "workers it has served before but are not yet queued, before it runs what is queued "
+        "(without it, workers served together come back together and a free server runs "
+        "alternating halves of them). 0 runs whatever is queued at once.",
+        ge=0,
     )
     fragment_length: int = setting(
         256, "Env steps in one fragment, the unit a worker sends to the replay buffer.", ge=1

@@ -26,6 +26,11 @@ With a KL reference policy (``set_reference``), every batch also runs the refere
 observations with its own recurrent state, reset at the same episode ends; each fragment records
 that state at its start as ``ref_state_in``, so training can run the reference over a chunk exactly
 as it would have run through the whole episode (DESIGN §5.4).
+
+With ``inference`` (an ``InferenceClient``, ``rollout_config.inference: shared``) the forward runs
+in the shared inference server instead: the collector still owns every recurrent state, sends the
+selected rows with the batch and writes back what the server returns, and records the version
+the server reports for the weights that chose the actions (``mineonline_core.rollout.inference``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from mineonline_core.runtime.finite import env_answer_problem
 from mineonline_core.runtime.precision import PrecisionChoice
 from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, InlineEnv, default_context
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
+from mineonline_core.rollout.inference import policy_step
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map, tree_stack
 from mineonline_core.runtime.watchdog import RestartBudget
 
@@ -96,7 +102,7 @@ class FragmentCollector:
     def __init__(
         self,
         *,
-        policy: torch.nn.Module,
+        policy: torch.nn.Module | None,
         env_fns: list[Callable[[], Any]],
         config: RolloutConfig,
         discount: float = 0.99,
@@ -108,19 +114,23 @@ class FragmentCollector:
         backoff_base: float = 0.1,
         backoff_max: float = 10.0,
         precision: PrecisionChoice = PrecisionChoice(),
+        inference: Any = None,
     ) -> None:
         """``config`` is the run's ``rollout_config`` (its ``worker_config`` but ``num_envs``, which
         ``env_fns`` gives, plus ``fragment_length`` and ``restart_window``); ``discount`` only
         weighs the episodes' discounted returns in the statistics. ``precision`` (from
-        ``train_config``) makes the policy and reference forwards compute as the training forwards do."""
+        ``train_config``) makes the policy and reference forwards compute as the training forwards do.
+        With ``inference`` (an ``InferenceClient``) ``policy`` is None: the server holds it and gives
+        the initial states."""
         wc = config.worker_config
         batch_size = wc.batch_size
         if batch_size > len(env_fns):
             raise ValueError(f"batch_size={batch_size} exceeds the number of envs ({len(env_fns)})")
-        device = "cuda" if config.num_gpus_per_worker > 0 else "cpu"
+        self._inference = inference
+        device = "cuda" if config.num_gpus_per_worker > 0 and inference is None else "cpu"
         self.precision = precision.on(device)
         self.precision.apply_tf32()
-        self.policy = policy.to(device).eval()
+        self.policy = None if inference is not None else policy.to(device).eval()
         self._standby = copy.deepcopy(self.policy)  # loaded by set_weights, swapped in by step
         self._standby_version: int | None = None  # set once the standby holds complete weights
         self.reference: torch.nn.Module | None = None
@@ -149,9 +159,10 @@ class FragmentCollector:
         self.timers = Timers()
         self.video = VideoRecorder()
         self.env_steps = self.env_restarts = self.env_failures = self.env_nonfinite = self.fragments_done = 0
+        initial_state = inference.initial_state if inference is not None else policy.initial_state
         with torch.no_grad():
-            self._init_row = to_torch(policy.initial_state(1), self.device)
-            self.state = to_torch(policy.initial_state(len(env_fns)), self.device)
+            self._init_row = to_torch(initial_state(1), self.device)
+            self.state = to_torch(initial_state(len(env_fns)), self.device)
         for slot in self._slots:
             self._start_env(slot, time.monotonic())
 
@@ -183,6 +194,11 @@ class FragmentCollector:
             reference.load_state_dict(tensors)
             with self._lock:
                 self._pending_reference = reference
+
+    def start_shared_reference(self, initial_state: Any) -> None:
+        """Shared inference with a KL reference (the server has it): keep its recurrent states from
+        ``initial_state`` (every env's, from the server) on. Called before the first step."""
+        self.ref_state = to_torch(initial_state, self.device)
 
     def step(self) -> int:
         """Wait for ready envs, run one batched forward, send the actions. Returns the batch size."""
@@ -502,19 +518,28 @@ class FragmentCollector:
             if values:
                 state_sel = tree_map(lambda s, *vs: torch.cat([s, *vs]), state_sel, *[v[3] for v in values])
         first = torch.tensor([[self._slots[i].first] for i in rows] + [[False]] * len(values), device=self.device)
+        ref_sel = tree_map(lambda s: s.index_select(0, idx), self.ref_state) if self.ref_state is not None and n else None
         try:
-            with self.precision.autocast():
-                latents, state_out = self.policy(input=obs, state_in=state_sel, context={"first": first})
+            if self._inference is None:
+                with self.precision.autocast():
+                    action, logprob, vpred, state_out = policy_step(self.policy, obs, state_sel, first)
+                    ref_out = None
+                    if ref_sel is not None:
+                        _, ref_out = self.reference(input=tree_map(lambda x: x[:n], obs), state_in=ref_sel, context={"first": first[:n]})
+                action_np, logprob_np, vpred_np = to_numpy(action), logprob.float().cpu().numpy(), vpred.float().cpu().numpy()
+            else:
+                reply = self._inference.infer({"obs": to_numpy(obs), "state": to_numpy(state_sel), "first": to_numpy(first),
+                                               "n": n, "ref_state": to_numpy(ref_sel)})  # fmt: skip
+                action_np, logprob_np, vpred_np = reply["action"], reply["logprob"], reply["vpred"]
+                state_out, ref_out = to_torch(reply["state_out"], self.device), to_torch(reply["ref_state_out"], self.device)
+                self.version = int(reply["version"])  # the weights that chose these actions
         except Exception as exc:  # a wrong observation shape fails deep in the policy: name the envs
             raise RunFailedError(self._batch_failure("the policy's forward", rows, exc)) from exc
-        pi_logits = latents["pi_logits"]
-        action = self.policy.pi_head.sample(pi_logits)
-        logprob = self.policy.pi_head.logprob(action, pi_logits).reshape(n + len(values))
-        vpred = self.policy.value_head.denormalize(latents["vpred"]).reshape(n + len(values))
         if self.state is not None and n:
             tree_map(lambda full, new: full.index_copy_(0, idx, new[:n].to(full.dtype)), self.state, state_out)
-        ref_np = self._step_reference(obs, first, idx, n) if self.reference is not None and n else None
-        action_np, logprob_np, vpred_np = to_numpy(action), logprob.float().cpu().numpy(), vpred.float().cpu().numpy()
+        if ref_sel is not None:
+            tree_map(lambda full, new: full.index_copy_(0, idx, new.to(full.dtype)), self.ref_state, ref_out)
+        ref_np = to_numpy(ref_sel)
         state_np = to_numpy(state_sel) if state_sel is not None else None
         t1 = time.perf_counter()
         self.timers.add("perf/inference_ms", (t1 - t0) * 1e3)
@@ -544,16 +569,6 @@ class FragmentCollector:
             slot.obs, slot.first = None, False
             self._send(slot, functools.partial(slot.proc.send_step, act), self.step_timeout)
         self.timers.add("perf/record_ms", (time.perf_counter() - t1) * 1e3)
-
-    def _step_reference(self, obs: Any, first: torch.Tensor, idx: torch.Tensor, n: int) -> Any:
-        """Run the reference over the batch's first ``n`` rows; returns its states before the step."""
-        if self.ref_state is None:
-            return None
-        ref_sel = tree_map(lambda s: s.index_select(0, idx), self.ref_state)
-        with self.precision.autocast():
-            _, ref_out = self.reference(input=tree_map(lambda x: x[:n], obs), state_in=ref_sel, context={"first": first[:n]})
-        tree_map(lambda full, new: full.index_copy_(0, idx, new.to(full.dtype)), self.ref_state, ref_out)
-        return to_numpy(ref_sel)
 
     def _maybe_emit(self, slot: _Slot, b: FragmentBuilder) -> None:
         if not b.complete_fragment():

@@ -7,6 +7,10 @@ or training) and ``num_rollout_workers`` ``RolloutWorker`` actors. Ray restarts 
 the manager keeps for that reason. A monitor thread aggregates the workers' counters into
 ``rollout/*`` and ``perf/*`` metrics and checks that every actor is alive: a worker whose thread
 failed, or a dead buffer or statistics actor, fails the run through ``health()`` with the cause.
+
+With ``rollout_config.inference: shared`` it also starts the run's ``InferenceServer`` (restarted by
+Ray like a worker; it asks ``latest_weights`` again): weights go to the server instead of the
+workers (``weight_receivers``), and its ``rollout/inference_*`` metrics join the workers'.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from mineonline_core.config.checks import inference_resources
 from mineonline_core.errors import RunFailedError
 from mineonline_core.runtime import names
 from mineonline_core.runtime.names import NAMESPACE, actor_name
@@ -95,17 +100,27 @@ class RolloutManager:
             # New streams must not reuse a stored stream's keys: a put would overwrite its payloads.
             self._first_incarnation = first_free_incarnations(self._store.keys())
         me = ray.get_runtime_context().current_actor
+        self._server = None
+        precision = PrecisionChoice.from_config(config.train_config)
+        server_cpus, server_gpus, worker_gpus = inference_resources(rc)
+        if rc.inference == "shared":
+            from mineonline_core.rollout.inference import InferenceServer
+
+            self._server = ray.remote(InferenceServer).options(
+                name=actor_name(self.run_name, names.INFERENCE_SERVER), namespace=NAMESPACE, num_cpus=server_cpus,
+                num_gpus=server_gpus, max_concurrency=2 * rc.num_rollout_workers + 8, max_restarts=-1, max_task_retries=-1,
+            ).remote(policy_generator=policy_generator, config=rc, manager=me, precision=precision)  # fmt: skip
         worker_cls = ray.remote(RolloutWorker)
         self._workers = [
             worker_cls.options(
                 name=actor_name(self.run_name, names.ROLLOUT_WORKER, i), namespace=NAMESPACE,
-                num_cpus=rc.num_cpus_per_worker, num_gpus=rc.num_gpus_per_worker, max_concurrency=WORKER_CONCURRENCY,
+                num_cpus=rc.num_cpus_per_worker, num_gpus=worker_gpus, max_concurrency=WORKER_CONCURRENCY,
                 max_restarts=-1, max_task_retries=-1,
             ).remote(
                 worker_id=i, config=rc, policy_generator=policy_generator, env_generator=env_generator,
                 store_client=self._store, buffer=self._buffer, stats=self._stats, logger_hub=logger_hub, manager=me,
                 discount=config.train_config.discount, seed=None if config.seed is None else config.seed + 7 * i,
-                precision=PrecisionChoice.from_config(config.train_config),
+                precision=precision, inference_server=self._server,
             )
             for i in range(rc.num_rollout_workers)
         ]  # fmt: skip
@@ -123,8 +138,18 @@ class RolloutManager:
                 return  # an older broadcast overtaken by a newer one
             self._latest = (weights, int(version))
         self._buffer.set_version.remote(int(version))
-        for worker in self._workers if forward else ():
-            worker.update_weights.remote(weights, int(version))
+        for receiver in self.weight_receivers() if forward else ():
+            receiver.update_weights.remote(weights, int(version))
+
+    def weight_receivers(self) -> list[Any]:
+        """The actors that run the rollout policy and take ``update_weights``: the workers, or the
+        shared inference server."""
+        return list(self._workers) if self._server is None else [self._server]
+
+    def latest_weights(self) -> tuple[list, int] | None:
+        """The latest ``(weights, version)`` published (a restarted inference server asks)."""
+        with self._lock:
+            return self._latest
 
     def register_worker(self, worker_id: int) -> tuple[int, tuple[list, int] | None]:
         """Called by each worker life: its incarnation number and the latest weights (or None)."""
@@ -165,6 +190,10 @@ class RolloutManager:
 
     def get_workers(self) -> list[Any]:
         return list(self._workers)
+
+    def get_inference_server(self) -> Any:
+        """The shared inference server, or None with ``inference: local``."""
+        return self._server
 
     def wait_ready(self, timeout: float) -> None:
         """Return once every worker has built and reset its envs; raise on failure or timeout."""
@@ -257,7 +286,7 @@ class RolloutManager:
         if self._hub is not None and reports:
             # Waited for: the driver finishes the hub next, and Ray orders calls per caller only.
             try:
-                ray.get(self._hub.log_metrics.remote(self._aggregate(reports)), timeout=30)
+                ray.get(self._hub.log_metrics.remote({**self._aggregate(reports), **self._server_report()}), timeout=30)
             except Exception:  # noqa: BLE001 - a dead logging actor must not keep the workers running
                 log.warning("the final rollout report did not reach the logging actor", exc_info=True)
         refs = [w.shutdown.remote() for w in self._workers]
@@ -273,7 +302,8 @@ class RolloutManager:
             ray.get(self._store_host.close.remote(), timeout=30)
         except Exception:  # noqa: BLE001
             log.warning("the store host did not close cleanly", exc_info=True)
-        for actor in [*self._workers, self._buffer, self._stats, self._store_host]:
+        server = [self._server] if self._server is not None else []
+        for actor in [*self._workers, *server, self._buffer, self._stats, self._store_host]:
             ray.kill(actor, no_restart=True)
 
     # -- monitor ------------------------------------------------------------------------------
@@ -286,7 +316,7 @@ class RolloutManager:
             self._check_bookkeeping()
             reports = self._worker_reports()
             now = time.monotonic()
-            metrics = self._aggregate(reports)
+            metrics = {**self._aggregate(reports), **self._server_report()}
             total = self._env_steps
             metrics["rollout/env_steps_per_s"] = max(total - last_total, 0.0) / max(now - last_time, 1e-9)
             last_time, last_total = now, total
@@ -319,6 +349,19 @@ class RolloutManager:
             except Exception as exc:  # noqa: BLE001 - a worker's background thread failed
                 self._fail(exc, f"rollout worker {i} failed")
         return reports
+
+    def _server_report(self) -> dict[str, float]:
+        import ray
+
+        if self._server is None:
+            return {}
+        try:
+            return ray.get(self._server.metrics.remote(), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as exc:
+            log.warning("the inference server did not report (%s); Ray restarts a dead one", _first_line(exc))
+        except Exception as exc:  # noqa: BLE001 - one of its threads failed: the run cannot collect
+            self._fail(exc, "the rollout inference server failed")
+        return {}
 
     def _aggregate(self, reports: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
         sums: dict[str, float] = {}

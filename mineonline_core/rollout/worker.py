@@ -13,6 +13,10 @@
 * **report**: every ``report_interval`` seconds sends env steps to the logging actor, finished
   episodes to the statistics actor, and encodes recorded videos.
 
+With ``rollout_config.inference: shared`` the worker gets the run's ``InferenceServer`` instead of
+weights: there is no **fetch** thread, the collector sends its batches to the server, and collection
+starts once the server has its first weights.
+
 A thread that fails stores its exception; every later actor call re-raises it (``health``), so the
 manager, and through it the driver, sees the cause instead of a silent stall.
 """
@@ -121,10 +125,12 @@ class RolloutWorker:
         report_interval: float = 0.5,  # the resolution of the env-step axis every metric is logged on
         incarnation: int = 0,
         precision: PrecisionChoice = PrecisionChoice(),
+        inference_server: Any = None,
     ) -> None:
         """``config`` is the run's ``rollout_config``; ``discount`` (``train_config.discount``) weighs
         the episodes' discounted returns in the statistics; ``precision`` (``train_config``'s) is the
-        numerics of inference, those of the training forwards (``runtime/precision.py``)."""
+        numerics of inference, those of the training forwards (``runtime/precision.py``);
+        ``inference_server`` is the run's ``InferenceServer`` when ``config.inference`` is ``shared``."""
         setup_actor_logging()  # its records reach the console marked (runlog.py)
         self.worker_id, self.config = worker_id, config
         self._policy_generator, self._env_generator = policy_generator, env_generator
@@ -132,6 +138,7 @@ class RolloutWorker:
         self._store, self._buffer, self._stats, self._hub, self._manager = store_client, buffer, stats, logger_hub, manager
         self._report_interval = report_interval
         self.incarnation = incarnation
+        self._server = inference_server
         self.collector = None
         self._queue = SendQueue(maxsize=config.to_send_queue_size)
         self._stop = threading.Event()
@@ -147,7 +154,8 @@ class RolloutWorker:
         self._steps_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._guard, args=(fn,), name=f"rollout-{self.worker_id}-{fn.__name__}", daemon=True)
-            for fn in (self._collect_loop, self._send_loop, self._fetch_loop, self._report_loop)
+            for fn in (self._collect_loop, self._send_loop, self._report_loop)
+            + ((self._fetch_loop,) if inference_server is None else ())
         ]
         for thread in self._threads:
             thread.start()
@@ -233,16 +241,31 @@ class RolloutWorker:
             # The manager numbers each life of this worker (stream names stay unique across
             # restarts) and returns the latest weights, so a restarted worker rejoins at once.
             self.incarnation, latest = ray.get(self._manager.register_worker.remote(self.worker_id))
-            if latest is not None:
+            if latest is not None and self._server is None:
                 self.update_weights(*latest)
+        client = None
+        if self._server is not None:
+            from mineonline_core.rollout.inference import InferenceClient
+
+            client = InferenceClient(server=self._server, worker_id=self.worker_id)
+        num_envs = self.config.worker_config.num_envs
         self.collector = FragmentCollector(
-            policy=self._policy_generator(), env_fns=[self._env_generator] * self.config.worker_config.num_envs,
+            policy=self._policy_generator() if client is None else None, env_fns=[self._env_generator] * num_envs,
             config=self.config, discount=self._discount, worker_id=self.worker_id, incarnation=self.incarnation,
-            seed=self._seed, precision=self._precision,
+            seed=self._seed, precision=self._precision, inference=client,
         )  # fmt: skip
         self._built.set()
         self.collector.warmup(timeout=self.collector.startup_timeout * 2)
         self._ready.set()
+        if client is not None:  # the server has the weights: wait for its first (and its reference)
+            loaded, ref_state = False, None
+            while not loaded:
+                if self._stop.is_set():
+                    return
+                loaded, ref_state = client.wait_weights(0.5, num_envs)
+            if ref_state is not None:
+                self.collector.start_shared_reference(ref_state)
+            self._has_weights.set()
         while not self._has_weights.wait(timeout=0.5):
             if self._stop.is_set():
                 return

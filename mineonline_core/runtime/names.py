@@ -15,6 +15,7 @@ REPLAY_BUFFER = "replay_buffer"
 EPISODE_STATISTICS = "episode_statistics"
 STORE_HOST = "store_host"
 ROLLOUT_WORKER = "rollout_worker"
+INFERENCE_SERVER = "inference_server"
 
 
 def actor_name(run_name: str, role: str, index: int | None = None) -> str:

@@ -304,7 +304,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         manager = self.rollout_manager
         self._buffer, self._store = ray.get([manager.get_buffer.remote(), manager.get_store_client.remote()])
         if self.rank == 0:
-            self._workers = ray.get(manager.get_workers.remote())
+            self._workers = ray.get(manager.weight_receivers.remote())  # the workers, or the shared inference server
 
     def run_iteration(self, iteration: int) -> dict[str, float]:
         tc = self.train_config
