@@ -29,7 +29,7 @@ fp32) over random frames with synthetic episode ends: throughput and numerics do
 the frames show, and stepping 32 Crafter envs would cost the budget's seconds.
 
     bash benchmarks/bench_gpu.sh                            # on a lent GPU (benchmarks/RESULTS.md, issue 24)
-    python benchmarks/bench_gpu.py --quick                  # CPU smoke: tiny shapes, GPU-only parts skipped
+    python benchmarks/bench_gpu.py --quick                  # smoke: tiny shapes, the network part skipped
     python benchmarks/bench_gpu.py --parts trainer,precision --run-iterations 5
 """
 
@@ -59,7 +59,7 @@ PARTS = ("machine", "inprocess", "network", "run")  # inprocess prints the preci
 # Caps in seconds (what a part may take, not what it takes: on an H200 the machine part takes ~5 s,
 # inprocess ~95, network ~50, so the run gets ~240 s). --quick: generous, for a loaded CI machine.
 CAPS = {"machine": 30, "inprocess": 150, "network": 80, "run": 400}
-QUICK_CAPS = {"machine": 60, "inprocess": 240, "network": 0, "run": 240}
+QUICK_CAPS = {"machine": 60, "inprocess": 240, "run": 240}
 RUN_GRACE_S = 40  # after SIGTERM the trainer finishes its iteration, checkpoints and stops the actors
 # The flagship shrunk to seconds on a CPU: tiny VPT, 32x32 frames, 1 worker x 2 envs, 2 chunks of 16 steps.
 QUICK_OVERRIDES = [
@@ -170,18 +170,19 @@ def _squeeze_steps(x: torch.Tensor, b: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def step_through(policy: Any, img: torch.Tensor, first: torch.Tensor, action: Any = None) -> dict:
+def step_through(policy: Any, img: torch.Tensor, first: torch.Tensor, action: Any = None, keep_states: range = range(0)) -> dict:
     """Rollout's numerics: the policy one step at a time over (B, L) frames, state carried, fp32.
     Samples actions unless ``action`` (leaves (B, L, ...)) is given; returns per-step ``action``,
-    ``logprob``, ``vpred`` (denormalised) and the recurrent state before every step ``states[t]``
-    (kept on the CPU only where asked: at fragment starts)."""
+    ``logprob``, ``vpred`` (denormalised) and ``states[t]``, the recurrent state before step t for t
+    in ``keep_states`` (fragment starts; VPT-2x holds 8 MiB per chunk and step, so no more)."""
     from mineonline_core.contracts.tree import tree_map
 
     b, length = first.shape
     state = policy.initial_state(b)
-    actions, logps, vpreds, states = [], [], [], []
+    actions, logps, vpreds, states = [], [], [], {}
     for t in range(length):
-        states.append(state)
+        if t in keep_states:
+            states[t] = tree_map(lambda x: x.cpu(), state)
         latents, state = policy(input={"image": img[:, t : t + 1]}, state_in=state, context={"first": first[:, t : t + 1]})
         logits = latents["pi_logits"]
         act = policy.pi_head.sample(logits) if action is None else tree_map(lambda a: a[:, t : t + 1], action)
@@ -215,7 +216,7 @@ def make_chunks(policy: Any, *, n_chunks: int, fragments_per_chunk: int, fragmen
     first[:, 1:] = ends[:, :-1]
     first_t = torch.as_tensor(first, device=device)
     policy.eval()
-    behaviour = step_through(policy, img[:, :length], first_t)
+    behaviour = step_through(policy, img[:, :length], first_t, keep_states=range(0, length, fragment_length))
     policy.train()
     action = tree_map(lambda a: a.cpu().numpy(), behaviour["action"])
     logprob, vpred = behaviour["logprob"].cpu().numpy(), behaviour["vpred"].cpu().numpy()
@@ -227,7 +228,7 @@ def make_chunks(policy: Any, *, n_chunks: int, fragments_per_chunk: int, fragmen
         for k in range(fragments_per_chunk):
             s = slice(k * fragment_length, (k + 1) * fragment_length)
             # The reference is the initial policy: at version 0 its state is the policy's (same weights).
-            state_in = tree_map(lambda x: x[i : i + 1].cpu().numpy().copy(), behaviour["states"][s.start])
+            state_in = tree_map(lambda x: x[i : i + 1].numpy().copy(), behaviour["states"][s.start])
             fragments.append({
                 F.OBS: {"image": img_np[i, s]}, F.NEXT_OBS: {"image": img_np[i, s.stop : s.stop + 1]},
                 F.ACTION: tree_map(lambda a: a[i, s], action), F.REWARD: (rng.random(fragment_length) < 0.02).astype(np.float32),
@@ -252,10 +253,16 @@ PRECISION = {
 }
 
 
+PRECISION_CHUNKS = 8  # enough steps for the fractions; the whole iteration's pass would add memory, not information
+
+
 def precision_rows(trainer: Any, chunks: list[list[dict]], raw: dict, device: torch.device) -> dict:
+    from mineonline_core.contracts.tree import tree_map
     from mineonline_core.trainer.batch import assemble_chunks
 
     clip = float(getattr(trainer.options, "ppo_clip", 0.2))
+    n = min(PRECISION_CHUNKS, len(chunks))
+    chunks, raw = chunks[:n], tree_map(lambda x: x[:n], {k: raw[k] for k in ("img", "first", "action")})
     rows = {}
     for name, setting in PRECISION.items():
         try:
@@ -305,8 +312,7 @@ def train_config_row(trainer: Any, chunks: list[list[dict]], *, setting: dict, m
         for k in range(iterations + 1):
             trainer.iteration += 1
             trainer.learning_rate = trainer.learning_rate_at(trainer.iteration)
-            batch = assemble_chunks(chunks, device=device)
-            batch["staleness"] = (trainer.version - batch[F.VERSION]).float()
+            batch = assemble_chunks(chunks, device=device)  # what the fetch thread hands the loop
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             sync(device)
@@ -365,7 +371,8 @@ def part_inprocess(args: argparse.Namespace) -> None:
     log(f"{n_chunks} version-0 chunks made in {base['make_chunks_s']:.1f} s")
     base["chunks"], base["steps_per_chunk"] = n_chunks, fpc * rc.fragment_length
     # Precision first: it needs the version-0 weights the chunks were collected with.
-    emit("precision", {**base, "settings": precision_rows(trainer, chunks, raw, device)}, args.quick)
+    settings = precision_rows(trainer, chunks, raw, device)
+    emit("precision", {**base, "chunks": min(PRECISION_CHUNKS, n_chunks), "settings": settings}, args.quick)
     del raw
     configs = {}
     for name, (setting, micro) in TRAIN_CONFIGS.items():
@@ -512,7 +519,7 @@ def part_run(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------
 
 PART_FUNCS = {"machine": part_machine, "inprocess": part_inprocess, "network": part_network, "run": part_run}
-GPU_ONLY = ("network",)  # the network alone at 2x: minutes on a CPU and no figure the issue asks of one
+GPU_ONLY = ("network",)  # the network alone at 2x: minutes on a CPU, and no figure the issue asks of one
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -534,11 +541,15 @@ def main(argv: list[str] | None = None) -> None:
     caps = QUICK_CAPS if args.quick else CAPS
     start = time.monotonic()
     cuda = torch.cuda.is_available()
-    for part in [p for p in args.parts.split(",") if p]:
+    parts = [p for p in args.parts.split(",") if p]
+    if set(parts) - set(PARTS):
+        parser.error(f"--parts: unknown {sorted(set(parts) - set(PARTS))}; the parts are {', '.join(PARTS)}")
+    for part in parts:
         left = budget - (time.monotonic() - start)
-        cap = min(caps[part], left - 5)
-        if part in GPU_ONLY and not cuda:
-            lines = [json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "skipped": "no CUDA"})]
+        cap = min(caps.get(part, 0), left - 5)
+        if part in GPU_ONLY and (args.quick or not cuda):
+            reason = "no CUDA" if not cuda else "--quick (it measures the 2x network only)"
+            lines = [json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "skipped": reason})]
         elif cap < 10:
             lines = [json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "skipped": f"budget: {left:.0f} s left"})]
         else:
