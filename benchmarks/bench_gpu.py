@@ -16,7 +16,8 @@ JSON line ``{"bench": "gpu", "part": ...}``, or the parent prints one with the p
 * ``precision`` (DESIGN §5.3): on version-0 data, the log-probs training computes (``estimate``'s
   pass, ``current_policy_outputs``, under the trainer's ``autocast()``) against the behaviour
   log-probs rollout computed one step at a time in fp32: mean and max error, max ``|ratio - 1|``,
-  the fraction of steps off by more than 2 % and of steps PPO would clip, per setting;
+  the fraction of steps off by more than 2 % and of steps PPO would clip, per setting (fp32 with
+  TF32 off, PyTorch's defaults, TF32 on; ``use_amp``; bf16 autocast);
 * ``network``: ``bench_vpt.py --model foundation-model-2x`` fp32 and bf16 (the network alone:
   forward + backward of 8 x 64 frames, and rollout inference of a batch of 8);
 * ``run``: ``mineonline run examples/flagship_vpt2x.yaml`` as a user runs it: command to the first
@@ -244,12 +245,14 @@ def make_chunks(policy: Any, *, n_chunks: int, fragments_per_chunk: int, fragmen
     return chunks, {"img": img[:, :length], "first": first_t, **behaviour}
 
 
-# Training numerics against rollout's (fp32, one step at a time, with the same TF32 switches).
+# Training numerics against rollout's (fp32, one step at a time, with the same TF32 switches): the
+# trainer's own (its autocast() under use_amp), and bf16 autocast whatever use_amp picks (the issue's row).
 PRECISION = {
     "fp32_tf32_off": dict(amp=False, tf32_matmul=False, tf32_cudnn=False),
     "fp32_default": dict(amp=False, tf32_matmul=False, tf32_cudnn=True),  # PyTorch's defaults
     "fp32_tf32_on": dict(amp=False, tf32_matmul=True, tf32_cudnn=True),
     "amp": dict(amp=True, tf32_matmul=False, tf32_cudnn=True),
+    "bf16_autocast": dict(amp=False, tf32_matmul=False, tf32_cudnn=True),
 }
 
 
@@ -271,7 +274,12 @@ def precision_rows(trainer: Any, chunks: list[list[dict]], raw: dict, device: to
                 trainer.policy.eval()
                 behaviour = step_through(trainer.policy, raw["img"], raw["first"], action=raw["action"])["logprob"]
             batch = assemble_chunks(chunks, device=device)
-            with trainer.autocast():
+            if name == "bf16_autocast":
+                flags["autocast_dtype"] = "bfloat16"
+                numerics = torch.autocast(device.type, dtype=torch.bfloat16)
+            else:
+                numerics = trainer.autocast()
+            with numerics:
                 train_logp = trainer.current_policy_outputs(batch=batch)["logprob"]
             err = (train_logp.float() - behaviour.to(train_logp.device)).abs()
             off = (torch.exp(train_logp.float() - behaviour.to(train_logp.device)) - 1).abs()
@@ -438,6 +446,8 @@ def run_figures(records: list[dict], t_start: float) -> dict:
     first, last = iters[0], iters[-1]
     later = iters[1:] or iters
     out["first_iteration_s"] = first["time"] - t_start
+    end = max(records, key=lambda r: r["time"])
+    out["rollout_env_frames_per_s_whole_run"] = max(r.get("step", 0) for r in records) / max(end["time"] - t_start, 1e-9)
     out["samples_per_s_median"] = _median([r.get("trainer/samples_per_s") for r in later])
     if len(iters) > 1:
         span = last["time"] - first["time"]
@@ -477,12 +487,13 @@ def part_run(args: argparse.Namespace) -> None:
     smi = None
     smi_path = work / "smi.csv"
     if torch.cuda.is_available():
-        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", "-l", "1"],
-                               stdout=smi_path.open("w"), stderr=subprocess.DEVNULL)  # fmt: skip
+        with smi_path.open("w") as f:
+            smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
+                                    "-l", "1"], stdout=f, stderr=subprocess.DEVNULL)  # fmt: skip
     cmd = [sys.executable, "-m", "mineonline_core.cli", "run", str(CONFIG), *overrides, "--no-progress"]
-    console = (work / "console.log").open("w")
     t_start = time.time()
-    proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, cwd=work, start_new_session=True)
+    with (work / "console.log").open("w") as console:
+        proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, cwd=work, start_new_session=True)
     stop_at = args.deadline - RUN_GRACE_S
     out: dict[str, Any] = {"overrides": overrides, "stopped_early": False}
     try:
