@@ -493,19 +493,19 @@ def part_run(args: argparse.Namespace) -> None:
     cmd = [sys.executable, "-m", "mineonline_core.cli", "run", str(CONFIG), *overrides, "--no-progress"]
     t_start = time.time()
     with (work / "console.log").open("w") as console:
-        proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, cwd=work, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, cwd=work)
     stop_at = args.deadline - RUN_GRACE_S
     out: dict[str, Any] = {"overrides": overrides, "stopped_early": False}
     try:
         proc.wait(timeout=max(stop_at - time.monotonic(), 1))
     except subprocess.TimeoutExpired:
-        # Ctrl-C for mineonline: the trainer ends its iteration, checkpoints, the actors stop.
+        # Ctrl-C for mineonline (to the driver alone): the trainer ends its iteration, checkpoints, the actors stop.
         out["stopped_early"] = True
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=max(args.deadline - time.monotonic() - 5, 1))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+            proc.kill()  # the parent's cap then ends this process group: the Ray processes the driver started
             proc.wait()
     out["wall_s"], out["rc"] = time.time() - t_start, proc.returncode
     if smi is not None:
@@ -580,7 +580,7 @@ def run_child(part: str, cap: float, args: argparse.Namespace) -> list[str]:
     start = time.monotonic()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # The child stops its own work by the deadline (time.monotonic() is system-wide on Linux), 5 s
-    # before the cap ends it; its own session, so the cap also ends what it started (a run's Ray).
+    # before the cap ends it; in a session of its own, so that ending it ends what it started.
     proc = subprocess.Popen([*cmd, "--deadline", repr(start + cap - 5)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)  # fmt: skip
     try:
@@ -590,6 +590,10 @@ def run_child(part: str, cap: float, args: argparse.Namespace) -> list[str]:
         os.killpg(proc.pid, signal.SIGKILL)  # the part's own children too (a run's Ray processes)
         stdout, stderr = proc.communicate()
         timed_out = True
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # what a part left behind (a killed driver's Ray processes)
+    except ProcessLookupError:
+        pass  # nothing was left: the usual case
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines or proc.returncode:
         lines.append(json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "rc": proc.returncode,
