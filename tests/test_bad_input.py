@@ -438,3 +438,23 @@ def test_the_memory_estimate_counts_the_reference_state_of_every_fragment() -> N
     fragment = 8 * (32 * 32 * 3 + 8 + 24) + state  # observation, action, step columns, one state
     per_chunk = 2 * (2 * fragment + 8 * ESTIMATE_COLUMNS_BYTES)  # 2 fragments: held twice (now, prefetched), estimated once
     assert wider.memory.parts["trainer ranks"] - a["trainer ranks"] == 2 * 2 * per_chunk
+
+
+def test_the_flagship_estimate_counts_8_mib_of_state_per_fragment_and_8_more_for_the_reference() -> None:
+    """Issue 24's figure from the VPT-2x shapes (4 blocks of a bool mask and two float32 (memory, hidsize)
+    key/value tensors, memory = attention_memory_size - timesteps): the policy is built on the meta device
+    only (nothing allocated), and the env is not built (no observation bytes: the states are the point)."""
+    from mineonline_core.runtime.budget import STEP_COLUMNS_BYTES, estimate_memory
+
+    loaded = load_config(str(ROOT / "examples" / "flagship_vpt2x.yaml"), [])
+    resolved = resolve(loaded, get_plugin_manager(), probe=False)
+    vpt = loaded.config.policy_config.model_extra
+    memory = vpt["attention_memory_size"] - vpt["timesteps"]
+    state = vpt["n_recurrence_layers"] * (memory + 2 * memory * vpt["hidsize"] * 4)
+    assert state == 8_389_120  # 8.0 MiB
+    assert resolved.trainer_cls.has_reference(resolved.trainer_options)  # kl_divergence_coef_rho: 0.2
+    args = (resolved.config, resolved.policy_generator, None, None, resolved.store_cls)
+    without, with_ref = estimate_memory(*args, reference=False), estimate_memory(*args, reference=True)
+    fragments = resolved.config.rollout_config.replay_buffer_config.max_chunks  # one fragment a chunk
+    assert with_ref.parts["replay (in memory)"] - without.parts["replay (in memory)"] == fragments * state
+    assert without.parts["replay (in memory)"] == fragments * (128 * STEP_COLUMNS_BYTES + state)
