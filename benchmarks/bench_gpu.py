@@ -9,15 +9,16 @@ JSON line ``{"bench": "gpu", "part": ...}``, or the parent prints one with the p
 * ``machine``: torch, CUDA, the GPU, the commit measured;
 * ``trainer``: the project's ``PPOTrainer`` built from the flagship config in this process
   (``resolve`` + ``setup_rank(local=True)``, placed on the GPU), ``estimate`` (the GAE pass) and
-  ``train`` on version-0 chunks per precision config: ``fp32`` (PyTorch's defaults: TF32
-  convolutions, fp32 matmuls), ``tf32`` (TF32 matmuls too), ``amp`` (``use_amp: true``) and
-  ``amp_2x`` (the same with micro-batches of twice the chunks); trained frames/s, estimate ms per
+  ``train`` on version-0 chunks per precision (``runtime/precision.py``'s decision): ``fp32`` (TF32
+  off, the project's default), ``tf32`` (``allow_tf32: true``), ``amp`` (``use_amp: true``, bf16)
+  and ``amp_2x`` (the same with micro-batches of twice the chunks); trained frames/s, estimate ms per
   iteration, peak GPU memory of each;
 * ``precision`` (DESIGN §5.3): on version-0 data, the log-probs training computes (``estimate``'s
   pass, ``current_policy_outputs``, under the trainer's ``autocast()``) against the behaviour
-  log-probs rollout computed one step at a time in fp32: mean and max error, max ``|ratio - 1|``,
-  the fraction of steps off by more than 2 % and of steps PPO would clip, per setting (fp32 with
-  TF32 off, PyTorch's defaults, TF32 on; ``use_amp``; bf16 autocast);
+  log-probs rollout computes one step at a time in its own numerics: mean and max error, max
+  ``|ratio - 1|``, the fraction of steps off by more than 2 % and of steps PPO would clip, per
+  setting (the project's fp32, fp32 with TF32 and amp; and, as before the precision policy,
+  PyTorch's default TF32 switches and bf16 training against fp32 rollout);
 * ``network``: ``bench_vpt.py --model foundation-model-2x`` fp32 and bf16 (the network alone:
   forward + backward of 8 x 64 frames, and rollout inference of a batch of 8);
 * ``run``: ``mineonline run examples/flagship_vpt2x.yaml`` as a user runs it: command to the first
@@ -154,16 +155,22 @@ def place(trainer: Any, device: torch.device) -> None:
         trainer.reference.to(device)
 
 
-def set_precision(trainer: Any, *, amp: bool, tf32_matmul: bool, tf32_cudnn: bool) -> dict:
-    """Set ``use_amp`` and the TF32 switches; the scaler follows ``use_amp`` as ``setup_rank`` makes it."""
-    trainer.train_config.use_amp = amp
-    trainer.scaler = torch.amp.GradScaler("cuda", enabled=amp and trainer.device.type == "cuda")
-    torch.backends.cuda.matmul.allow_tf32 = tf32_matmul
-    torch.backends.cudnn.allow_tf32 = tf32_cudnn
-    with trainer.autocast():
-        dtype = torch.get_autocast_dtype(trainer.device.type) if torch.is_autocast_enabled(trainer.device.type) else None
-    return {"use_amp": amp, "autocast_dtype": str(dtype).replace("torch.", "") if dtype else None,
-            "tf32_matmul": tf32_matmul, "tf32_cudnn": tf32_cudnn}  # fmt: skip
+def set_precision(trainer: Any, *, amp: bool, tf32: bool, amp_dtype: str = "auto") -> Any:
+    """Set ``use_amp``, ``amp_dtype`` and ``allow_tf32`` and apply them as a rank does (the project's one
+    precision decision, ``runtime/precision.py``: TF32 switches, scaler); returns that decision."""
+    from mineonline_core.runtime.precision import PrecisionChoice
+
+    tc = trainer.train_config
+    tc.use_amp, tc.amp_dtype, tc.allow_tf32 = amp, amp_dtype, tf32
+    precision = PrecisionChoice.from_config(tc).on(trainer.device)
+    precision.apply_tf32()
+    trainer.scaler = precision.make_scaler()
+    return precision
+
+
+def _flags(precision: Any) -> dict:
+    return {"autocast_dtype": precision.dtype, "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32, "grad_scaler": precision.grad_scaler}  # fmt: skip
 
 
 def _squeeze_steps(x: torch.Tensor, b: int) -> torch.Tensor:
@@ -245,14 +252,15 @@ def make_chunks(policy: Any, *, n_chunks: int, fragments_per_chunk: int, fragmen
     return chunks, {"img": img[:, :length], "first": first_t, **behaviour}
 
 
-# Training numerics against rollout's (fp32, one step at a time, with the same TF32 switches): the
-# trainer's own (its autocast() under use_amp), and bf16 autocast whatever use_amp picks (the issue's row).
+# Training numerics against rollout's. The project's policy: rollout steps in the training dtype with
+# the same TF32 switches (fp32, fp32_tf32, amp). Before it, for comparison: PyTorch's default switches
+# (TF32 convolutions, fp32 matmuls) on both sides, and bf16 training against fp32 rollout.
 PRECISION = {
-    "fp32_tf32_off": dict(amp=False, tf32_matmul=False, tf32_cudnn=False),
-    "fp32_default": dict(amp=False, tf32_matmul=False, tf32_cudnn=True),  # PyTorch's defaults
-    "fp32_tf32_on": dict(amp=False, tf32_matmul=True, tf32_cudnn=True),
-    "amp": dict(amp=True, tf32_matmul=False, tf32_cudnn=True),
-    "bf16_autocast": dict(amp=False, tf32_matmul=False, tf32_cudnn=True),
+    "fp32": dict(amp=False, tf32=False),
+    "fp32_tf32": dict(amp=False, tf32=True),
+    "amp": dict(amp=True, tf32=False),
+    "before_fp32_pytorch_defaults": dict(amp=False, tf32=False, pytorch_defaults=True),
+    "before_amp_fp32_rollout": dict(amp=True, tf32=False, fp32_rollout=True),
 }
 
 
@@ -269,17 +277,19 @@ def precision_rows(trainer: Any, chunks: list[list[dict]], raw: dict, device: to
     rows = {}
     for name, setting in PRECISION.items():
         try:
-            flags = set_precision(trainer, **setting)
-            with torch.autocast(device.type, enabled=False):  # rollout: fp32 whatever use_amp says
-                trainer.policy.eval()
+            setting = dict(setting)
+            pytorch_defaults, fp32_rollout = setting.pop("pytorch_defaults", False), setting.pop("fp32_rollout", False)
+            precision = set_precision(trainer, **setting)
+            if pytorch_defaults:
+                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+            flags = {**_flags(precision), "rollout_dtype": None if fp32_rollout else precision.dtype}
+            # Rollout: one step at a time, under the precision a rollout worker applies (the collector's autocast).
+            rollout = torch.autocast(device.type, enabled=False) if fp32_rollout else precision.autocast()
+            trainer.policy.eval()
+            with rollout:
                 behaviour = step_through(trainer.policy, raw["img"], raw["first"], action=raw["action"])["logprob"]
             batch = assemble_chunks(chunks, device=device)
-            if name == "bf16_autocast":
-                flags["autocast_dtype"] = "bfloat16"
-                numerics = torch.autocast(device.type, dtype=torch.bfloat16)
-            else:
-                numerics = trainer.autocast()
-            with numerics:
+            with trainer.autocast():
                 train_logp = trainer.current_policy_outputs(batch=batch)["logprob"]
             err = (train_logp.float() - behaviour.to(train_logp.device)).abs()
             off = (torch.exp(train_logp.float() - behaviour.to(train_logp.device)) - 1).abs()
@@ -296,10 +306,10 @@ def precision_rows(trainer: Any, chunks: list[list[dict]], raw: dict, device: to
 
 # What each trainer config sets; amp_2x trains micro-batches of twice the chunks.
 TRAIN_CONFIGS = {
-    "fp32": (dict(amp=False, tf32_matmul=False, tf32_cudnn=True), 1),
-    "tf32": (dict(amp=False, tf32_matmul=True, tf32_cudnn=True), 1),
-    "amp": (dict(amp=True, tf32_matmul=False, tf32_cudnn=True), 1),
-    "amp_2x": (dict(amp=True, tf32_matmul=False, tf32_cudnn=True), 2),
+    "fp32": (dict(amp=False, tf32=False), 1),
+    "tf32": (dict(amp=False, tf32=True), 1),
+    "amp": (dict(amp=True, tf32=False), 1),
+    "amp_2x": (dict(amp=True, tf32=False), 2),
 }
 
 
@@ -311,7 +321,7 @@ def train_config_row(trainer: Any, chunks: list[list[dict]], *, setting: dict, m
     from mineonline_core.trainer.batch import assemble_chunks
 
     tc = trainer.train_config
-    flags = set_precision(trainer, **setting)
+    flags = {"use_amp": setting["amp"], **_flags(set_precision(trainer, **setting))}
     batch_size = tc.batch_size_per_gpu
     tc.batch_size_per_gpu = batch_size * micro
     skipped = trainer.update_guard.skipped_total
@@ -372,7 +382,7 @@ def part_inprocess(args: argparse.Namespace) -> None:
     fpc = rc.replay_buffer_config.fragments_per_chunk
     hw = trainer.policy.net.img_shape[0]
     start = time.perf_counter()
-    set_precision(trainer, **PRECISION["fp32_default"])  # rollout workers run PyTorch's defaults
+    set_precision(trainer, amp=False, tf32=False)  # the flagship's rollout numerics (use_amp: false)
     chunks, raw = make_chunks(trainer.policy, n_chunks=n_chunks, fragments_per_chunk=fpc,
                               fragment_length=rc.fragment_length, hw=hw, device=device)  # fmt: skip
     base["make_chunks_s"] = time.perf_counter() - start

@@ -118,7 +118,9 @@ def test_gpu_quick() -> None:
     for name, row in parts["precision"]["settings"].items():
         assert "error" not in row, (name, row)
         assert 0 <= row["frac_clipped"] <= row["frac_ratio_off_2pct"] <= 1 and row["logprob_err_max"] >= row["logprob_err_mean"] >= 0
-    assert parts["precision"]["settings"]["amp"]["use_amp"] is True
+    amp = parts["precision"]["settings"]["amp"]
+    assert amp["autocast_dtype"] == amp["rollout_dtype"] == "bfloat16"  # rollout computes as training does
+    assert parts["precision"]["settings"]["before_amp_fp32_rollout"]["rollout_dtype"] is None
     for name, row in parts["trainer"]["configs"].items():
         assert "error" not in row, (name, row)
         assert row["trained_frames_per_s"] > 0 and row["estimate_ms_per_iteration"] > 0 and row["skipped_updates"] == 0
