@@ -8,7 +8,7 @@ JSON line ``{"bench": "gpu", "part": ...}``, or the parent prints one with the p
 
 * ``machine``: torch, CUDA, the GPU, the commit measured;
 * ``trainer``: the project's ``PPOTrainer`` built from the flagship config in this process
-  (``resolve`` + ``setup_rank(local=True)``, placed on the GPU), ``estimate`` (the GAE pass) and
+  (``resolve`` + ``setup_rank(local=True, device=...)``, on the GPU), ``estimate`` (the GAE pass) and
   ``train`` on version-0 chunks per precision (``runtime/precision.py``'s decision): ``fp32`` (TF32
   off, the project's default), ``tf32`` (``allow_tf32: true``), ``amp`` (``use_amp: true``, bf16)
   and ``amp_2x`` (the same with micro-batches of twice the chunks); trained frames/s, estimate ms per
@@ -128,8 +128,8 @@ def part_machine(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_trainer(overrides: list[str], run_dir: str) -> Any:
-    """The flagship's trainer, built as the in-process rank builds it (``setup_rank(local=True)``)."""
+def build_trainer(overrides: list[str], run_dir: str, device: torch.device) -> Any:
+    """The flagship's trainer, built as the in-process rank builds it (``setup_rank(local=True)`` on ``device``)."""
     from mineonline_core.config import load_config
     from mineonline_core.registry import get_plugin_manager
     from mineonline_core.runtime.resolve import resolve
@@ -138,21 +138,8 @@ def build_trainer(overrides: list[str], run_dir: str) -> Any:
     trainer = resolved.trainer_cls(rollout_manager=None, policy_generator=resolved.policy_generator,
                                    env_generator=resolved.env_generator, config=resolved.config, run_dir=run_dir,
                                    options=resolved.trainer_options)  # fmt: skip
-    trainer.setup_rank(local=True)
+    trainer.setup_rank(local=True, device=device)
     return trainer
-
-
-def place(trainer: Any, device: torch.device) -> None:
-    """Put a set-up rank on ``device``, as a Ray Train GPU rank has it. ``setup_rank(local=True)``
-    places the in-process rank on the CPU; moving the modules keeps the optimiser's parameters (the
-    same tensors), and its moments are created at the first step."""
-    if trainer.device == device:
-        return
-    trainer.device = device
-    trainer.model.to(device)
-    trainer.policy.to(device)
-    if trainer.reference is not None:
-        trainer.reference.to(device)
 
 
 def set_precision(trainer: Any, *, amp: bool, tf32: bool, amp_dtype: str = "auto") -> Any:
@@ -371,8 +358,7 @@ def part_inprocess(args: argparse.Namespace) -> None:
     overrides = QUICK_OVERRIDES if args.quick else []
     base: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     start = time.perf_counter()
-    trainer = build_trainer(overrides, tempfile.mkdtemp(prefix="bench_gpu_"))
-    place(trainer, device)
+    trainer = build_trainer(overrides, tempfile.mkdtemp(prefix="bench_gpu_"), device)
     rc, tc = trainer.config.rollout_config, trainer.train_config
     base["build_s"] = time.perf_counter() - start
     log(f"trainer built in {base['build_s']:.1f} s on {device}")
