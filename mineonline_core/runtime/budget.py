@@ -4,18 +4,24 @@ The policy is built on PyTorch's ``meta`` device, which records shapes and alloc
 ``policy_config: {hidden_sizes: [1000000000]}`` is measured (13e9 parameters) instead of allocated
 until the kernel kills the process. The estimate adds, per process kind:
 
-* each trainer rank: the weights, their gradients, Adam's two moments and the KL reference (5x);
-* each rollout worker: two copies of the weights (live and standby); the driver: one for its check;
+* each trainer rank: the weights, their gradients, Adam's two moments, and the KL reference when the
+  trainer keeps one (``BaseTrainer.has_reference``); and the chunks it holds: this iteration's
+  (``batches_per_iteration`` micro-batches of ``batch_size_per_gpu`` chunks, with the estimate's
+  columns) and the next ``prefetch_batches`` iterations' chunks, fetched ahead;
+* each rollout worker: two copies of the weights (live and standby), three with a KL reference; the
+  driver: one for its check;
 * the in-memory replay store: ``max_chunks x fragments_per_chunk`` fragments of
   ``fragment_length`` steps (observation, action and six float32 per-step columns) plus the
-  recurrent state before each fragment (an on-disk store is bounded by its disk, not by memory);
+  recurrent state before each fragment, twice with a KL reference (``ref_state_in``: a VPT-2x
+  fragment carries 8 MiB of each); an on-disk store is bounded by its disk, not by memory;
 * a fixed size per process: what benchmarks/RESULTS.md measured, rounded down (a Ray actor with
   torch imported holds 305-470 MiB resident; an env subprocess 190-227 MiB, mostly pages shared
   with the forkserver), and Ray's own daemons.
 
 Activations and allocator slack are not counted (they depend on batch shapes: VPT-1x training peaks
-at 9.2 GiB for 284 MiB of weights), so the estimate is a lower bound: a config refused here cannot
-fit, while one accepted may still need more.
+at 9.2 GiB for 284 MiB of weights); they scale with the micro-batch (``batch_size_per_gpu`` chunks of
+``context_length`` steps), not with the iteration. So the estimate is a lower bound: a config refused
+here cannot fit, while one accepted may still need more.
 
 ``check`` refuses a run whose estimate exceeds the machine's memory (the cgroup limit when lower),
 and ``check_policy_fits`` refuses a policy the driver's own check could not build.
@@ -37,8 +43,9 @@ BOOKKEEPING_ACTORS = 6  # manager, replay buffer, store host, statistics, logger
 ENV_PROCESS_BYTES = 64 * 2**20  # an env subprocess beyond the pages it shares with the forkserver
 RAY_BYTES = 512 * 2**20  # GCS, raylet, log monitor, dashboard agent
 STEP_COLUMNS_BYTES = 6 * 4  # reward, log-prob, value, first, terminated, truncated (float32 or less)
-TRAINER_COPIES = 5  # weights, gradients, two Adam moments, KL reference
-ROLLOUT_COPIES = 2  # the live weights and the standby copy a broadcast is loaded into
+ESTIMATE_COLUMNS_BYTES = 4 * 4  # staleness, value, advantage, return: added to the iteration's batch
+TRAINER_COPIES = 4  # weights, gradients, two Adam moments (+1 for a KL reference)
+ROLLOUT_COPIES = 2  # the live weights and the standby copy a broadcast is loaded into (+1 for a KL reference)
 
 
 def meta_policy(policy_generator: Callable[[], Any]) -> Any | None:
@@ -152,8 +159,10 @@ class MemoryEstimate:
 
 
 def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_space: Any, action_space: Any,
-                    store_cls: type) -> MemoryEstimate:  # fmt: skip
-    """Estimate the memory ``cfg`` needs on one machine, building the policy on the meta device only."""
+                    store_cls: type, *, reference: bool = False) -> MemoryEstimate:  # fmt: skip
+    """Estimate the memory ``cfg`` needs on one machine, building the policy on the meta device only.
+    ``reference``: the trainer keeps a KL reference policy (its weights in every rank and rollout
+    worker, its recurrent state in every fragment)."""
     rc, tc = cfg.rollout_config, cfg.train_config
     rb = rc.replay_buffer_config
     policy = meta_policy(policy_generator)
@@ -166,12 +175,18 @@ def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_s
         except Exception:  # noqa: BLE001 - a state the meta device cannot build counts as none
             state_bytes = 0
     step_bytes = _space_bytes(observation_space) + _space_bytes(action_space) + STEP_COLUMNS_BYTES
+    # Each fragment starts with the policy's recurrent state, and the reference's beside it (DESIGN §5.4).
+    fragment_bytes = rc.fragment_length * step_bytes + (2 if reference else 1) * state_bytes
     fragments = 0 if getattr(store_cls, "persistent", False) else rb.max_chunks * rb.fragments_per_chunk
+    # A rank holds its iteration (micro-batches of batch_size_per_gpu chunks) and prefetch_batches more.
+    rank_fragments = tc.batches_per_iteration * tc.batch_size_per_gpu * rb.fragments_per_chunk
+    rank_batches = rank_fragments * ((1 + tc.prefetch_batches) * fragment_bytes + rc.fragment_length * ESTIMATE_COLUMNS_BYTES)
     envs = rc.num_rollout_workers * rc.worker_config.num_envs
+    copies = int(reference)
     parts = {
-        "trainer ranks": tc.num_workers * (PROCESS_BYTES + TRAINER_COPIES * policy_bytes),
-        "rollout workers": rc.num_rollout_workers * (PROCESS_BYTES + ROLLOUT_COPIES * policy_bytes),
-        "replay (in memory)": fragments * (rc.fragment_length * step_bytes + state_bytes),
+        "trainer ranks": tc.num_workers * (PROCESS_BYTES + (TRAINER_COPIES + copies) * policy_bytes + rank_batches),
+        "rollout workers": rc.num_rollout_workers * (PROCESS_BYTES + (ROLLOUT_COPIES + copies) * policy_bytes),
+        "replay (in memory)": fragments * fragment_bytes,
         "envs": envs * ENV_PROCESS_BYTES if rc.worker_config.env_processes else 0,
         "driver, bookkeeping actors and Ray": (1 + BOOKKEEPING_ACTORS) * PROCESS_BYTES + RAY_BYTES + policy_bytes,
     }

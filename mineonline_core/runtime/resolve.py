@@ -149,7 +149,8 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isol
     logger_data = {"project": cfg.logger_config.project, "name": cfg.logger_config.name, **extra}
     loggers = [(cls, _options(cls, logger_data, "logger_config")) for cls in logger_classes]
 
-    gens = resolve_generators(loaded, pm, probe=probe, isolate=isolate, store_cls=store_cls)
+    gens = resolve_generators(loaded, pm, probe=probe, isolate=isolate, store_cls=store_cls,
+                              reference=trainer_cls.has_reference(trainer_options))
     check_consistency(cfg)
     return ResolvedRun(
         config=cfg, env_generator=gens.env_generator, policy_generator=gens.policy_generator, trainer_cls=trainer_cls,
@@ -171,9 +172,10 @@ class Generators:
 
 
 def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isolate: bool = False,
-                       store_cls: type | None = None) -> Generators:  # fmt: skip
+                       store_cls: type | None = None, reference: bool = False) -> Generators:  # fmt: skip
     """The env and policy generators alone (what ``mineonline eval`` needs: no trainer, store or logger).
-    ``store_cls`` sizes the replay part of the memory estimate."""
+    ``store_cls`` sizes the replay part of the memory estimate, ``reference`` (the trainer keeps a KL
+    reference policy) its reference copies."""
     from mineonline_core.contracts.envs import env_generator_from_config
 
     cfg = loaded.config
@@ -231,7 +233,7 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
     if probe:
         from mineonline_core.runtime.budget import estimate_memory
 
-        memory = estimate_memory(cfg, policy_generator, observation_space, action_space, store_cls)
+        memory = estimate_memory(cfg, policy_generator, observation_space, action_space, store_cls, reference=reference)
         memory.check_policy_fits()  # measured on the meta device: a huge network is refused, not allocated
         from mineonline_core.runtime.precision import PrecisionChoice, float16_problem
 

@@ -12,7 +12,7 @@ described, that an unknown key is refused naming the key, the trainer and the cl
 ``estimate`` fills its columns, that ``compute_loss`` returns a finite scalar loss with a
 gradient and scalar metrics per window, and that one iteration through the core's loop (epochs,
 micro-batches, BPTT windows, accumulation) updates the policy and logs only finite, namespaced
-``trainer/`` metrics.
+``trainer/`` metrics; and that ``has_reference`` agrees with the KL reference a rank builds.
 """
 
 from __future__ import annotations
@@ -84,6 +84,13 @@ class TrainerConformance:
             validate_trainer_options(self.trainer_cls, train_config)
         message = str(info.value)
         assert f"train_config.{typo}" in message and repr(self.trainer_cls.name) in message and repr(known) in message
+
+    def test_has_reference_says_whether_the_rank_keeps_one(self, tmp_path: Path) -> None:
+        # The pre-Ray memory estimate sizes the reference's weights and per-fragment state from has_reference.
+        trainer = self.make_trainer(tmp_path)
+        assert (trainer.reference is not None) == self.trainer_cls.has_reference(trainer.options), (
+            "has_reference(options) must say whether setup_model_and_optimizer builds self.reference"
+        )
 
     def test_estimate_fills_advantage_return_and_value(self, tmp_path: Path) -> None:
         trainer = self.make_trainer(tmp_path)

@@ -15,7 +15,7 @@ to each rank, so it holds only handles and config until ``_train_func`` builds t
 A trainer plugin subclasses ``BaseTrainer`` with a ``name``, a ``Config`` (a ``TrainerOptions``
 model of its own ``train_config`` keys, available as ``self.options``) and ``compute_loss``; every
 other hook has a default: ``estimate``, ``setup_model_and_optimizer``, ``init_policy``,
-``prepare_batch``/``prepare_minibatch``, ``uses_reference``, ``filter_gradients``,
+``prepare_batch``/``prepare_minibatch``, ``has_reference``/``uses_reference``, ``filter_gradients``,
 ``publishes_version``, ``iteration_metrics``, ``trainer_state``/``load_trainer_state`` and
 ``on_checkpoint``. Fetching, the update loop, broadcasts, checkpoints and metrics live in the core.
 """
@@ -153,6 +153,12 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         problem = float16_problem(PrecisionChoice.from_config(self.train_config), policy)
         if problem:
             raise ConfigError(problem)
+
+    @classmethod
+    def has_reference(cls, options: BaseModel) -> bool:
+        """Whether a run with these options keeps a KL reference policy (``make_reference``): the
+        pre-Ray memory estimate counts its weights and its recurrent state in every fragment."""
+        return False
 
     def make_reference(self) -> nn.Module:
         """A frozen copy of the initial policy (``policy_generator()`` at the run's seed) on this

@@ -264,11 +264,15 @@ class PPOTrainer(BaseTrainer):
         if self.options.zero_initial_vf:
             zero_value_head(policy.value_head, keep_normalizer=self.options.zero_initial_vf_keep_normalizer)
 
+    @classmethod
+    def has_reference(cls, options: Any) -> bool:
+        return options.kl_divergence_coef_rho > 0
+
     def setup_model_and_optimizer(self, policy: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
         if self.options.freeze_pi_head:
             for param in policy.pi_head.parameters():
                 param.requires_grad_(False)
-        self.reference = self.make_reference() if self.options.kl_divergence_coef_rho > 0 else None
+        self.reference = self.make_reference() if self.has_reference(self.options) else None
         return super().setup_model_and_optimizer(policy)
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:

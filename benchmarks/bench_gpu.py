@@ -1,0 +1,602 @@
+"""The flagship on one GPU (issue 24): every row of the issue's table, in one call that stops itself.
+
+The workload is ``examples/flagship_vpt2x.yaml`` (VPT-2x architecture, KL-PPO with MineStudio's
+settings, Crafter at 128x128, 4 rollout workers x 8 envs, 4 x 8 chunks of 128 steps an iteration).
+Each part runs in a child process (a crash or a hung CUDA call costs that part alone, and each part
+starts with the GPU to itself) under a cap taken from what is left of ``--budget-s``; each prints ONE
+JSON line ``{"bench": "gpu", "part": ...}``, or the parent prints one with the part's ``error``:
+
+* ``machine``: torch, CUDA, the GPU, the commit measured;
+* ``trainer``: the project's ``PPOTrainer`` built from the flagship config in this process
+  (``resolve`` + ``setup_rank(local=True, device=...)``, on the GPU), ``estimate`` (the GAE pass) and
+  ``train`` on version-0 chunks per precision (``runtime/precision.py``'s decision): ``fp32`` (TF32
+  off, the project's default), ``tf32`` (``allow_tf32: true``), ``amp`` (``use_amp: true``, bf16)
+  and ``amp_2x`` (the same with micro-batches of twice the chunks); trained frames/s, estimate ms per
+  iteration, peak GPU memory of each;
+* ``precision`` (DESIGN §5.3): on version-0 data, the log-probs training computes (``estimate``'s
+  pass, ``current_policy_outputs``, under the trainer's ``autocast()``) against the behaviour
+  log-probs rollout computes one step at a time in its own numerics: mean and max error, max
+  ``|ratio - 1|``, the fraction of steps off by more than 2 % and of steps PPO would clip, per
+  setting (the project's fp32, fp32 with TF32 and amp; and, as before the precision policy,
+  PyTorch's default TF32 switches and bf16 training against fp32 rollout);
+* ``network``: ``bench_vpt.py --model foundation-model-2x`` fp32 and bf16 (the network alone:
+  forward + backward of 8 x 64 frames, and rollout inference of a batch of 8);
+* ``run``: ``mineonline run examples/flagship_vpt2x.yaml`` as a user runs it: command to the first
+  finished iteration, trained frames per second of wall (steady: first to last iteration),
+  ``trainer/samples_per_s``, rollout env frames/s, ``perf/inference_ms`` per batch, broadcast and GAE
+  ms per iteration, GPU utilisation and memory (``nvidia-smi`` every second).
+
+Version-0 chunks are made rollout's way (one step at a time, batch = chunks, recurrent state carried,
+fp32) over random frames with synthetic episode ends: throughput and numerics do not depend on what
+the frames show, and stepping 32 Crafter envs would cost the budget's seconds.
+
+    bash benchmarks/bench_gpu.sh                            # on a lent GPU (benchmarks/RESULTS.md, issue 24)
+    python benchmarks/bench_gpu.py --quick                  # smoke: tiny shapes, the network part skipped
+    python benchmarks/bench_gpu.py --parts trainer,precision --run-iterations 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import _benchlib as bl  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+CONFIG = bl.ROOT / "examples" / "flagship_vpt2x.yaml"
+PARTS = ("machine", "inprocess", "network", "run")  # inprocess prints the precision and trainer lines
+# Caps in seconds (what a part may take, not what it takes: on an H200 the machine part takes ~5 s,
+# inprocess ~95, network ~50, so the run gets ~240 s). --quick: generous, for a loaded CI machine.
+CAPS = {"machine": 30, "inprocess": 150, "network": 80, "run": 400}
+QUICK_CAPS = {"machine": 60, "inprocess": 240, "run": 240}
+RUN_GRACE_S = 40  # after SIGTERM the trainer finishes its iteration, checkpoints and stops the actors
+# The flagship shrunk to seconds on a CPU: tiny VPT, 32x32 frames, 1 worker x 2 envs, 2 chunks of 16 steps.
+QUICK_OVERRIDES = [
+    "policy_config.hidsize=32", "policy_config.impala_width=1", "policy_config.impala_chans=[8,8,8]",
+    "policy_config.attention_heads=2", "policy_config.n_recurrence_layers=1", "policy_config.attention_memory_size=16",
+    "policy_config.timesteps=8", "env_config.size=32", "rollout_config.num_rollout_workers=1",
+    "rollout_config.num_gpus_per_worker=0", "rollout_config.num_cpus_per_worker=0.5", "rollout_config.fragment_length=16",
+    "rollout_config.worker_config.num_envs=2", "rollout_config.worker_config.batch_size=2",
+    "rollout_config.replay_buffer_config.max_chunks=16", "rollout_config.replay_buffer_config.fragments_per_report=2",
+    "train_config.num_gpus_per_worker=0", "train_config.num_cpus_per_worker=1", "train_config.batch_size_per_gpu=1",
+    "train_config.batches_per_iteration=2", "train_config.context_length=8",
+]  # fmt: skip
+
+
+def _significant(value: Any) -> Any:
+    """Floats to 4 significant digits (``bl.emit`` rounds to 4 decimals: a 1e-5 log-prob error is a figure here)."""
+    if isinstance(value, dict):
+        return {k: _significant(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_significant(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(f"{float(value):.4g}")
+    return value
+
+
+def emit(part: str, figures: dict, quick: bool) -> None:
+    """Print the part's one JSON line (``bl.emit``'s keys, with ``part``)."""
+    print(json.dumps({"bench": "gpu", "part": part, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      **bl.machine(), "quick": quick, **_significant(figures)}), flush=True)  # fmt: skip
+
+
+def log(message: str) -> None:
+    """Progress on stderr: the parent reports its tail when a part fails or runs out of time."""
+    print(f"[bench_gpu {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# machine
+# ---------------------------------------------------------------------------------------------
+
+
+def part_machine(args: argparse.Namespace) -> None:
+    out: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        out["gpu"] = {"name": p.name, "capability": f"{p.major}.{p.minor}", "memory_gib": round(p.total_memory / 2**30, 1),
+                      "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+                      "bf16_supported": torch.cuda.is_bf16_supported()}  # fmt: skip
+    git = subprocess.run(["git", "-C", str(bl.ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    out["commit"] = git.stdout.strip() or None  # the device's copy of the tree may have no .git
+    import mineonline_core
+
+    out["mineonline_core"] = str(Path(mineonline_core.__file__).parent)
+    emit("machine", out, args.quick)
+
+
+# ---------------------------------------------------------------------------------------------
+# inprocess: PPOTrainer.train / estimate and the precision of its log-probs
+# ---------------------------------------------------------------------------------------------
+
+
+def build_trainer(overrides: list[str], run_dir: str, device: torch.device) -> Any:
+    """The flagship's trainer, built as the in-process rank builds it (``setup_rank(local=True)`` on ``device``)."""
+    from mineonline_core.config import load_config
+    from mineonline_core.registry import get_plugin_manager
+    from mineonline_core.runtime.resolve import resolve
+
+    resolved = resolve(load_config(str(CONFIG), overrides), get_plugin_manager())
+    trainer = resolved.trainer_cls(rollout_manager=None, policy_generator=resolved.policy_generator,
+                                   env_generator=resolved.env_generator, config=resolved.config, run_dir=run_dir,
+                                   options=resolved.trainer_options)  # fmt: skip
+    trainer.setup_rank(local=True, device=device)
+    return trainer
+
+
+def set_precision(trainer: Any, *, amp: bool, tf32: bool, amp_dtype: str = "auto") -> Any:
+    """Set ``use_amp``, ``amp_dtype`` and ``allow_tf32`` and apply them as a rank does (the project's one
+    precision decision, ``runtime/precision.py``: TF32 switches, scaler); returns that decision."""
+    from mineonline_core.runtime.precision import PrecisionChoice
+
+    tc = trainer.train_config
+    tc.use_amp, tc.amp_dtype, tc.allow_tf32 = amp, amp_dtype, tf32
+    precision = PrecisionChoice.from_config(tc).on(trainer.device)
+    precision.apply_tf32()
+    trainer.scaler = precision.make_scaler()
+    return precision
+
+
+def _flags(precision: Any) -> dict:
+    return {"autocast_dtype": precision.dtype, "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32, "grad_scaler": precision.grad_scaler}  # fmt: skip
+
+
+def _squeeze_steps(x: torch.Tensor, b: int) -> torch.Tensor:
+    return x.reshape(b, -1)[:, 0]
+
+
+@torch.inference_mode()
+def step_through(policy: Any, img: torch.Tensor, first: torch.Tensor, action: Any = None, keep_states: range = range(0)) -> dict:
+    """Rollout's numerics: the policy one step at a time over (B, L) frames, state carried, fp32.
+    Samples actions unless ``action`` (leaves (B, L, ...)) is given; returns per-step ``action``,
+    ``logprob``, ``vpred`` (denormalised) and ``states[t]``, the recurrent state before step t for t
+    in ``keep_states`` (fragment starts; VPT-2x holds 8 MiB per chunk and step, so no more)."""
+    from mineonline_core.contracts.tree import tree_map
+
+    b, length = first.shape
+    state = policy.initial_state(b)
+    actions, logps, vpreds, states = [], [], [], {}
+    for t in range(length):
+        if t in keep_states:
+            states[t] = tree_map(lambda x: x.cpu(), state)
+        latents, state = policy(input={"image": img[:, t : t + 1]}, state_in=state, context={"first": first[:, t : t + 1]})
+        logits = latents["pi_logits"]
+        act = policy.pi_head.sample(logits) if action is None else tree_map(lambda a: a[:, t : t + 1], action)
+        actions.append(act)
+        logps.append(_squeeze_steps(policy.pi_head.logprob(act, logits).float(), b))
+        vpreds.append(_squeeze_steps(policy.value_head.denormalize(latents["vpred"]).float(), b))
+    return {"action": tree_map(lambda *xs: torch.cat(xs, 1), *actions), "logprob": torch.stack(logps, 1),
+            "vpred": torch.stack(vpreds, 1), "states": states}  # fmt: skip
+
+
+def make_chunks(policy: Any, *, n_chunks: int, fragments_per_chunk: int, fragment_length: int, hw: int,
+                device: torch.device, seed: int = 0) -> tuple[list[list[dict]], dict]:  # fmt: skip
+    """Version-0 chunks with every fragment column, behaviour columns from ``policy`` itself; also
+    the raw tensors (frames, firsts, actions) for the precision part."""
+    from mineonline_core.contracts import fragment as F
+    from mineonline_core.contracts.tree import tree_map
+
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    length = fragments_per_chunk * fragment_length
+    img = torch.randint(0, 256, (n_chunks, length + 1, hw, hw, 3), dtype=torch.uint8, generator=gen).to(device)
+    # About one chunk in three ends an episode inside it (two thirds terminated, one third truncated).
+    ends = np.zeros((n_chunks, length), bool)
+    for i in range(n_chunks):
+        if rng.random() < 0.33:
+            ends[i, rng.integers(length // 4, length - 1)] = True
+    terminated = ends & (rng.random(ends.shape) < 0.67)
+    truncated = ends & ~terminated
+    first = np.zeros_like(ends)
+    first[:, 0] = rng.random(n_chunks) < 0.25
+    first[:, 1:] = ends[:, :-1]
+    first_t = torch.as_tensor(first, device=device)
+    policy.eval()
+    behaviour = step_through(policy, img[:, :length], first_t, keep_states=range(0, length, fragment_length))
+    policy.train()
+    action = tree_map(lambda a: a.cpu().numpy(), behaviour["action"])
+    logprob, vpred = behaviour["logprob"].cpu().numpy(), behaviour["vpred"].cpu().numpy()
+    episode = np.cumsum(np.concatenate([np.zeros((n_chunks, 1), bool), ends[:, :-1]], 1), axis=1)
+    img_np = img.cpu().numpy()
+    chunks = []
+    for i in range(n_chunks):
+        fragments = []
+        for k in range(fragments_per_chunk):
+            s = slice(k * fragment_length, (k + 1) * fragment_length)
+            # The reference is the initial policy: at version 0 its state is the policy's (same weights).
+            state_in = tree_map(lambda x: x[i : i + 1].numpy().copy(), behaviour["states"][s.start])
+            fragments.append({
+                F.OBS: {"image": img_np[i, s]}, F.NEXT_OBS: {"image": img_np[i, s.stop : s.stop + 1]},
+                F.ACTION: tree_map(lambda a: a[i, s], action), F.REWARD: (rng.random(fragment_length) < 0.02).astype(np.float32),
+                F.TERMINATED: terminated[i, s].copy(), F.TRUNCATED: truncated[i, s].copy(), F.FIRST: first[i, s].copy(),
+                F.LOGPROB: logprob[i, s].copy(), F.VPRED: vpred[i, s].copy(),
+                F.BOOTSTRAP: np.where(truncated[i, s], vpred[i, s], 0.0).astype(np.float32),
+                F.EPISODE_ID: episode[i, s].astype(np.int64), F.VERSION: np.zeros(fragment_length, np.int64),
+                F.STATE_IN: state_in, F.REF_STATE_IN: state_in,
+                F.STREAM: f"0.0.{i}", F.INDEX: k, F.WORKER_ID: 0, F.ENV_ID: i,
+            })  # fmt: skip
+        chunks.append(fragments)
+    del behaviour["states"]
+    return chunks, {"img": img[:, :length], "first": first_t, **behaviour}
+
+
+# Training numerics against rollout's. The project's policy: rollout steps in the training dtype with
+# the same TF32 switches (fp32, fp32_tf32, amp). Before it, for comparison: PyTorch's default switches
+# (TF32 convolutions, fp32 matmuls) on both sides, and bf16 training against fp32 rollout.
+PRECISION = {
+    "fp32": dict(amp=False, tf32=False),
+    "fp32_tf32": dict(amp=False, tf32=True),
+    "amp": dict(amp=True, tf32=False),
+    "before_fp32_pytorch_defaults": dict(amp=False, tf32=False, pytorch_defaults=True),
+    "before_amp_fp32_rollout": dict(amp=True, tf32=False, fp32_rollout=True),
+}
+
+
+PRECISION_CHUNKS = 8  # enough steps for the fractions; the whole iteration's pass would add memory, not information
+
+
+def precision_rows(trainer: Any, chunks: list[list[dict]], raw: dict, device: torch.device) -> dict:
+    from mineonline_core.contracts.tree import tree_map
+    from mineonline_core.trainer.batch import assemble_chunks
+
+    clip = float(getattr(trainer.options, "ppo_clip", 0.2))
+    n = min(PRECISION_CHUNKS, len(chunks))
+    chunks, raw = chunks[:n], tree_map(lambda x: x[:n], {k: raw[k] for k in ("img", "first", "action")})
+    rows = {}
+    for name, setting in PRECISION.items():
+        try:
+            setting = dict(setting)
+            pytorch_defaults, fp32_rollout = setting.pop("pytorch_defaults", False), setting.pop("fp32_rollout", False)
+            precision = set_precision(trainer, **setting)
+            if pytorch_defaults:
+                torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+            flags = {**_flags(precision), "rollout_dtype": None if fp32_rollout else precision.dtype}
+            # Rollout: one step at a time, under the precision a rollout worker applies (the collector's autocast).
+            rollout = torch.autocast(device.type, enabled=False) if fp32_rollout else precision.autocast()
+            trainer.policy.eval()
+            with rollout:
+                behaviour = step_through(trainer.policy, raw["img"], raw["first"], action=raw["action"])["logprob"]
+            batch = assemble_chunks(chunks, device=device)
+            with trainer.autocast():
+                train_logp = trainer.current_policy_outputs(batch=batch)["logprob"]
+            err = (train_logp.float() - behaviour.to(train_logp.device)).abs()
+            off = (torch.exp(train_logp.float() - behaviour.to(train_logp.device)) - 1).abs()
+            rows[name] = {**flags, "logprob_err_mean": float(err.mean()), "logprob_err_max": float(err.max()),
+                          "ratio_err_max": float(off.max()), "frac_ratio_off_2pct": float((off > 0.02).float().mean()),
+                          "frac_clipped": float((off > clip).float().mean())}  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a setting that fails is a figure (the issue's fp16 crash)
+            rows[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        finally:
+            log(f"precision {name}: {rows.get(name)}")
+            trainer.policy.train()
+    return rows
+
+
+# What each trainer config sets; amp_2x trains micro-batches of twice the chunks.
+TRAIN_CONFIGS = {
+    "fp32": (dict(amp=False, tf32=False), 1),
+    "tf32": (dict(amp=False, tf32=True), 1),
+    "amp": (dict(amp=True, tf32=False), 1),
+    "amp_2x": (dict(amp=True, tf32=False), 2),
+}
+
+
+def train_config_row(trainer: Any, chunks: list[list[dict]], *, setting: dict, micro: int, iterations: int,
+                     device: torch.device) -> dict:  # fmt: skip
+    """One warm-up and ``iterations`` timed iterations of fetch-side assembly, ``estimate`` and ``train``
+    (``iterations=0``: the warm-up alone is reported, a smoke run's figures)."""
+    from mineonline_core.contracts import fragment as F
+    from mineonline_core.trainer.batch import assemble_chunks
+
+    tc = trainer.train_config
+    flags = {"use_amp": setting["amp"], **_flags(set_precision(trainer, **setting))}
+    batch_size = tc.batch_size_per_gpu
+    tc.batch_size_per_gpu = batch_size * micro
+    skipped = trainer.update_guard.skipped_total
+    rows = []
+    try:
+        for k in range(iterations + 1):
+            trainer.iteration += 1
+            trainer.learning_rate = trainer.learning_rate_at(trainer.iteration)
+            batch = assemble_chunks(chunks, device=device)  # what the fetch thread hands the loop
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            sync(device)
+            t0 = time.perf_counter()
+            batch = trainer.estimate(batch=batch)
+            sync(device)
+            t1 = time.perf_counter()
+            estimate_peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            metrics = trainer.train(batch)
+            sync(device)
+            t2 = time.perf_counter()
+            train_peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+            frames = int(batch[F.REWARD].numel()) * tc.epochs_per_iteration
+            rows.append({"estimate_s": t1 - t0, "train_s": t2 - t1, "frames": frames, "estimate_peak_gpu_mib": estimate_peak,
+                         "train_peak_gpu_mib": train_peak, "kl_ref": metrics.get("trainer/kl_ref"),
+                         "clipfrac": metrics.get("trainer/clipfrac")})  # fmt: skip
+            del batch
+    finally:
+        tc.batch_size_per_gpu = batch_size
+    timed = rows[1:] or rows  # the first pays allocation and kernel selection
+    train_s = statistics.mean(r["train_s"] for r in timed)
+    estimate_s = statistics.mean(r["estimate_s"] for r in timed)
+    frames = timed[0]["frames"]
+    peaks = [r[k] for r in rows for k in ("estimate_peak_gpu_mib", "train_peak_gpu_mib") if r[k] is not None]
+    return {**flags, "batch_size_per_gpu": batch_size * micro, "frames_per_iteration": frames, "timed_iterations": len(timed),
+            "trained_frames_per_s": frames / train_s, "frames_per_s_with_estimate": frames / (train_s + estimate_s),
+            "train_ms_per_iteration": 1e3 * train_s, "estimate_ms_per_iteration": 1e3 * estimate_s,
+            "peak_gpu_mib": max(peaks) if peaks else None,
+            "estimate_peak_gpu_mib": max((r["estimate_peak_gpu_mib"] or 0) for r in rows) if peaks else None,
+            "skipped_updates": trainer.update_guard.skipped_total - skipped,
+            "first_clipfrac": rows[0]["clipfrac"], "kl_ref_last": rows[-1]["kl_ref"]}  # fmt: skip
+
+
+def part_inprocess(args: argparse.Namespace) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    overrides = QUICK_OVERRIDES if args.quick else []
+    base: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    start = time.perf_counter()
+    trainer = build_trainer(overrides, tempfile.mkdtemp(prefix="bench_gpu_"), device)
+    rc, tc = trainer.config.rollout_config, trainer.train_config
+    base["build_s"] = time.perf_counter() - start
+    log(f"trainer built in {base['build_s']:.1f} s on {device}")
+    base["params"] = sum(p.numel() for p in trainer.policy.parameters())
+    base["reference"] = trainer.reference is not None
+    n_chunks = tc.batches_per_iteration * tc.batch_size_per_gpu
+    fpc = rc.replay_buffer_config.fragments_per_chunk
+    hw = trainer.policy.net.img_shape[0]
+    start = time.perf_counter()
+    set_precision(trainer, amp=False, tf32=False)  # the flagship's rollout numerics (use_amp: false)
+    chunks, raw = make_chunks(trainer.policy, n_chunks=n_chunks, fragments_per_chunk=fpc,
+                              fragment_length=rc.fragment_length, hw=hw, device=device)  # fmt: skip
+    base["make_chunks_s"] = time.perf_counter() - start
+    log(f"{n_chunks} version-0 chunks made in {base['make_chunks_s']:.1f} s")
+    base["chunks"], base["steps_per_chunk"] = n_chunks, fpc * rc.fragment_length
+    # Precision first: it needs the version-0 weights the chunks were collected with.
+    settings = precision_rows(trainer, chunks, raw, device)
+    emit("precision", {**base, "chunks": min(PRECISION_CHUNKS, n_chunks), "settings": settings}, args.quick)
+    del raw
+    configs = {}
+    for name, (setting, micro) in TRAIN_CONFIGS.items():
+        if time.monotonic() > args.deadline:
+            configs[name] = {"skipped": "the part's budget is spent"}
+            continue
+        try:
+            configs[name] = train_config_row(trainer, chunks, setting=setting, micro=micro,
+                                             iterations=0 if args.quick else 2, device=device)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - use_amp crashing on CUDA is one of the issue's rows
+            configs[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        log(f"trainer config {name}: {configs[name]}")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    emit("trainer", {**base, "configs": configs}, args.quick)
+
+
+# ---------------------------------------------------------------------------------------------
+# network: bench_vpt.py at 2x, fp32 and bf16
+# ---------------------------------------------------------------------------------------------
+
+
+def part_network(args: argparse.Namespace) -> None:
+    out: dict[str, Any] = {}
+    for label, extra in (("fp32", []), ("bf16", ["--amp"])):
+        left = args.deadline - time.monotonic()
+        if left < 10:
+            out[label] = {"skipped": "the part's budget is spent"}
+            continue
+        cmd = [sys.executable, str(HERE / "bench_vpt.py"), "--model", "foundation-model-2x", "--train-batches", "8",
+               "--repeats", "5", "--rollout-steps", "100", *extra]  # fmt: skip
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left / (2 if label == "fp32" else 1))
+            line = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+            if proc.returncode or not line:
+                out[label] = {"error": f"rc {proc.returncode}: {proc.stderr[-800:]}"}
+                continue
+            r = json.loads(line[-1])
+            out[label] = {"train_frames_per_s": r["train"][0]["frames_per_s"], "train_batch": r["train"][0]["batch"],
+                          "train_T": r["train"][0]["T"], "inference_ms_batch8": 1e3 * r["rollout"]["s_per_call"],
+                          "inference_frames_per_s": r["rollout"]["frames_per_s"], "peak_gpu_mib": r.get("peak_gpu_mib")}  # fmt: skip
+        except subprocess.TimeoutExpired:
+            out[label] = {"error": "timed out"}
+    emit("network", out, args.quick)
+
+
+# ---------------------------------------------------------------------------------------------
+# run: the whole loop as a user runs it
+# ---------------------------------------------------------------------------------------------
+
+
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def run_figures(records: list[dict], t_start: float) -> dict:
+    """The issue's rows from a run's ``metrics.jsonl`` records (``time`` is wall time)."""
+    iters = [r for r in records if r.get("trainer/iteration") is not None]
+    out: dict[str, Any] = {"iterations": len(iters)}
+    if not iters:
+        return out
+    first, last = iters[0], iters[-1]
+    later = iters[1:] or iters
+    out["first_iteration_s"] = first["time"] - t_start
+    end = max(records, key=lambda r: r["time"])
+    out["rollout_env_frames_per_s_whole_run"] = max(r.get("step", 0) for r in records) / max(end["time"] - t_start, 1e-9)
+    out["samples_per_s_median"] = _median([r.get("trainer/samples_per_s") for r in later])
+    if len(iters) > 1:
+        span = last["time"] - first["time"]
+        # Frames trained in an iteration: its samples/s x its train time (both logged with it).
+        trained = sum(r["trainer/samples_per_s"] * r["perf/train_ms"] / 1e3 for r in later)
+        out["trained_frames_per_wall_s_steady"] = trained / max(span, 1e-9)
+        out["rollout_env_frames_per_s_steady"] = (last.get("step", 0) - first.get("step", 0)) / max(span, 1e-9)
+        out["iteration_period_s_median"] = _median([b["time"] - a["time"] for a, b in zip(iters, iters[1:])])
+    perf = sorted({k for r in iters for k in r if k.startswith("perf/")})
+    out["trainer_perf_ms_median"] = {k: _median([r.get(k) for r in later]) for k in perf}
+    # The manager's records carry the env-step rate, the workers' records their perf/ timers.
+    for key in ("rollout/env_steps_per_s", "perf/inference_ms", "perf/inference_batch", "perf/env_step_ms"):
+        out[key.replace("perf/", "rollout_").replace("rollout/", "rollout_") + "_median"] = _median([r.get(key) for r in records])
+    return out
+
+
+def gpu_figures(path: Path) -> dict | None:
+    util, mem = [], []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            u, m = (float(x) for x in line.split(",")[-2:])
+        except ValueError:
+            continue
+        util.append(u)
+        mem.append(m)
+    if not util:
+        return None
+    busy = util[len(util) // 3 :]  # past start-up
+    return {"samples": len(util), "util_mean_pct": statistics.mean(util), "util_mean_last_two_thirds_pct": statistics.mean(busy),
+            "memory_used_max_mib": max(mem)}  # fmt: skip
+
+
+def part_run(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="bench_gpu_run_"))
+    overrides = [*(QUICK_OVERRIDES if args.quick else []), f"output_dir={work}", "run_name=flagship",
+                 f"train_config.num_iterations={args.run_iterations}", *args.run_overrides]  # fmt: skip
+    smi = None
+    smi_path = work / "smi.csv"
+    if torch.cuda.is_available():
+        with smi_path.open("w") as f:
+            smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
+                                    "-l", "1"], stdout=f, stderr=subprocess.DEVNULL)  # fmt: skip
+    cmd = [sys.executable, "-m", "mineonline_core.cli", "run", str(CONFIG), *overrides, "--no-progress"]
+    t_start = time.time()
+    with (work / "console.log").open("w") as console:
+        proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, cwd=work)
+    stop_at = args.deadline - RUN_GRACE_S
+    out: dict[str, Any] = {"overrides": overrides, "stopped_early": False}
+    try:
+        proc.wait(timeout=max(stop_at - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        # Ctrl-C for mineonline (to the driver alone): the trainer ends its iteration, checkpoints, the actors stop.
+        out["stopped_early"] = True
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=max(args.deadline - time.monotonic() - 5, 1))
+        except subprocess.TimeoutExpired:
+            proc.kill()  # the parent's cap then ends this process group: the Ray processes the driver started
+            proc.wait()
+    out["wall_s"], out["rc"] = time.time() - t_start, proc.returncode
+    if smi is not None:
+        smi.terminate()
+        smi.wait()
+    out["gpu"] = gpu_figures(smi_path) if smi is not None else "skipped: no CUDA"
+    records = []
+    metrics = work / "flagship" / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a line cut by the stop
+    out.update(run_figures(records, t_start))
+    if not out["iterations"]:
+        out["console_tail"] = (work / "console.log").read_text(errors="replace").splitlines()[-30:]
+    emit("run", out, args.quick)
+
+
+# ---------------------------------------------------------------------------------------------
+# the parent: one child per part, each capped by what is left
+# ---------------------------------------------------------------------------------------------
+
+PART_FUNCS = {"machine": part_machine, "inprocess": part_inprocess, "network": part_network, "run": part_run}
+GPU_ONLY = ("network",)  # the network alone at 2x: minutes on a CPU, and no figure the issue asks of one
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", "--smoke", action="store_true", help="tiny shapes on the CPU, GPU-only parts skipped")
+    parser.add_argument("--budget-s", type=float, default=None, help="stop by then (default 390; --quick 540)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
+    parser.add_argument("--run-iterations", type=int, default=None, help="iterations of the run part (default 12; --quick 2)")
+    parser.add_argument("--run-overrides", nargs="*", default=[], help="more key=value overrides of the run part")
+    parser.add_argument("--out", help="also append the JSON lines to this file")
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a child: run this part
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)  # the child's time.monotonic() budget
+    args = parser.parse_args(argv)
+    args.run_iterations = args.run_iterations or (2 if args.quick else 12)
+    if args.part:
+        PART_FUNCS[args.part](args)
+        return
+    budget = args.budget_s or (540.0 if args.quick else 390.0)
+    caps = QUICK_CAPS if args.quick else CAPS
+    start = time.monotonic()
+    cuda = torch.cuda.is_available()
+    parts = [p for p in args.parts.split(",") if p]
+    if set(parts) - set(PARTS):
+        parser.error(f"--parts: unknown {sorted(set(parts) - set(PARTS))}; the parts are {', '.join(PARTS)}")
+    for part in parts:
+        left = budget - (time.monotonic() - start)
+        cap = min(caps.get(part, 0), left - 5)
+        if part in GPU_ONLY and (args.quick or not cuda):
+            reason = "no CUDA" if not cuda else "--quick (it measures the 2x network only)"
+            lines = [json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "skipped": reason})]
+        elif cap < 10:
+            lines = [json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "skipped": f"budget: {left:.0f} s left"})]
+        else:
+            lines = run_child(part, cap, args)
+        for line in lines:
+            print(line, flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(line + "\n")
+
+
+def run_child(part: str, cap: float, args: argparse.Namespace) -> list[str]:
+    """Run one part in a child process for at most ``cap`` s; its JSON lines, or one with the error."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--part", part, "--run-iterations", str(args.run_iterations)]
+    cmd += ["--quick"] if args.quick else []
+    cmd += ["--run-overrides", *args.run_overrides] if args.run_overrides else []
+    start = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The child stops its own work by the deadline (time.monotonic() is system-wide on Linux), 5 s
+    # before the cap ends it; in a session of its own, so that ending it ends what it started.
+    proc = subprocess.Popen([*cmd, "--deadline", repr(start + cap - 5)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=cap)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the part's own children too (a run's Ray processes)
+        stdout, stderr = proc.communicate()
+        timed_out = True
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # what a part left behind (a killed driver's Ray processes)
+    except ProcessLookupError:
+        pass  # nothing was left: the usual case
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines or proc.returncode:
+        lines.append(json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "rc": proc.returncode,
+                                 "error": "timed out" if timed_out else f"rc {proc.returncode}",
+                                 "seconds": round(time.monotonic() - start, 1), "stderr_tail": stderr[-2000:]}))  # fmt: skip
+    return lines
+
+
+if __name__ == "__main__":
+    main()
