@@ -21,7 +21,7 @@ import torch
 from mineonline_core.contracts import fragment as F
 from mineonline_core.config import OnlineConfig
 from mineonline_core.testing import kit as tk
-from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
+from mineonline_core.trainer.batch import assemble_chunks
 from mineonline_core.trainer.sequence import forward_sequence
 from mineonline_ppo import PPOTrainer
 
@@ -73,8 +73,18 @@ def collect(behaviour: torch.nn.Module, reference: torch.nn.Module | None, *, nu
 
 
 def batch_of(trainer: PPOTrainer, chunks: list[list[dict]]) -> dict:
-    return estimate_advantages(trainer.model, assemble_chunks(chunks), version=0, context_length=CONTEXT,
-                               discount=0.9, gae_lambda=0.95)  # fmt: skip
+    """The trainer's own per-iteration estimate over the assembled chunks: what
+    ``fetch_fragments_and_estimate_advantages`` runs on a fetched batch."""
+    return trainer.estimate(batch=assemble_chunks(chunks))
+
+
+def first_step_gradients(trainer: PPOTrainer, batch: dict) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """``train`` over a batch that makes one optimiser step; the gradients it clipped and stepped with."""
+    grads: dict[str, torch.Tensor] = {}
+    trainer.filter_gradients = lambda: grads.update(
+        {name: p.grad.clone() for name, p in trainer.policy.named_parameters() if p.grad is not None}
+    )
+    return grads, trainer.train(batch)
 
 
 def drift(policy: torch.nn.Module, scale: float = 0.3, seed: int = 1) -> None:
@@ -134,3 +144,34 @@ def test_drifted_reference_carries_its_own_state_from_each_episode_start(tmp_pat
     assert exact > 1e-3
     metrics = trainer.train(later)
     assert metrics["trainer/kl_ref"] == pytest.approx(exact, rel=1e-4)
+
+
+def test_clip_vloss_is_centred_on_the_value_heads_output_at_the_start_of_the_update(tmp_path):
+    """Issue 25: with normalised values the first step on on-policy data has v == v_old, so the
+    clipped value loss is the unclipped one, gradients included; the normaliser moves a lot here
+    (its first update), so a centre re-normalised with the updated statistics lies far away."""
+    chunks, grads, metrics = None, {}, {}
+    for clip_vloss in (False, True):
+        trainer = make_trainer(tmp_path, tk.cnn_policy, use_normalized_vf=True, clip_vloss=clip_vloss, ppo_clip=0.05,
+                               batches_per_iteration=4, gradient_accumulation=4)  # fmt: skip
+        chunks = chunks or collect(trainer.policy, None)
+        grads[clip_vloss], metrics[clip_vloss] = first_step_gradients(trainer, batch_of(trainer, chunks))
+    assert metrics[True]["trainer/value_loss"] == pytest.approx(metrics[False]["trainer/value_loss"], rel=1e-6)
+    assert grads[False]["value_head.linear.weight"].abs().max() > 0
+    assert grads[True].keys() == grads[False].keys()
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_the_normalised_value_head_regresses_normalised_returns(tmp_path):
+    """The value target is the return in the head's units after the normaliser's update; the first
+    step's value loss is measured from the head's start output (``old_vpred``)."""
+    trainer = make_trainer(tmp_path, tk.cnn_policy, use_normalized_vf=True, batches_per_iteration=4,
+                           gradient_accumulation=4)  # fmt: skip
+    batch = batch_of(trainer, collect(trainer.policy, None))
+    start, returns = batch[F.OLD_VPRED].clone(), batch[F.RETURN].clone()
+    metrics = trainer.train(batch)  # one optimiser step, after every micro-batch
+    target = trainer.policy.value_head.normalize(returns)
+    assert (target - returns).abs().mean() > 0.1  # the normaliser is far from the identity
+    expected = 0.5 * ((start - target) ** 2).mean().item()
+    assert metrics["trainer/value_loss"] == pytest.approx(expected, rel=1e-4)

@@ -47,9 +47,10 @@ def denormalized_value(policy: nn.Module, vpred: torch.Tensor) -> torch.Tensor:
 def current_policy_outputs(policy: nn.Module, batch: dict[str, Any], *, context_length: int) -> dict[str, Any]:
     """The *current* model over each whole chunk from its stored ``state_in``, without gradients.
 
-    Returns ``pi_logits`` (leaves (N, L, ...)), ``logprob`` of the stored actions (N, L), ``value``
-    (N, L) and ``next_value`` (N,) denormalised: the value of ``next_obs`` after the last step (its
-    ``first`` flag is set when the last step ended an episode, though a bootstrap ignores it then).
+    Returns ``pi_logits`` (leaves (N, L, ...)), ``logprob`` of the stored actions (N, L), ``vpred``
+    (N, L), the value head's own (normalised) output, ``value`` (N, L) and ``next_value`` (N,)
+    denormalised: the value of ``next_obs`` after the last step (its ``first`` flag is set when the
+    last step ended an episode, though a bootstrap ignores it then).
     """
     policy = unwrap(policy)
     was_training = policy.training
@@ -65,6 +66,7 @@ def current_policy_outputs(policy: nn.Module, batch: dict[str, Any], *, context_
     return {
         "pi_logits": latents["pi_logits"],
         "logprob": policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"]).float(),
+        "vpred": latents["vpred"].float(),
         "value": denormalized_value(policy, latents["vpred"]).float(),
         "next_value": denormalized_value(policy, next_vpred).float()[:, 0],
     }
@@ -74,8 +76,9 @@ def current_policy_outputs(policy: nn.Module, batch: dict[str, Any], *, context_
 def estimate_advantages(
     policy: nn.Module, batch: dict[str, Any], *, version: int, context_length: int, discount: float, gae_lambda: float
 ) -> dict[str, Any]:
-    """Add ``value``, ``advantage``, ``return`` and ``staleness`` (all (N, L) float32) to ``batch``:
-    GAE over the current model's values (``current_policy_outputs``)."""
+    """Add ``value``, ``advantage``, ``return``, ``staleness`` and ``old_vpred`` (the value head's
+    output, the centre of a clipped value loss) to ``batch``, all (N, L) float32: GAE over the
+    current model's values (``current_policy_outputs``)."""
     current = current_policy_outputs(policy, batch, context_length=context_length)
     value = current["value"]
     advantage, returns = compute_gae(
@@ -83,5 +86,6 @@ def estimate_advantages(
         truncated=batch[F.TRUNCATED], bootstrap=batch[F.BOOTSTRAP], discount=discount, gae_lambda=gae_lambda,
     )  # fmt: skip
     batch[F.VALUE], batch[F.ADVANTAGE], batch[F.RETURN] = value, advantage, returns
+    batch[F.OLD_VPRED] = current["vpred"]
     batch["staleness"] = (version - batch[F.VERSION]).float()
     return batch

@@ -11,7 +11,9 @@ Definitions of the options whose meaning MineStudio leaves open:
 
 * **ratio**: taken against the stored *behaviour* log-prob, so stale data is importance-corrected.
 * **clip_vloss**: the new value may move at most ``ppo_clip`` (in normalised units) away from the
-  behaviour value, as in the PPO2 baselines.
+  value head's output at the start of the update (``old_vpred``: the current model's, from the
+  estimate pass, before the normaliser moves), as in the PPO2 baselines, CleanRL and MineStudio. On
+  on-policy data the first step's clipped and unclipped value losses are then the same.
 * **KL penalty**: ``rho * KL(pi_theta || pi_ref)`` (MineStudio 1.1's order too), with ``pi_ref`` a
   frozen copy from ``policy_generator()`` run over the same chunks with its own recurrent state:
   rollout runs the reference beside the behaviour policy and stores its state at each fragment
@@ -51,7 +53,9 @@ class PPOConfig(TrainerOptions):
     """PPOTrainer's ``train_config`` keys (MineStudio's names, plus mineonline's variants)."""
 
     ppo_clip: float = setting(0.2, "PPO clip epsilon: the ratio to the behaviour policy is clipped to [1-e, 1+e].", gt=0)
-    clip_vloss: bool = Field(False, description="Clip the value loss around the behaviour value, like the ratio.")
+    clip_vloss: bool = Field(
+        False, description="Clip the value loss around the value head's output at the start of the update, like the ratio."
+    )
     ppo_policy_coef: float = setting(1.0, "Weight of the clipped policy loss.", ge=0)
     ppo_vf_coef: float = setting(0.5, "Weight of the value loss.", ge=0)
     entropy_bonus_coef: float = setting(0.0, "Weight of the entropy bonus.", ge=0)
@@ -137,7 +141,7 @@ def ppo_loss(
     vpred: torch.Tensor,
     action: Any,
     behaviour_logprob: torch.Tensor,
-    behaviour_vpred: torch.Tensor,
+    old_vpred: torch.Tensor,
     advantage: torch.Tensor,
     value_target: torch.Tensor,
     ref_logits: Any,
@@ -157,10 +161,10 @@ def ppo_loss(
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage)
     policy_loss = -surrogate.mean()
-    # Value regression, optionally clipped around the behaviour value.
+    # Value regression, optionally clipped around the head's output at the start of the update.
     value_loss = (vpred - value_target) ** 2
     if clip_vloss:
-        clipped = behaviour_vpred + (vpred - behaviour_vpred).clamp(-clip, clip)
+        clipped = old_vpred + (vpred - old_vpred).clamp(-clip, clip)
         value_loss = torch.max(value_loss, (clipped - value_target) ** 2)
     value_loss = 0.5 * value_loss.mean()
     entropy = pi_head.entropy(pi_logits).mean()
@@ -193,7 +197,7 @@ class PPOTrainer(BaseTrainer):
         o = self.options
         return ppo_loss(
             pi_head=self.policy.pi_head, pi_logits=outputs["pi_logits"], vpred=outputs["vpred"], action=batch[F.ACTION],
-            behaviour_logprob=batch[F.LOGPROB], behaviour_vpred=batch[F.BEHAVIOUR_VPRED],
+            behaviour_logprob=batch[F.LOGPROB], old_vpred=batch[F.OLD_VPRED],
             advantage=batch[F.ADVANTAGE], value_target=batch[F.VALUE_TARGET], ref_logits=outputs["ref_logits"],
             rho=self.rho, clip=o.ppo_clip, log_ratio_range=o.log_ratio_range, clip_vloss=o.clip_vloss,
             policy_coef=o.ppo_policy_coef, vf_coef=o.ppo_vf_coef, entropy_coef=o.entropy_bonus_coef, warmup=self.warmup,

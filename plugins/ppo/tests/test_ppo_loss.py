@@ -23,7 +23,7 @@ def _loss(**overrides):
     logits = torch.log_softmax(torch.randn(2, 5, 3), -1)
     action = torch.randint(0, 3, (2, 5))
     kw = dict(pi_head=HEAD, pi_logits=logits, vpred=torch.zeros(2, 5), action=action,
-              behaviour_logprob=HEAD.logprob(action, logits), behaviour_vpred=torch.zeros(2, 5),
+              behaviour_logprob=HEAD.logprob(action, logits), old_vpred=torch.zeros(2, 5),
               advantage=torch.ones(2, 5), value_target=torch.ones(2, 5), ref_logits=None, rho=0.0, clip=0.2,
               log_ratio_range=50.0, clip_vloss=False, policy_coef=1.0, vf_coef=0.5, entropy_coef=0.0)  # fmt: skip
     kw.update(overrides)
@@ -56,11 +56,11 @@ def test_clipping_bounds_the_ratio_and_stops_the_gradient():
     assert stats["policy_loss"].item() == pytest.approx(torch.exp(torch.tensor(0.1)).item(), rel=1e-5)
 
 
-def test_clip_vloss_around_the_behaviour_value():
+def test_clip_vloss_around_the_start_value():
     vpred, target = torch.full((2, 5), 2.0), torch.full((2, 5), 3.0)
     _, plain = _loss(vpred=vpred, value_target=target)
     assert plain["value_loss"].item() == pytest.approx(0.5)
-    # Behaviour value 0: the clipped value is 0.2, farther from the target, so the max picks it.
+    # Start value 0: the clipped value is 0.2, farther from the target, so the max picks it.
     _, clipped = _loss(vpred=vpred, value_target=target, clip_vloss=True)
     assert clipped["value_loss"].item() == pytest.approx(0.5 * 2.8**2, rel=1e-6)
 
