@@ -111,17 +111,71 @@ def test_first_step_on_version0_data_is_on_policy_and_kl_to_an_identical_referen
 
 
 def test_stale_data_ratio_is_taken_against_the_stored_behaviour_logprob(tmp_path):
+    """§5.1 with the decoupled objective: the first step clips nothing (its ratio is to the
+    proximal policy, the model it starts from) and weighs each step by pi_prox / mu, mu the stored
+    behaviour log-prob: its KL(mu || pi_prox) is the staleness the fetch-time estimate must keep."""
     trainer = make_trainer(tmp_path, tk.cnn_policy, batches_per_iteration=4, gradient_accumulation=4)
     behaviour = copy.deepcopy(trainer.policy)
     drift(behaviour, 0.05)
-    batch = batch_of(trainer, collect(behaviour, None))
+    batch = assemble_chunks(collect(behaviour, None))
+    stored = batch[F.LOGPROB].clone()  # what rollout recorded, before the trainer's estimate step
     with torch.no_grad():
         latents, _ = forward_sequence(trainer.policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=CONTEXT)
-        log_ratio = trainer.policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"]) - batch[F.LOGPROB]
-    expected = ((log_ratio.exp() - 1) - log_ratio).mean().item()
-    assert expected > 1e-3
-    metrics = trainer.train(batch)
-    assert metrics["trainer/approx_kl"] == pytest.approx(expected, rel=1e-3)
+        log_weight = trainer.policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"]) - stored
+    batch = trainer.estimate(batch=batch)
+    expected_kl = ((log_weight.exp() - 1) - log_weight).mean().item()
+    assert expected_kl > 1e-3
+    metrics = trainer.train(batch)  # one optimiser step, after every micro-batch
+    assert metrics["trainer/behaviour_kl"] == pytest.approx(expected_kl, rel=1e-3)
+    assert metrics["trainer/behaviour_weight_mean"] == pytest.approx(log_weight.exp().clamp(max=2.0).mean().item(), rel=1e-3)
+    assert metrics["trainer/approx_kl"] == pytest.approx(0.0, abs=1e-6) and metrics["trainer/clipfrac"] == 0.0
+
+
+def test_the_stored_behaviour_logprob_changes_the_update(tmp_path):
+    """The same chunks with other stored behaviour log-probs train to other weights: the estimate
+    step keeps what rollout stored (MineStudio overwrites it with the current model's at fetch time)."""
+    chunks, weights = None, []
+    for shift in (0.0, 0.0, 0.3):
+        # adam_eps=1 makes the step proportional to the gradient (Adam's first step is its sign otherwise).
+        trainer = make_trainer(tmp_path, tk.cnn_policy, batches_per_iteration=4, gradient_accumulation=4, adam_eps=1.0)
+        chunks = chunks or collect(trainer.policy, None)
+        batch = assemble_chunks(chunks)
+        batch[F.LOGPROB][:, ::2] -= shift  # as if the behaviour policy had liked every other action less
+        trainer.train(trainer.estimate(batch=batch))
+        weights.append(torch.cat([p.detach().flatten() for p in trainer.policy.parameters()]))
+    same, changed = (weights[0] - weights[1]).abs().max().item(), (weights[0] - weights[2]).abs().max().item()
+    assert changed > 1e-6 and changed > 100 * same  # the update is deterministic up to float rounding
+
+
+def window_stats(trainer: PPOTrainer) -> list[dict[str, float]]:
+    """Records the loss metrics of every window ``train`` runs (the metrics it returns are averages)."""
+    seen: list[dict[str, float]] = []
+    compute_loss = trainer.compute_loss
+
+    def recording(*, batch: dict, outputs: dict):
+        loss, stats = compute_loss(batch=batch, outputs=outputs)
+        seen.append({k: float(v) for k, v in stats.items()})
+        return loss, stats
+
+    trainer.compute_loss = recording
+    return seen
+
+
+@pytest.mark.parametrize("use_amp", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_precision_never_turns_on_policy_data_off_policy(tmp_path, name, use_amp):
+    """DESIGN §5.9 / issue 24: data collected in fp32 by the current policy, trained with
+    ``use_amp`` (bf16 autocast on CPU): the first step's ratio is within 1e-3 of 1 everywhere and
+    clips nothing, although bf16's log-probs differ from rollout's."""
+    trainer = make_trainer(tmp_path, POLICIES[name], use_amp=use_amp)
+    batch = batch_of(trainer, collect(trainer.policy, None, num_envs=2))
+    precision_gap = (batch[F.LOGPROB_PROX] - batch[F.LOGPROB]).abs().max().item()
+    assert (precision_gap > 1e-3) if use_amp else (precision_gap < 1e-5)
+    seen = window_stats(trainer)
+    trainer.train(batch)  # two micro-batches, one optimiser step after both
+    assert len(seen) == 2 * len(range(0, PER_CHUNK * FRAGMENT, CONTEXT))
+    assert max(s["ratio_deviation"] for s in seen) < 1e-3
+    assert max(s["clipfrac"] for s in seen) == 0.0
 
 
 def test_drifted_reference_carries_its_own_state_from_each_episode_start(tmp_path):

@@ -8,7 +8,8 @@ concatenated along the batch axis), so a chunk trains as one sequence from where
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -16,8 +17,8 @@ from torch import nn
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.trainer.gae import compute_gae
-from mineonline_core.trainer.sequence import forward_sequence, unwrap
-from mineonline_core.contracts.tree import to_torch, tree_cat, tree_map, tree_stack
+from mineonline_core.trainer.sequence import forward_sequence, squeeze_value, unwrap
+from mineonline_core.contracts.tree import to_torch, tree_cat, tree_index, tree_map, tree_stack
 
 
 def assemble_chunks(chunks: list[list[dict]], *, device: torch.device | str = "cpu") -> dict[str, Any]:
@@ -44,48 +45,75 @@ def denormalized_value(policy: nn.Module, vpred: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def current_policy_outputs(policy: nn.Module, batch: dict[str, Any], *, context_length: int) -> dict[str, Any]:
-    """The *current* model over each whole chunk from its stored ``state_in``, without gradients.
+def current_policy_outputs(
+    policy: nn.Module,
+    batch: dict[str, Any],
+    *,
+    context_length: int,
+    batch_size: int | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> dict[str, torch.Tensor]:
+    """The *current* model over each whole chunk from its stored ``state_in``, without gradients,
+    run as the update's first step runs it: ``batch_size`` chunks at a time (the micro-batch, so
+    memory is bounded by it, not by the iteration), in ``context_length`` windows, under
+    ``autocast`` (the training numerics) and in the mode the update trains it in (the core never
+    switches the model to ``eval``). Its log-probs are then the first update step's own: the
+    proximal policy of PPO's decoupled objective, which precision can never make off-policy.
 
-    Returns ``pi_logits`` (leaves (N, L, ...)), ``logprob`` of the stored actions (N, L), ``vpred``
-    (N, L), the value head's own (normalised) output, ``value`` (N, L) and ``next_value`` (N,)
-    denormalised: the value of ``next_obs`` after the last step (its ``first`` flag is set when the
-    last step ended an episode, though a bootstrap ignores it then).
+    Returns, float32: ``logprob`` of the stored actions (N, L), ``vpred`` (N, L), the value head's
+    own (normalised) output, ``value`` (N, L) and ``next_value`` (N,) denormalised: the value of
+    ``next_obs`` after the last step (its ``first`` flag is set when the last step ended an
+    episode, though a bootstrap ignores it then).
     """
     policy = unwrap(policy)
-    was_training = policy.training
-    policy.eval()
-    try:
-        latents, state = forward_sequence(policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=context_length)
-        done_last = (batch[F.TERMINATED][:, -1:] | batch[F.TRUNCATED][:, -1:]).bool()
-        next_latents, _ = policy(input=batch[F.NEXT_OBS], state_in=state, context={"first": done_last})
-    finally:
-        policy.train(was_training)
-    next_vpred = next_latents["vpred"]
-    next_vpred = next_vpred[..., 0] if next_vpred.dim() == 3 else next_vpred
+    n = batch[F.REWARD].shape[0]
+    step = batch_size or n
+    parts = [_slice_outputs(policy, batch, slice(start, start + step), context_length=context_length, autocast=autocast)
+             for start in range(0, n, step)]  # fmt: skip
+    return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+
+
+def _slice_outputs(policy: nn.Module, batch: dict[str, Any], rows: slice, *, context_length: int,
+                   autocast: Callable[[], contextlib.AbstractContextManager]) -> dict[str, torch.Tensor]:  # fmt: skip
+    obs, state_in, first = (tree_index(batch[c], rows) for c in (F.OBS, F.STATE_IN, F.FIRST))
+    with autocast():
+        latents, state = forward_sequence(policy, obs, state_in, first, context_length=context_length)
+        done_last = (batch[F.TERMINATED][rows, -1:] | batch[F.TRUNCATED][rows, -1:]).bool()
+        next_latents, _ = policy(input=tree_index(batch[F.NEXT_OBS], rows), state_in=state, context={"first": done_last})
+    # Scored as the update scores them: float32 logits, outside autocast.
+    logits = tree_map(lambda x: x.float(), latents["pi_logits"])
+    vpred, next_vpred = latents["vpred"].float(), squeeze_value(next_latents["vpred"]).float()[:, 0]
     return {
-        "pi_logits": latents["pi_logits"],
-        "logprob": policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"]).float(),
-        "vpred": latents["vpred"].float(),
-        "value": denormalized_value(policy, latents["vpred"]).float(),
-        "next_value": denormalized_value(policy, next_vpred).float()[:, 0],
+        "logprob": policy.pi_head.logprob(tree_index(batch[F.ACTION], rows), logits).float(),
+        "vpred": vpred,
+        "value": denormalized_value(policy, vpred).float(),
+        "next_value": denormalized_value(policy, next_vpred).float(),
     }
 
 
 @torch.no_grad()
 def estimate_advantages(
-    policy: nn.Module, batch: dict[str, Any], *, version: int, context_length: int, discount: float, gae_lambda: float
+    policy: nn.Module,
+    batch: dict[str, Any],
+    *,
+    version: int,
+    context_length: int,
+    discount: float,
+    gae_lambda: float,
+    batch_size: int | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> dict[str, Any]:
-    """Add ``value``, ``advantage``, ``return``, ``staleness`` and ``old_vpred`` (the value head's
-    output, the centre of a clipped value loss) to ``batch``, all (N, L) float32: GAE over the
-    current model's values (``current_policy_outputs``)."""
-    current = current_policy_outputs(policy, batch, context_length=context_length)
+    """Add ``value``, ``advantage``, ``return``, ``staleness``, ``logprob_prox`` (the proximal
+    log-prob of the stored actions) and ``old_vpred`` (the value head's output, the centre of a
+    clipped value loss) to ``batch``, all (N, L) float32: GAE over the current model's values, from
+    one pass of ``current_policy_outputs`` (``batch_size`` and ``autocast`` as there)."""
+    current = current_policy_outputs(policy, batch, context_length=context_length, batch_size=batch_size, autocast=autocast)
     value = current["value"]
     advantage, returns = compute_gae(
         reward=batch[F.REWARD], value=value, next_value=current["next_value"], terminated=batch[F.TERMINATED],
         truncated=batch[F.TRUNCATED], bootstrap=batch[F.BOOTSTRAP], discount=discount, gae_lambda=gae_lambda,
     )  # fmt: skip
     batch[F.VALUE], batch[F.ADVANTAGE], batch[F.RETURN] = value, advantage, returns
-    batch[F.OLD_VPRED] = current["vpred"]
+    batch[F.LOGPROB_PROX], batch[F.OLD_VPRED] = current["logprob"], current["vpred"]
     batch["staleness"] = (version - batch[F.VERSION]).float()
     return batch
