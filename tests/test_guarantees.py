@@ -1,11 +1,14 @@
-"""DESIGN §5.1, §5.3 and §5.4 through the real trainer, on fragments from the real collector.
+"""DESIGN §5.1, §5.3, §5.4 and §5.9 through the real trainer, on fragments from the real collector.
 
-Recurrent policies (the core's GRU and a small VPT), ``batch_size_per_gpu > 1``, ``context_length``
-shorter than a fragment and episodes that end inside chunks: the first optimisation step on
-version-0 data sees ratio 1 and KL 0 to an identical reference; on stale data the ratio is taken
-against the stored behaviour log-probs; a drifted reference runs with its own recurrent state,
-carried from each episode's start. ``tests/mutations`` reintroduces each defect and checks that
-these tests fail on it.
+Every batch goes through the trainer's own per-iteration estimate (``trainer.estimate``, what
+``fetch_fragments_and_estimate_advantages`` runs) before ``train``. Recurrent policies (the core's
+GRU and a small VPT), ``batch_size_per_gpu > 1``, ``context_length`` shorter than a fragment and
+episodes that end inside chunks: the first optimisation step on version-0 data sees ratio 1,
+behaviour weight 1 and KL 0 to an identical reference, in fp32 and in bf16; on stale data the
+stored behaviour log-probs weigh the update; ``clip_vloss`` is centred on the value head's output
+at the start of the update; a drifted reference runs with its own recurrent state, carried from
+each episode's start. ``tests/mutations`` reintroduces each defect and checks that these tests
+fail on it.
 """
 
 from __future__ import annotations
@@ -104,6 +107,9 @@ def test_first_step_on_version0_data_is_on_policy_and_kl_to_an_identical_referen
     assert first.shape == (4, PER_CHUNK * FRAGMENT) and first[:, 1:].any() and not first[:, 0].all()  # resets inside chunks
     # Two micro-batches of two chunks, one optimiser step after both.
     metrics = trainer.train(batch)
+    # The training forward reproduces rollout's log-probs (§5.3): the proximal policy is the behaviour policy.
+    assert metrics["trainer/behaviour_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["trainer/behaviour_weight_mean"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["trainer/ratio_deviation"] < 1e-5
     assert metrics["trainer/approx_kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["trainer/kl_ref"] == pytest.approx(0.0, abs=1e-6)

@@ -17,7 +17,7 @@ from torch import nn
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.trainer.gae import compute_gae
-from mineonline_core.trainer.sequence import forward_sequence, squeeze_value, unwrap
+from mineonline_core.trainer.sequence import detach_state, iter_windows, squeeze_value, unwrap
 from mineonline_core.contracts.tree import to_torch, tree_cat, tree_index, tree_map, tree_stack
 
 
@@ -76,13 +76,19 @@ def current_policy_outputs(
 def _slice_outputs(policy: nn.Module, batch: dict[str, Any], rows: slice, *, context_length: int,
                    autocast: Callable[[], contextlib.AbstractContextManager]) -> dict[str, torch.Tensor]:  # fmt: skip
     obs, state_in, first = (tree_index(batch[c], rows) for c in (F.OBS, F.STATE_IN, F.FIRST))
-    with autocast():
-        latents, state = forward_sequence(policy, obs, state_in, first, context_length=context_length)
+    # Gradients recorded as in the update, because some kernels compute otherwise without them (VPT's
+    # attention in bf16 on CPU differs by 1e-4 in log-prob); each window's graph is dropped with
+    # its detached outputs, so this holds no more than one window of the update's forward.
+    with torch.enable_grad(), autocast():
+        pieces, state = [], state_in
+        for _, latents, state in iter_windows(policy, obs, state_in, first, context_length=context_length):
+            pieces.append(detach_state({"pi_logits": latents["pi_logits"], "vpred": squeeze_value(latents["vpred"])}))
         done_last = (batch[F.TERMINATED][rows, -1:] | batch[F.TRUNCATED][rows, -1:]).bool()
         next_latents, _ = policy(input=tree_index(batch[F.NEXT_OBS], rows), state_in=state, context={"first": done_last})
+    latents = {key: tree_cat([piece[key] for piece in pieces], axis=1) for key in pieces[0]}
     # Scored as the update scores them: float32 logits, outside autocast.
     logits = tree_map(lambda x: x.float(), latents["pi_logits"])
-    vpred, next_vpred = latents["vpred"].float(), squeeze_value(next_latents["vpred"]).float()[:, 0]
+    vpred, next_vpred = latents["vpred"].float(), squeeze_value(next_latents["vpred"]).detach().float()[:, 0]
     return {
         "logprob": policy.pi_head.logprob(tree_index(batch[F.ACTION], rows), logits).float(),
         "vpred": vpred,
