@@ -4,6 +4,10 @@ Each chunk's fragments are concatenated along time into one sequence of
 ``L = fragments_per_chunk * fragment_length`` steps; the chunks are stacked into (N, L, ...) tensors.
 The recurrent state before the sequence is the first fragment's ``state_in`` (batch size 1 each,
 concatenated along the batch axis), so a chunk trains as one sequence from where rollout started it.
+
+The estimate pass (``current_policy_outputs``) runs the current model over the batch as the update's
+first step will run it, micro-batch by micro-batch, window by window, in the training numerics:
+memory is bounded by the micro-batch, and the log-probs it records are the update's proximal policy.
 """
 
 from __future__ import annotations
@@ -53,8 +57,8 @@ def current_policy_outputs(
     batch_size: int | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> dict[str, torch.Tensor]:
-    """The *current* model over each whole chunk from its stored ``state_in``, without gradients,
-    run as the update's first step runs it: ``batch_size`` chunks at a time (the micro-batch, so
+    """The *current* model over each whole chunk from its stored ``state_in``, keeping no
+    gradients, run as the update's first step runs it: ``batch_size`` chunks at a time (the micro-batch, so
     memory is bounded by it, not by the iteration), in ``context_length`` windows, under
     ``autocast`` (the training numerics) and in the mode the update trains it in (the core never
     switches the model to ``eval``). Its log-probs are then the first update step's own: the
@@ -84,7 +88,8 @@ def _slice_outputs(policy: nn.Module, batch: dict[str, Any], rows: slice, *, con
         for _, latents, state in iter_windows(policy, obs, state_in, first, context_length=context_length):
             pieces.append(detach_state({"pi_logits": latents["pi_logits"], "vpred": squeeze_value(latents["vpred"])}))
         done_last = (batch[F.TERMINATED][rows, -1:] | batch[F.TRUNCATED][rows, -1:]).bool()
-        next_latents, _ = policy(input=tree_index(batch[F.NEXT_OBS], rows), state_in=state, context={"first": done_last})
+        next_obs = tree_index(batch[F.NEXT_OBS], rows)
+        next_latents, _ = policy(input=next_obs, state_in=state, context={"first": done_last})
     latents = {key: tree_cat([piece[key] for piece in pieces], axis=1) for key in pieces[0]}
     # Scored as the update scores them: float32 logits, outside autocast.
     logits = tree_map(lambda x: x.float(), latents["pi_logits"])
@@ -113,7 +118,8 @@ def estimate_advantages(
     log-prob of the stored actions) and ``old_vpred`` (the value head's output, the centre of a
     clipped value loss) to ``batch``, all (N, L) float32: GAE over the current model's values, from
     one pass of ``current_policy_outputs`` (``batch_size`` and ``autocast`` as there)."""
-    current = current_policy_outputs(policy, batch, context_length=context_length, batch_size=batch_size, autocast=autocast)
+    current = current_policy_outputs(policy, batch, context_length=context_length, batch_size=batch_size,
+                                     autocast=autocast)  # fmt: skip
     value = current["value"]
     advantage, returns = compute_gae(
         reward=batch[F.REWARD], value=value, next_value=current["next_value"], terminated=batch[F.TERMINATED],

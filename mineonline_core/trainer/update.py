@@ -11,9 +11,10 @@ the last backward before a step (``no_sync`` elsewhere). Autocast and the fp16 `
 gradients are not finite is skipped on every rank (``update_is_finite``).
 
 ``compute_loss(batch=..., outputs=...)`` sees one window of one micro-batch: ``batch`` holds every
-per-step column sliced to it (plus, in the value head's normalised units, ``value_target`` and
-``old_vpred``, the head's output at the start of the update), ``outputs`` the policy's forward outputs for it (``pi_logits``, ``vpred`` (B, W))
-and ``ref_logits``, the KL reference's logits when ``uses_reference()``, else None. Its metrics are
+per-step column sliced to it (the estimate's ``logprob_prox`` among them; plus, in the value head's
+normalised units, ``value_target`` and ``old_vpred``, the head's output at the start of the
+update), ``outputs`` the policy's forward outputs for it (``pi_logits``, ``vpred`` (B, W)) and
+``ref_logits``, the KL reference's logits when ``uses_reference()``, else None. Its metrics are
 averaged over windows (weighted by length) and micro-batches and logged as ``trainer/<name>``.
 """
 
