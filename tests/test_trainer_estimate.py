@@ -8,7 +8,7 @@ from mineonline_core.config import OnlineConfig
 from mineonline_core.contracts import fragment as F
 from mineonline_core.testing.kit import TinyImageEnv, chunks_of, cnn_policy, rollout_fragments
 from mineonline_core.trainer import BaseTrainer
-from mineonline_core.trainer.batch import assemble_chunks
+from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs
 
 
 class LossOnly(BaseTrainer):
@@ -65,3 +65,27 @@ def test_an_estimate_override_feeds_the_loss(tmp_path):
     assert len(seen) == 3 and all(bool((a == 1).all()) for a in seen)  # windows of 3, 3 and 2 steps
     assert [a.shape[1] for a in seen] == [3, 3, 2]
     assert metrics["trainer/grad_norm"] > 0
+
+
+def test_the_estimate_pass_runs_micro_batches_and_equals_the_whole_batch_pass(tmp_path):
+    """Issue 24: memory bounded by the micro-batch. The trainer's estimate forwards at most
+    ``batch_size_per_gpu`` chunks at once (the update's shapes) and gives what one forward over
+    every chunk gives."""
+    config = OnlineConfig(train_config={"context_length": 3, "batch_size_per_gpu": 2})
+    trainer = LossOnly(rollout_manager=None, policy_generator=cnn_policy, env_generator=None, config=config, run_dir=str(tmp_path))
+    trainer.setup_rank(local=True)
+    streams = rollout_fragments(trainer.policy, lambda i: TinyImageEnv(seed=i), num_envs=5, fragment_length=4, fragments_per_env=2)
+    batch = assemble_chunks(chunks_of(streams, 2))
+    whole = current_policy_outputs(trainer.policy, batch, context_length=3)  # every chunk in one forward
+    sizes: list[int] = []
+    hook = trainer.policy.register_forward_hook(lambda m, args, kwargs, out: sizes.append(kwargs["input"]["image"].shape[0]),
+                                                with_kwargs=True)  # fmt: skip
+    try:
+        estimated = trainer.estimate(batch=dict(batch))
+    finally:
+        hook.remove()
+    # 5 chunks of 8 steps: slices of 2, 2 and 1 chunks, each in 3 windows and one next_obs step.
+    assert sizes == [2] * 4 + [2] * 4 + [1] * 4
+    for key, column in (("logprob", F.LOGPROB_PROX), ("vpred", F.OLD_VPRED), ("value", F.VALUE)):
+        torch.testing.assert_close(estimated[column], whole[key], atol=1e-6, rtol=0)
+    torch.testing.assert_close(trainer.current_policy_outputs(batch=batch)["next_value"], whole["next_value"], atol=1e-6, rtol=0)

@@ -57,9 +57,14 @@ STEP_COLUMNS = (OBS, ACTION, REWARD, TERMINATED, TRUNCATED, FIRST, LOGPROB, VPRE
 ADVANTAGE = "advantage"
 RETURN = "return"
 VALUE = "value"  # the trainer's own value estimate at fetch time, denormalised
+# The current model's log-prob of the stored action at the start of the update, in the training
+# numerics and micro-batch shapes: the proximal policy of PPO's decoupled objective.
+LOGPROB_PROX = "logprob_prox"
 # Added by the update loop, in the value head's normalised units (``use_normalized_vf``).
 VALUE_TARGET = "value_target"  # ``return`` normalised: what the value head regresses
-BEHAVIOUR_VPRED = "behaviour_vpred"  # ``vpred`` normalised: the behaviour policy's value
+# The value head's own output at the start of the update (the current model's, from the estimate
+# pass, taken before the normaliser moves): the centre of PPO's clipped value loss.
+OLD_VPRED = "old_vpred"
 
 
 def fragment_key(stream: str, index: int) -> str:

@@ -4,11 +4,16 @@ Each chunk's fragments are concatenated along time into one sequence of
 ``L = fragments_per_chunk * fragment_length`` steps; the chunks are stacked into (N, L, ...) tensors.
 The recurrent state before the sequence is the first fragment's ``state_in`` (batch size 1 each,
 concatenated along the batch axis), so a chunk trains as one sequence from where rollout started it.
+
+The estimate pass (``current_policy_outputs``) runs the current model over the batch as the update's
+first step will run it, micro-batch by micro-batch, window by window, in the training numerics:
+memory is bounded by the micro-batch, and the log-probs it records are the update's proximal policy.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -16,8 +21,8 @@ from torch import nn
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.trainer.gae import compute_gae
-from mineonline_core.trainer.sequence import forward_sequence, unwrap
-from mineonline_core.contracts.tree import to_torch, tree_cat, tree_map, tree_stack
+from mineonline_core.trainer.sequence import detach_state, iter_windows, squeeze_value, unwrap
+from mineonline_core.contracts.tree import to_torch, tree_cat, tree_index, tree_map, tree_stack
 
 
 def assemble_chunks(chunks: list[list[dict]], *, device: torch.device | str = "cpu") -> dict[str, Any]:
@@ -44,44 +49,83 @@ def denormalized_value(policy: nn.Module, vpred: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def current_policy_outputs(policy: nn.Module, batch: dict[str, Any], *, context_length: int) -> dict[str, Any]:
-    """The *current* model over each whole chunk from its stored ``state_in``, without gradients.
+def current_policy_outputs(
+    policy: nn.Module,
+    batch: dict[str, Any],
+    *,
+    context_length: int,
+    batch_size: int | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> dict[str, torch.Tensor]:
+    """The *current* model over each whole chunk from its stored ``state_in``, keeping no
+    gradients, run as the update's first step runs it: ``batch_size`` chunks at a time (the micro-batch, so
+    memory is bounded by it, not by the iteration), in ``context_length`` windows, under
+    ``autocast`` (the training numerics) and in the mode the update trains it in (the core never
+    switches the model to ``eval``). Its log-probs are then the first update step's own: the
+    proximal policy of PPO's decoupled objective, which precision can never make off-policy.
 
-    Returns ``pi_logits`` (leaves (N, L, ...)), ``logprob`` of the stored actions (N, L), ``value``
-    (N, L) and ``next_value`` (N,) denormalised: the value of ``next_obs`` after the last step (its
-    ``first`` flag is set when the last step ended an episode, though a bootstrap ignores it then).
+    Returns, float32: ``logprob`` of the stored actions (N, L), ``vpred`` (N, L), the value head's
+    own (normalised) output, ``value`` (N, L) and ``next_value`` (N,) denormalised: the value of
+    ``next_obs`` after the last step (its ``first`` flag is set when the last step ended an
+    episode, though a bootstrap ignores it then).
     """
     policy = unwrap(policy)
-    was_training = policy.training
-    policy.eval()
-    try:
-        latents, state = forward_sequence(policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=context_length)
-        done_last = (batch[F.TERMINATED][:, -1:] | batch[F.TRUNCATED][:, -1:]).bool()
-        next_latents, _ = policy(input=batch[F.NEXT_OBS], state_in=state, context={"first": done_last})
-    finally:
-        policy.train(was_training)
-    next_vpred = next_latents["vpred"]
-    next_vpred = next_vpred[..., 0] if next_vpred.dim() == 3 else next_vpred
+    n = batch[F.REWARD].shape[0]
+    step = batch_size or n
+    parts = [_slice_outputs(policy, batch, slice(start, start + step), context_length=context_length, autocast=autocast)
+             for start in range(0, n, step)]  # fmt: skip
+    return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+
+
+def _slice_outputs(policy: nn.Module, batch: dict[str, Any], rows: slice, *, context_length: int,
+                   autocast: Callable[[], contextlib.AbstractContextManager]) -> dict[str, torch.Tensor]:  # fmt: skip
+    obs, state_in, first = (tree_index(batch[c], rows) for c in (F.OBS, F.STATE_IN, F.FIRST))
+    # Gradients recorded as in the update, because some kernels compute otherwise without them (VPT's
+    # attention in bf16 on CPU differs by 1e-4 in log-prob); each window's graph is dropped with
+    # its detached outputs, so this holds no more than one window of the update's forward.
+    with torch.enable_grad(), autocast():
+        pieces, state = [], state_in
+        for _, latents, state in iter_windows(policy, obs, state_in, first, context_length=context_length):
+            pieces.append(detach_state({"pi_logits": latents["pi_logits"], "vpred": squeeze_value(latents["vpred"])}))
+        done_last = (batch[F.TERMINATED][rows, -1:] | batch[F.TRUNCATED][rows, -1:]).bool()
+        next_obs = tree_index(batch[F.NEXT_OBS], rows)
+        next_latents, _ = policy(input=next_obs, state_in=state, context={"first": done_last})
+    latents = {key: tree_cat([piece[key] for piece in pieces], axis=1) for key in pieces[0]}
+    # Scored as the update scores them: float32 logits, outside autocast.
+    logits = tree_map(lambda x: x.float(), latents["pi_logits"])
+    vpred, next_vpred = latents["vpred"].float(), squeeze_value(next_latents["vpred"]).detach().float()[:, 0]
     return {
-        "pi_logits": latents["pi_logits"],
-        "logprob": policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"]).float(),
-        "value": denormalized_value(policy, latents["vpred"]).float(),
-        "next_value": denormalized_value(policy, next_vpred).float()[:, 0],
+        "logprob": policy.pi_head.logprob(tree_index(batch[F.ACTION], rows), logits).float(),
+        "vpred": vpred,
+        "value": denormalized_value(policy, vpred).float(),
+        "next_value": denormalized_value(policy, next_vpred).float(),
     }
 
 
 @torch.no_grad()
 def estimate_advantages(
-    policy: nn.Module, batch: dict[str, Any], *, version: int, context_length: int, discount: float, gae_lambda: float
+    policy: nn.Module,
+    batch: dict[str, Any],
+    *,
+    version: int,
+    context_length: int,
+    discount: float,
+    gae_lambda: float,
+    batch_size: int | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> dict[str, Any]:
-    """Add ``value``, ``advantage``, ``return`` and ``staleness`` (all (N, L) float32) to ``batch``:
-    GAE over the current model's values (``current_policy_outputs``)."""
-    current = current_policy_outputs(policy, batch, context_length=context_length)
+    """Add ``value``, ``advantage``, ``return``, ``staleness``, ``logprob_prox`` (the proximal
+    log-prob of the stored actions) and ``old_vpred`` (the value head's output, the centre of a
+    clipped value loss) to ``batch``, all (N, L) float32: GAE over the current model's values, from
+    one pass of ``current_policy_outputs`` (``batch_size`` and ``autocast`` as there)."""
+    current = current_policy_outputs(policy, batch, context_length=context_length, batch_size=batch_size,
+                                     autocast=autocast)  # fmt: skip
     value = current["value"]
     advantage, returns = compute_gae(
         reward=batch[F.REWARD], value=value, next_value=current["next_value"], terminated=batch[F.TERMINATED],
         truncated=batch[F.TRUNCATED], bootstrap=batch[F.BOOTSTRAP], discount=discount, gae_lambda=gae_lambda,
     )  # fmt: skip
     batch[F.VALUE], batch[F.ADVANTAGE], batch[F.RETURN] = value, advantage, returns
+    batch[F.LOGPROB_PROX], batch[F.OLD_VPRED] = current["logprob"], current["vpred"]
     batch["staleness"] = (version - batch[F.VERSION]).float()
     return batch

@@ -33,16 +33,21 @@ class ChunkFetching:
     def estimate(self, *, batch: dict[str, Any]) -> dict[str, Any]:
         """Add ``value``, ``advantage`` and ``return`` ((N, L) float32, values denormalised) to this
         iteration's batch, with the model as it is before the update. Default: GAE with
-        ``discount`` and ``gae_lambda``. An override may use ``current_policy_outputs``."""
+        ``discount`` and ``gae_lambda``, plus ``logprob_prox`` and ``old_vpred`` from the same pass
+        (``trainer.batch.estimate_advantages``). An override may use ``current_policy_outputs``."""
         tc = self.train_config
         return estimate_advantages(self.model, batch, version=self.version, context_length=tc.context_length,
-                                   discount=tc.discount, gae_lambda=tc.gae_lambda)  # fmt: skip
+                                   discount=tc.discount, gae_lambda=tc.gae_lambda, batch_size=tc.batch_size_per_gpu,
+                                   autocast=self.autocast)  # fmt: skip
 
     def current_policy_outputs(self, *, batch: dict[str, Any]) -> dict[str, Any]:
         """The current model over whole chunks from their stored recurrent states, without
-        gradients: ``pi_logits``, ``logprob`` of the stored actions and ``value`` (N, L), and
+        gradients, as the update's first step runs it (``batch_size_per_gpu`` chunks at a time,
+        ``self.autocast()``): ``logprob`` of the stored actions, ``vpred`` and ``value`` (N, L), and
         ``next_value`` (N,), values denormalised (``trainer.batch.current_policy_outputs``)."""
-        return current_policy_outputs(self.model, batch, context_length=self.train_config.context_length)
+        tc = self.train_config
+        return current_policy_outputs(self.model, batch, context_length=tc.context_length,
+                                      batch_size=tc.batch_size_per_gpu, autocast=self.autocast)  # fmt: skip
 
     def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
         """This iteration's chunks, with ``staleness`` and the ``estimate`` columns. The chunks of

@@ -11,9 +11,10 @@ the last backward before a step (``no_sync`` elsewhere). Autocast and the fp16 `
 gradients are not finite is skipped on every rank (``update_is_finite``).
 
 ``compute_loss(batch=..., outputs=...)`` sees one window of one micro-batch: ``batch`` holds every
-per-step column sliced to it (plus ``value_target`` and ``behaviour_vpred`` in the value head's
-normalised units), ``outputs`` the policy's forward outputs for it (``pi_logits``, ``vpred`` (B, W))
-and ``ref_logits``, the KL reference's logits when ``uses_reference()``, else None. Its metrics are
+per-step column sliced to it (the estimate's ``logprob_prox`` among them; plus, in the value head's
+normalised units, ``value_target`` and ``old_vpred``, the head's output at the start of the
+update), ``outputs`` the policy's forward outputs for it (``pi_logits``, ``vpred`` (B, W)) and
+``ref_logits``, the KL reference's logits when ``uses_reference()``, else None. Its metrics are
 averaged over windows (weighted by length) and micro-batches and logged as ``trainer/<name>``.
 """
 
@@ -104,19 +105,26 @@ class UpdateLoop:
         return metrics
 
     def _with_value_targets(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Update the value normaliser with the returns (``use_normalized_vf``), then add the value
-        target and the behaviour value in the head's normalised units."""
+        """Add ``old_vpred``, the value head's output at the start of the update (PPO2's and
+        CleanRL's centre of the clipped value loss), then update the value normaliser with the
+        returns (``use_normalized_vf``) and add ``value_target``, the returns in the head's units.
+
+        ``old_vpred`` is the estimate pass's own head output when the estimate recorded it, else its
+        ``value`` normalised *before* the normaliser moves: re-normalising a stored value with the
+        updated statistics would put the centre where the head never was."""
         head = getattr(self.policy, "value_head", None)
+        normalize = head.normalize if hasattr(head, "normalize") else (lambda x: x)
+        with torch.no_grad():
+            old = batch.get(F.OLD_VPRED)
+            batch[F.OLD_VPRED] = (old if old is not None else normalize(batch[F.VALUE])).float()
         if self.train_config.use_normalized_vf and hasattr(head, "update_normalizer"):
             returns = self.all_gather(batch[F.RETURN])
             # A NaN return would poison the running statistics for good; the loss is then
             # non-finite too, so the update guard skips this iteration's steps.
             if bool(torch.isfinite(returns).all()):
                 head.update_normalizer(returns)
-        normalize = head.normalize if hasattr(head, "normalize") else (lambda x: x)
         with torch.no_grad():
             batch[F.VALUE_TARGET] = normalize(batch[F.RETURN]).float()
-            batch[F.BEHAVIOUR_VPRED] = normalize(batch[F.VPRED]).float()
         return batch
 
     def _backward(self, batch: dict[str, Any], rows: torch.Tensor, *, sync: bool, scale: float) -> dict[str, float]:

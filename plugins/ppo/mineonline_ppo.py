@@ -1,4 +1,4 @@
-"""PPOTrainer: proximal policy optimisation (Schulman et al. 2017) for mineonline.
+"""PPOTrainer: proximal policy optimisation (Schulman et al. 2017), decoupled (Hilton et al. 2021).
 
 Install with ``pip install mineonline-ppo`` and select it with ``trainer_name: PPOTrainer``.
 
@@ -9,9 +9,19 @@ core does not own), its loss (``ppo_loss``, per window) and the schedule around 
 
 Definitions of the options whose meaning MineStudio leaves open:
 
-* **ratio**: taken against the stored *behaviour* log-prob, so stale data is importance-corrected.
+* **ratio** (the decoupled objective of Hilton et al. 2021, "Batch size-invariance for policy
+  optimization", §3): ``r = pi_theta / pi_prox`` is clipped against the *proximal* policy, the model
+  at the start of the update as the update itself runs it (the estimate pass records
+  ``logprob_prox`` in the training numerics and micro-batch shapes), and each step is weighted by
+  ``w = min(pi_prox / mu, behaviour_weight_clip)``, ``mu`` the stored *behaviour* log-prob, so stale
+  data is importance-corrected (DESIGN §5.1). On on-policy data ``r`` starts at exactly 1 whatever
+  the precision of rollout and training (§5.9); with fp32 on both sides ``w`` is 1 too and this is
+  plain PPO. One objective, no switch: where the two differ, the plain one is the wrong one (it
+  clips precision noise, and clips stale data against a policy the update never started from).
 * **clip_vloss**: the new value may move at most ``ppo_clip`` (in normalised units) away from the
-  behaviour value, as in the PPO2 baselines.
+  value head's output at the start of the update (``old_vpred``: the current model's, from the
+  estimate pass, before the normaliser moves), as in the PPO2 baselines, CleanRL and MineStudio. On
+  on-policy data the first step's clipped and unclipped value losses are then the same.
 * **KL penalty**: ``rho * KL(pi_theta || pi_ref)`` (MineStudio 1.1's order too), with ``pi_ref`` a
   frozen copy from ``policy_generator()`` run over the same chunks with its own recurrent state:
   rollout runs the reference beside the behaviour policy and stores its state at each fragment
@@ -41,7 +51,7 @@ import mineonline_core
 from mineonline_core.config import setting
 from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.policy import zero_value_head
-from mineonline_core.errors import ConfigError
+from mineonline_core.errors import ConfigError, RunFailedError
 from mineonline_core.trainer.base import BaseTrainer, TrainerOptions
 
 log = logging.getLogger("mineonline")
@@ -50,8 +60,23 @@ log = logging.getLogger("mineonline")
 class PPOConfig(TrainerOptions):
     """PPOTrainer's ``train_config`` keys (MineStudio's names, plus mineonline's variants)."""
 
-    ppo_clip: float = setting(0.2, "PPO clip epsilon: the ratio to the behaviour policy is clipped to [1-e, 1+e].", gt=0)
-    clip_vloss: bool = Field(False, description="Clip the value loss around the behaviour value, like the ratio.")
+    ppo_clip: float = setting(
+        0.2, "PPO clip epsilon: the ratio to the proximal policy (the model at the start of the update) is clipped to "
+        "[1-e, 1+e].", gt=0,
+    )  # fmt: skip
+    behaviour_weight_clip: float = setting(
+        2.0,
+        "Truncation c of the importance weight w = min(pi_prox / mu, c) by which the decoupled PPO objective "
+        "corrects for the behaviour policy mu that collected the data (pi_prox: the model at the start of the "
+        "update). Hilton et al.'s code truncates only extreme weights (at 100), which keeps the bias small; 2 "
+        "never truncates what training precision or a version or two of staleness produce, and keeps one stale "
+        "action from outweighing a micro-batch of batch_size_per_gpu: 1. 1 is V-trace's rho-bar; a large value "
+        "turns the truncation off.",
+        ge=1,
+    )
+    clip_vloss: bool = Field(
+        False, description="Clip the value loss around the value head's output at the start of the update, like the ratio."
+    )
     ppo_policy_coef: float = setting(1.0, "Weight of the clipped policy loss.", ge=0)
     ppo_vf_coef: float = setting(0.5, "Weight of the value loss.", ge=0)
     entropy_bonus_coef: float = setting(0.0, "Weight of the entropy bonus.", ge=0)
@@ -137,12 +162,14 @@ def ppo_loss(
     vpred: torch.Tensor,
     action: Any,
     behaviour_logprob: torch.Tensor,
-    behaviour_vpred: torch.Tensor,
+    proximal_logprob: torch.Tensor,
+    old_vpred: torch.Tensor,
     advantage: torch.Tensor,
     value_target: torch.Tensor,
     ref_logits: Any,
     rho: float,
     clip: float,
+    behaviour_weight_clip: float,
     log_ratio_range: float,
     clip_vloss: bool,
     policy_coef: float,
@@ -150,17 +177,28 @@ def ppo_loss(
     entropy_coef: float,
     warmup: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO objective (to minimise) over a window; values are in the head's normalised units."""
-    # Clipped surrogate, eq. (7), with the ratio to the behaviour policy that collected the data.
+    """The decoupled PPO objective (to minimise) over a window; values in the head's normalised units.
+
+    Hilton et al. 2021, §3, with the behaviour weight truncated at ``c = behaviour_weight_clip``::
+
+        L(theta) = E_t[ w_t * min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t) ],
+        r_t = pi_theta(a_t|s_t) / pi_prox(a_t|s_t),   w_t = min(pi_prox(a_t|s_t) / mu(a_t|s_t), c)
+
+    (PPO's eq. (7) when ``pi_prox == mu``). ``w_t`` is data, not a function of ``theta``.
+    """
     logprob = pi_head.logprob(action, pi_logits)
-    log_ratio = (logprob - behaviour_logprob).clamp(-log_ratio_range, log_ratio_range)
+    # r_t: the ratio to the proximal policy bounds how far one update moves the policy.
+    log_ratio = (logprob - proximal_logprob).clamp(-log_ratio_range, log_ratio_range)
     ratio = log_ratio.exp()
-    surrogate = torch.min(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage)
+    # w_t: the off-policy correction from the behaviour policy that chose the action (DESIGN §5.1).
+    log_weight = (proximal_logprob - behaviour_logprob).clamp(-log_ratio_range, log_ratio_range)
+    weight = log_weight.exp().clamp(max=behaviour_weight_clip)
+    surrogate = weight * torch.min(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage)
     policy_loss = -surrogate.mean()
-    # Value regression, optionally clipped around the behaviour value.
+    # Value regression, optionally clipped around the head's output at the start of the update.
     value_loss = (vpred - value_target) ** 2
     if clip_vloss:
-        clipped = behaviour_vpred + (vpred - behaviour_vpred).clamp(-clip, clip)
+        clipped = old_vpred + (vpred - old_vpred).clamp(-clip, clip)
         value_loss = torch.max(value_loss, (clipped - value_target) ** 2)
     value_loss = 0.5 * value_loss.mean()
     entropy = pi_head.entropy(pi_logits).mean()
@@ -176,12 +214,16 @@ def ppo_loss(
     with torch.no_grad():
         stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(), "kl_ref": kl_ref.detach(),
                  "approx_kl": ((ratio - 1) - log_ratio).mean(), "clipfrac": ((ratio - 1).abs() > clip).float().mean(),
-                 "ratio_deviation": (ratio - 1).abs().max()}  # fmt: skip
+                 "ratio_deviation": (ratio - 1).abs().max(), "behaviour_weight_mean": weight.mean(),
+                 "behaviour_weight_clipfrac": (log_weight.exp() > behaviour_weight_clip).float().mean(),
+                 # KL(mu || pi_prox) over the actions mu chose: what the behaviour weight corrects.
+                 "behaviour_kl": ((log_weight.exp() - 1) - log_weight).mean()}  # fmt: skip
     return loss, stats
 
 
 class PPOTrainer(BaseTrainer):
-    """PPO with importance-corrected ratios, KL to a reference policy and a value warm-up."""
+    """Decoupled PPO (clipped against the proximal policy, importance-weighted from the behaviour
+    policy), KL to a reference policy and a value warm-up."""
 
     name = "PPOTrainer"
     Config = PPOConfig
@@ -193,13 +235,21 @@ class PPOTrainer(BaseTrainer):
         o = self.options
         return ppo_loss(
             pi_head=self.policy.pi_head, pi_logits=outputs["pi_logits"], vpred=outputs["vpred"], action=batch[F.ACTION],
-            behaviour_logprob=batch[F.LOGPROB], behaviour_vpred=batch[F.BEHAVIOUR_VPRED],
+            behaviour_logprob=batch[F.LOGPROB], proximal_logprob=batch[F.LOGPROB_PROX], old_vpred=batch[F.OLD_VPRED],
             advantage=batch[F.ADVANTAGE], value_target=batch[F.VALUE_TARGET], ref_logits=outputs["ref_logits"],
-            rho=self.rho, clip=o.ppo_clip, log_ratio_range=o.log_ratio_range, clip_vloss=o.clip_vloss,
+            rho=self.rho, clip=o.ppo_clip, behaviour_weight_clip=o.behaviour_weight_clip,
+            log_ratio_range=o.log_ratio_range, clip_vloss=o.clip_vloss,
             policy_coef=o.ppo_policy_coef, vf_coef=o.ppo_vf_coef, entropy_coef=o.entropy_bonus_coef, warmup=self.warmup,
         )  # fmt: skip
 
     def prepare_batch(self, *, batch: dict[str, Any]) -> dict[str, Any]:
+        if F.LOGPROB_PROX not in batch:
+            raise RunFailedError(
+                f"{type(self).__name__}'s decoupled objective needs the proximal log-prob of the stored actions "
+                f"(batch column {F.LOGPROB_PROX!r}), which the default estimate records, but this trainer's "
+                "estimate returned no such column. Add it from the estimate's own pass: "
+                "batch[F.LOGPROB_PROX] = self.current_policy_outputs(batch=batch)['logprob']."
+            )
         if self.options.normalize_advantage_full_batch:
             mean, std = self.global_mean_std(batch[F.ADVANTAGE])
             batch = {**batch, F.ADVANTAGE: (batch[F.ADVANTAGE] - mean) / (std + 1e-8)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -23,22 +24,36 @@ def _loss(**overrides):
     logits = torch.log_softmax(torch.randn(2, 5, 3), -1)
     action = torch.randint(0, 3, (2, 5))
     kw = dict(pi_head=HEAD, pi_logits=logits, vpred=torch.zeros(2, 5), action=action,
-              behaviour_logprob=HEAD.logprob(action, logits), behaviour_vpred=torch.zeros(2, 5),
+              behaviour_logprob=HEAD.logprob(action, logits), old_vpred=torch.zeros(2, 5),
               advantage=torch.ones(2, 5), value_target=torch.ones(2, 5), ref_logits=None, rho=0.0, clip=0.2,
-              log_ratio_range=50.0, clip_vloss=False, policy_coef=1.0, vf_coef=0.5, entropy_coef=0.0)  # fmt: skip
+              behaviour_weight_clip=2.0, log_ratio_range=50.0, clip_vloss=False, policy_coef=1.0, vf_coef=0.5,
+              entropy_coef=0.0)  # fmt: skip
     kw.update(overrides)
+    kw.setdefault("proximal_logprob", kw["behaviour_logprob"])  # fresh fp32 data: pi_prox == mu
     return ppo_loss(**kw)
 
 
-def test_ratio_is_taken_against_the_behaviour_logprob():
+def test_ratio_is_taken_against_the_proximal_logprob_and_weighted_from_the_behaviour_logprob():
     loss, stats = _loss()
-    assert stats["policy_loss"].item() == pytest.approx(-1.0)  # ratio 1, advantage 1
+    assert stats["policy_loss"].item() == pytest.approx(-1.0)  # ratio 1, weight 1, advantage 1
     assert stats["approx_kl"].item() == pytest.approx(0.0, abs=1e-7) and stats["clipfrac"].item() == 0.0
     logits = torch.log_softmax(torch.randn(2, 5, 3), -1)
     action = torch.zeros(2, 5, dtype=torch.long)
-    behaviour = HEAD.logprob(action, logits) + 0.1  # the behaviour policy liked these actions more
-    _, stats = _loss(pi_logits=logits, action=action, behaviour_logprob=behaviour)
-    assert stats["policy_loss"].item() == pytest.approx(-torch.exp(torch.tensor(-0.1)).item(), rel=1e-5)
+    current = HEAD.logprob(action, logits)
+    # The behaviour policy liked these actions more: ratio 1 to the proximal (current) policy, weight e^-0.1.
+    _, stats = _loss(pi_logits=logits, action=action, behaviour_logprob=current + 0.1, proximal_logprob=current)
+    assert stats["policy_loss"].item() == pytest.approx(-math.exp(-0.1), rel=1e-5)
+    assert stats["approx_kl"].item() == pytest.approx(0.0, abs=1e-7) and stats["ratio_deviation"].item() == 0.0
+    assert stats["behaviour_weight_mean"].item() == pytest.approx(math.exp(-0.1), rel=1e-6)
+    assert stats["behaviour_kl"].item() == pytest.approx(math.exp(-0.1) - 1 + 0.1, rel=1e-4)
+    # The same gap between the proximal and the current policy is the ratio instead (weight 1).
+    _, stats = _loss(pi_logits=logits, action=action, behaviour_logprob=current + 0.1)
+    assert stats["policy_loss"].item() == pytest.approx(-math.exp(-0.1), rel=1e-5)
+    assert stats["behaviour_weight_mean"].item() == 1.0 and stats["approx_kl"].item() > 0
+    # A weight above behaviour_weight_clip is truncated to it.
+    _, stats = _loss(pi_logits=logits, action=action, behaviour_logprob=current - 1.0, proximal_logprob=current)
+    assert stats["policy_loss"].item() == pytest.approx(-2.0, rel=1e-6)
+    assert stats["behaviour_weight_clipfrac"].item() == 1.0
 
 
 def test_clipping_bounds_the_ratio_and_stops_the_gradient():
@@ -56,11 +71,26 @@ def test_clipping_bounds_the_ratio_and_stops_the_gradient():
     assert stats["policy_loss"].item() == pytest.approx(torch.exp(torch.tensor(0.1)).item(), rel=1e-5)
 
 
-def test_clip_vloss_around_the_behaviour_value():
+@pytest.mark.parametrize("advantage, log_ratio", [(-1.0, 0.5), (1.0, -0.5)])
+def test_the_surrogate_is_pessimistic_outside_the_clip_range(advantage, log_ratio):
+    """min(r A, clip(r) A): where clipping would flatter the objective, the unclipped term counts and
+    keeps its gradient (r = e^0.5 with A < 0, r = e^-0.5 with A > 0)."""
+    logits = torch.log_softmax(torch.randn(2, 5, 3), -1).requires_grad_(True)
+    action = torch.zeros(2, 5, dtype=torch.long)
+    proximal = HEAD.logprob(action, logits).detach() - log_ratio
+    loss, stats = _loss(pi_logits=logits, action=action, behaviour_logprob=proximal, vf_coef=0.0,
+                        advantage=torch.full((2, 5), advantage))  # fmt: skip
+    assert stats["policy_loss"].item() == pytest.approx(-advantage * math.exp(log_ratio), rel=1e-5)
+    assert stats["clipfrac"].item() == 1.0
+    loss.backward()
+    assert logits.grad.abs().max().item() > 0
+
+
+def test_clip_vloss_around_the_start_value():
     vpred, target = torch.full((2, 5), 2.0), torch.full((2, 5), 3.0)
     _, plain = _loss(vpred=vpred, value_target=target)
     assert plain["value_loss"].item() == pytest.approx(0.5)
-    # Behaviour value 0: the clipped value is 0.2, farther from the target, so the max picks it.
+    # Start value 0: the clipped value is 0.2, farther from the target, so the max picks it.
     _, clipped = _loss(vpred=vpred, value_target=target, clip_vloss=True)
     assert clipped["value_loss"].item() == pytest.approx(0.5 * 2.8**2, rel=1e-6)
 
