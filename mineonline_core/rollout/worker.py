@@ -151,6 +151,7 @@ class RolloutWorker:
         self._sent = 0
         self._timers = Timers()  # the send thread's perf/* (the collector keeps its own)
         self._reported_steps = 0
+        self._last_add: Any = None  # the ref of the latest add_env_steps call
         self._steps_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._guard, args=(fn,), name=f"rollout-{self.worker_id}-{fn.__name__}", daemon=True)
@@ -203,6 +204,8 @@ class RolloutWorker:
 
     def shutdown(self) -> None:
         """Stop the threads and close the envs (their processes are ended by pid)."""
+        import ray
+
         self._stop.set()
         with self._weights_cv:
             self._weights_cv.notify_all()
@@ -212,6 +215,10 @@ class RolloutWorker:
         if self.collector is not None:
             try:
                 self._report_once()  # the tail: last env steps and finished episodes
+                if self._last_add is not None:
+                    # Waited for (the hub runs one caller's calls in order): once shutdown returns, the
+                    # manager reads the run's final count from the hub.
+                    ray.get(self._last_add, timeout=30)
             except Exception:  # noqa: BLE001 - the logging side may already be gone at shutdown
                 log.debug("final report failed", exc_info=True)
             self.collector.close()
@@ -337,7 +344,7 @@ class RolloutWorker:
         with self._steps_lock:  # the report and send threads both report
             steps = c.env_steps if c is not None else 0
             if self._hub is not None and steps > self._reported_steps:
-                self._hub.add_env_steps.remote(steps - self._reported_steps)
+                self._last_add = self._hub.add_env_steps.remote(steps - self._reported_steps)
                 self._reported_steps = steps
 
     def _report_once(self) -> None:

@@ -230,7 +230,9 @@ def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str]
         from mineonline_core.runtime.console import print_summary
 
         # The table is printed here, on the driver, not in the logging actor whose output Ray prefixes.
-        print_summary(result["summary"], env_steps=result["summary"].get("rollout/env_steps"))
+        # One env_steps row: the hub's count, continued from the checkpoint on a resume.
+        metrics = {k: v for k, v in result["summary"].items() if k != "env_steps"}
+        print_summary(metrics, env_steps=result["summary"].get("env_steps"))
     print(f"run {cfg.run_name} {status}: {run_dir}")
     return result
 

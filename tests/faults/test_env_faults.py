@@ -30,7 +30,7 @@ def counting(tag: float) -> functools.partial:
     return functools.partial(tk.CountingEnv, tag=tag, episode_len=1000)  # long episodes: every end is a fault
 
 
-def run(faulty: FaultyEnvFactory, *, fragments: int, faulty_fragments: int = 0, limit_s: float = 120.0,
+def run(faulty: FaultyEnvFactory, *, fragments: int, faulty_fragments: int = 0, limit_s: float = 300.0,
         **kwargs) -> tuple[FragmentCollector, list[dict], list[dict], float]:
     """Collect at least ``fragments``, of which ``faulty_fragments`` from the faulty env (stream 0.0.0).
 
@@ -47,7 +47,8 @@ def run(faulty: FaultyEnvFactory, *, fragments: int, faulty_fragments: int = 0, 
     try:
         while len(frags) < fragments or sum(f[F.STREAM] == "0.0.0" for f in frags) < faulty_fragments:
             # A deadline, not a fragment count: the clean envs keep stepping during the fault and the rebuild.
-            assert time.monotonic() - start < limit_s, "the faulty env stopped producing fragments"
+            # Generous (a loaded machine is slow): it only ends a run whose faulty env never comes back.
+            assert time.monotonic() - start < limit_s, f"the faulty env produced no fragment again within {limit_s:.0f}s"
             frags += collector.collect(1)
         elapsed = time.monotonic() - start
         records = collector.episode_records()
@@ -143,8 +144,9 @@ def test_one_fault_rebuild_and_recovery(tmp_path, kind: str) -> None:
     assert record["truncated"] and record["length"] == 2 * T + 2
     print(f"FIGURE env {kind}: 1 fault, 1 rebuild, {after} steps after it, 0 fragments lost, {elapsed:.1f}s for {len(frags)} fragments")
     if kind == "hang":
-        assert elapsed >= 1.5  # detected by step_timeout, not by the hang ending (60 s)
-        assert elapsed < 30.0
+        # Detected by step_timeout, not by the hang ending (60 s): a hang that ends is a step that
+        # succeeds, and env_failures == 1 with the step truncated above says the step failed.
+        assert elapsed >= 1.5
 
 
 def test_reset_faults_are_retried_until_the_env_comes_up(tmp_path) -> None:
