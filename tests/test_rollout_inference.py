@@ -54,7 +54,14 @@ def test_server_coalesces_workers_and_reproduces_the_local_forward(local_ray) ->
         ray.get(server.infer.remote(0, batch(10)))  # worker 0 is known now: the server waits for it
         assert ray.get(server.metrics.remote())["rollout/inference_multi_worker_forwards"] == 0
         batches = {1: batch(1), 0: batch(0)}
-        replies = ray.get([server.infer.remote(w, b) for w, b in batches.items()])  # worker 1's may come first
+        # Worker 1's request first, and worker 0's only once it is queued: a threaded actor may run
+        # calls in any order, and worker 0's alone would not wait for worker 1 (not served yet).
+        pending = [server.infer.remote(1, batches[1])]
+        deadline = time.monotonic() + 300
+        while ray.get(server.metrics.remote())["rollout/inference_queued"] < 1:
+            assert time.monotonic() < deadline, "worker 1's request never reached the server's queue"
+        pending.append(server.infer.remote(0, batches[0]))
+        replies = ray.get(pending)
         metrics = ray.get(server.metrics.remote())
         # Both requests ran in one forward of their 6 rows (the server waited for worker 0 to come back).
         assert metrics["rollout/inference_forwards"] == 2 and metrics["rollout/inference_multi_worker_forwards"] == 1

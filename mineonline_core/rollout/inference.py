@@ -136,13 +136,14 @@ class InferenceServer:
         return request.reply
 
     def metrics(self) -> dict[str, float]:
-        """Cumulative forwards (and those holding rows of several workers); rows, requests and
-        milliseconds per forward averaged since the previous call."""
+        """Cumulative forwards (and those holding rows of several workers), the requests queued now;
+        rows, requests and milliseconds per forward averaged since the previous call."""
         self.health()
         with self._cv:
             n = max(self._window_forwards, 1)
             out = {"rollout/inference_forwards": float(self._forwards),
-                   "rollout/inference_multi_worker_forwards": float(self._multi_worker)}  # fmt: skip
+                   "rollout/inference_multi_worker_forwards": float(self._multi_worker),
+                   "rollout/inference_queued": float(len(self._queue))}  # fmt: skip
             if self._window_forwards:
                 out.update({"rollout/inference_batch_mean": self._window_rows / n,
                             "rollout/inference_requests_mean": self._window_requests / n,
