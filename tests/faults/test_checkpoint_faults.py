@@ -1,0 +1,128 @@
+"""Checkpoint faults (issue 28): writes interrupted by a kill, a checkpoint file swapped for a pickle
+that runs code, the disk filling up under a run, SIGTERM while the trainer waits for data.
+
+The first two need no Ray: what they guard happens on the driver before Ray starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mineonline_core.errors import CheckpointError
+from mineonline_core.testing.kit import mlp_policy
+from mineonline_core.trainer import checkpoint as ckpt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _save(root: Path, iteration: int) -> Path:
+    policy = mlp_policy()
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    return ckpt.save_checkpoint(root, iteration=iteration, model_state=policy.state_dict(), optimizer_state=opt.state_dict(),
+                                scaler_state={}, trainer_state={"version": iteration, "learning_rate": 1e-3, "extra": {}},
+                                config_yaml="train_config:\n  save_interval: 1\n")  # fmt: skip
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_temporary_checkpoints_of_dead_writers_are_removed_and_live_ones_spared(tmp_path: Path) -> None:
+    _save(tmp_path, 1)
+    host = os.uname().nodename
+    live = subprocess.Popen(["sleep", "600"])
+    try:
+        dead = _dead_pid()
+        left = {  # what writers killed inside a write (and one still writing) leave behind
+            "dead": tmp_path / f".checkpoint_000002.tmp-{dead}@{host}",
+            "dead_replacing": tmp_path / f".checkpoint_000001.old-{dead}@{host}",
+            "dead_old_name": tmp_path / f".checkpoint_000003.tmp-{dead}",
+            "live": tmp_path / f".checkpoint_000004.tmp-{live.pid}@{host}",
+            "other_host": tmp_path / f".checkpoint_000005.tmp-{dead}@another-host",
+        }
+        for path in left.values():
+            path.mkdir()
+            (path / "model.pt").write_bytes(b"partial")
+        removed = ckpt.remove_stale_temporaries(tmp_path)
+        assert sorted(removed) == sorted([left["dead"], left["dead_replacing"], left["dead_old_name"]])
+        assert not left["dead"].exists() and not left["dead_replacing"].exists() and not left["dead_old_name"].exists()
+        assert left["live"].is_dir() and (left["live"] / "model.pt").is_file()  # its writer may still be writing
+        assert left["other_host"].is_dir()  # a pid of another host says nothing here
+        assert [i for i, _ in ckpt.list_checkpoints(tmp_path)] == [1]
+        ckpt.verify_checkpoint(tmp_path / "checkpoint_000001")
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_write_names_its_temporary_directory_after_its_process_and_host(tmp_path: Path, monkeypatch) -> None:
+    seen = []
+    real = ckpt._write_files
+    monkeypatch.setattr(ckpt, "_write_files", lambda tmp, *a: (seen.append(tmp.name), real(tmp, *a)))
+    _save(tmp_path, 3)
+    assert seen == [f".checkpoint_000003.tmp-{os.getpid()}@{os.uname().nodename}"]
+    assert ckpt.remove_stale_temporaries(tmp_path) == []  # nothing left behind by a whole write
+
+
+class _Payload:
+    """Unpickled by a plain ``pickle``/``torch.load(weights_only=False)``, it creates ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _swap_for_payload(checkpoint: Path, name: str, marker: Path) -> None:
+    """Replace ``name`` by a torch file whose pickle runs a command, and fix the manifest up to match."""
+    torch.save({"state": _Payload(marker)}, checkpoint / name)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    data = (checkpoint / name).read_bytes()
+    manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name", ["model.pt", "optimizer.pt", "trainer.pt"])
+def test_a_checkpoint_file_that_runs_code_is_refused_before_ray_naming_it(tmp_path: Path, name: str, capsys) -> None:
+    import ray
+
+    from mineonline_core.cli import main
+
+    run_dir = tmp_path / "runs" / "evil"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"run_name": "evil", "source_path": None, "overrides": []}))
+    config = yaml.safe_load((ROOT / "examples" / "cartpole.yaml").read_text())
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**config, "run_name": "evil", "output_dir": str(tmp_path / "runs")}))
+    checkpoint = _save(run_dir / "checkpoints", 1)
+    marker = tmp_path / "payload-ran"
+    _swap_for_payload(checkpoint, name, marker)
+    probe = tmp_path / "probe.pt"  # the payload is real: an unsafe load of the same bytes runs it
+    probe.write_bytes((checkpoint / name).read_bytes())
+    torch.load(probe, weights_only=False)
+    assert marker.exists()
+    marker.unlink()
+
+    ckpt.verify_checkpoint(checkpoint)  # the manifest matches: only unpickling can tell
+    code = main(["run", "--resume", str(run_dir), "--force", "--no-progress"])  # --force: past the config comparison
+    err = capsys.readouterr().err
+    assert code == 2
+    assert not marker.exists()  # the payload never ran
+    assert not ray.is_initialized()  # refused before Ray
+    assert f"{str(checkpoint / name)!r} is refused" in err and "unsupported GLOBAL posix.system" in err
+    assert "Traceback" not in err and "UnpicklingError" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(CheckpointError, match="is refused"):  # and the trainer's own load refuses it too
+        ckpt.load_checkpoint(checkpoint)
+    assert not marker.exists()
