@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,90 @@ def test_a_checkpoint_file_that_runs_code_is_refused_before_ray_naming_it(tmp_pa
     with pytest.raises(CheckpointError, match="is refused"):  # and the trainer's own load refuses it too
         ckpt.load_checkpoint(checkpoint)
     assert not marker.exists()
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def _start_run(tmp_path: Path, data: dict, log_name: str = "driver.log") -> tuple[subprocess.Popen, Path]:
+    """``mineonline run`` in a session of its own; returns the driver and its log file."""
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+    log = tmp_path / log_name
+    with open(log, "w") as handle:
+        driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"], cwd=ROOT,
+                                  env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    return driver, log
+
+
+def _end_session(driver: subprocess.Popen) -> list[int]:
+    """Kill (by pid) what is left of the driver's session; return those pids."""
+    if driver.poll() is None:
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+    end = time.monotonic() + 30  # Ray's processes end on their own shortly after the driver
+    while _session_pids(driver.pid) and time.monotonic() < end:
+        time.sleep(0.5)
+    leftovers = _session_pids(driver.pid)
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return leftovers
+
+
+RUN = {
+    "seed": 0, "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
+    "logger_config": {"loggers": []},
+    "rollout_config": {
+        "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 16,
+        "worker_config": {"num_envs": 2, "batch_size": 2},
+        "replay_buffer_config": {"max_chunks": 16, "fragments_per_chunk": 1},
+    },
+    "train_config": {
+        "num_workers": 1, "num_cpus_per_worker": 0.5, "num_iterations": 100_000, "batches_per_iteration": 1,
+        "gradient_accumulation": 1, "batch_size_per_gpu": 2, "context_length": 16, "epochs_per_iteration": 1,
+        "save_interval": 1000, "keep_interval": 1000,
+    },
+}  # fmt: skip
+
+
+def test_sigterm_while_the_trainer_waits_for_data_stops_with_a_final_checkpoint(tmp_path: Path) -> None:
+    """``fragment_length: 1000000``: no chunk for hours, the trainer waits in the buffer. SIGTERM must stop
+    the run as it does mid-iteration: the wait released, a final checkpoint (of iteration 0: none ran),
+    every actor ended, exit 0."""
+    data = {**RUN, "run_name": "waiting", "output_dir": str(tmp_path / "runs")}
+    data["rollout_config"] = {**RUN["rollout_config"], "fragment_length": 1_000_000}
+    run_dir = tmp_path / "runs" / "waiting"
+    driver, log = _start_run(tmp_path, data)
+    try:
+        end = time.monotonic() + 300
+        # The rollout worker has sent its first report (env steps taken): the trainer is waiting by now.
+        while "rollout/env_steps" not in ((run_dir / "metrics.jsonl").read_text() if (run_dir / "metrics.jsonl").exists() else ""):
+            assert driver.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < end, "no rollout report within 300 s"
+            time.sleep(0.5)  # polling the run's metrics file
+        os.kill(driver.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        code = driver.wait(timeout=120)  # before the fix: still waiting 300 s later
+        print(f"FIGURE SIGTERM while waiting for data: exited {code} after {time.monotonic() - signalled:.1f}s")
+    finally:
+        leftovers = _end_session(driver)
+    output = log.read_text()
+    assert code == 0, output[-3000:]
+    assert "run waiting interrupted" in output
+    assert [i for i, _ in ckpt.list_checkpoints(run_dir / "checkpoints")] == [0]
+    ckpt.load_checkpoint(run_dir / "checkpoints" / "checkpoint_000000")
+    assert leftovers == []
