@@ -391,5 +391,5 @@ def _write_report(run_dir: Path) -> None:
     if (run_dir / "metrics.jsonl").exists():
         try:
             write_report(run_dir)
-        except Exception:  # noqa: BLE001 - a failed plot must not hide the run's outcome
-            log.warning("writing the run report failed", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - a failed plot must not hide the run's outcome
+            log.warning("writing the run report failed: %s: %s", type(exc).__name__, exc, exc_info=True)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -214,4 +215,72 @@ def test_sigterm_while_the_trainer_waits_for_data_stops_with_a_final_checkpoint(
     assert "run waiting interrupted" in output
     assert [i for i, _ in ckpt.list_checkpoints(run_dir / "checkpoints")] == [0]
     ckpt.load_checkpoint(run_dir / "checkpoints" / "checkpoint_000000")
+    assert leftovers == []
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 40 MiB tmpfs: a real disk that fills up (skipped where mounting is not permitted)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()}); the ENOSPC path is covered by "
+                    "tests/test_bad_input.py::test_a_full_disk_while_checkpointing")  # fmt: skip
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _keep_full(disk: Path, until: threading.Event) -> None:
+    """Fill the disk down to its last byte, and again whenever something frees space (the run removing
+    its partial checkpoint), as another writer on a shared disk would, until ``until`` is set."""
+    with open(disk / "filler", "ab", buffering=0) as handle:
+        while not until.is_set():
+            for size in (1 << 20, 1 << 12, 1):
+                try:
+                    while True:
+                        handle.write(b"\0" * size)
+                except OSError:
+                    continue
+            until.wait(0.02)
+
+
+def test_a_full_disk_under_the_run_is_one_message_last_on_the_console(small_disk: Path, tmp_path: Path) -> None:
+    """The disk of the whole run directory fills up mid-run: the console ends with one message saying
+    what was being written, where, and the free space; no traceback; the checkpoints written before
+    it verify; closing run.log adds nothing."""
+    data = {**RUN, "run_name": "full", "output_dir": str(small_disk / "runs")}
+    data["train_config"] = {**RUN["train_config"], "save_interval": 1, "keep_interval": 1}
+    # The in-memory store: the checkpoint is then what the full disk stops (the LMDB store's own message
+    # for a full disk is its plugin's, plugins/lmdb_buffer/tests).
+    rb = {**RUN["rollout_config"]["replay_buffer_config"], "database_config": {"backend": "memory"}}
+    data["rollout_config"] = {**RUN["rollout_config"], "replay_buffer_config": rb}
+    run_dir = small_disk / "runs" / "full"
+    done = threading.Event()
+    driver, log = _start_run(tmp_path, data)
+    try:
+        end = time.monotonic() + 300
+        while not ckpt.list_checkpoints(run_dir / "checkpoints"):
+            assert driver.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < end, "no checkpoint within 300 s"
+            time.sleep(0.2)  # polling the file system for the first checkpoint
+        filler = threading.Thread(target=_keep_full, args=(small_disk, done))
+        filler.start()
+        code = driver.wait(timeout=180)
+    finally:
+        done.set()
+        leftovers = _end_session(driver)
+    output = log.read_text()
+    lines = [line for line in output.splitlines() if line.strip()]
+    print(output[-3000:])
+    assert code != 0 and "Traceback" not in output and "Logging error" not in output
+    message, where = lines[-2:]  # the error and where its log is
+    assert message.startswith("error: train_config.save_path: writing checkpoint_") and str(run_dir / "checkpoints") in message
+    assert "No space left on device" in message and "MiB free of 40 MiB" in message
+    assert where.startswith(f"(full log: {run_dir / 'run.log'}") and "OSError" not in where
+    for _, path in ckpt.list_checkpoints(run_dir / "checkpoints"):
+        ckpt.verify_checkpoint(path)
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]  # no partial write left
     assert leftovers == []
