@@ -56,8 +56,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
         available, where = machine_memory()
         print(f"# memory on one machine: {resolved.memory.describe()}", file=sys.stderr)
-        if resolved.memory.total > available:
-            print(f"# warning: more than {where} here; `mineonline run` on this machine would refuse it", file=sys.stderr)
+        try:
+            resolved.memory.check(available, where)
+        except MineOnlineError as exc:  # a warning here: the config may be meant for a larger machine or a cluster
+            print(f"# warning: `mineonline run` on this machine would refuse it: {exc}", file=sys.stderr)
     print(f"# ok: trainer {resolved.trainer_cls.name}, store {resolved.store_cls.name}, loggers "
           f"{', '.join(cls.name for cls, _ in resolved.loggers)}; observation {resolved.observation_space}, "
           f"action {resolved.action_space}", file=sys.stderr)  # fmt: skip

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mineonline_core.config.checks import check_consistency, minestudio_only_warnings
 from mineonline_core.config.generators import KEYS, generator_spec
+from mineonline_core.config.deadline import import_deadline
 from mineonline_core.config.messages import Loc, show, validate_online_config
 from mineonline_core.config.online import OnlineConfig
 from mineonline_core.config.secrets import find_expressions, override_expressions
@@ -207,17 +208,18 @@ def import_file(path: pathlib.Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     sys.path.insert(0, str(path.parent))  # let it import helper modules next to it
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise ConfigError(
-            f"Importing config module {str(path)!r} failed: {type(exc).__name__}: {exc}. Fix: "
-            f"run `python {path}` to see the full traceback and correct the module."
-        ) from exc
-    finally:
-        sys.modules.pop(name, None)
-        if str(path.parent) in sys.path:
-            sys.path.remove(str(path.parent))
+    with import_deadline(path):  # a module that loops at import is reported, naming it, not waited on forever
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ConfigError(
+                f"Importing config module {str(path)!r} failed: {type(exc).__name__}: {exc}. Fix: "
+                f"run `python {path}` to see the full traceback and correct the module."
+            ) from exc
+        finally:
+            sys.modules.pop(name, None)
+            if str(path.parent) in sys.path:
+                sys.path.remove(str(path.parent))
     return module
 
 

@@ -17,6 +17,9 @@ is ever copied through this actor. Rules (DESIGN §4):
   ``set_version`` over *all* chunks, and at sample.
 * payloads of dropped chunks are deleted from the store, but only once no trainer is still
   reading them (``release``), so the store stays bounded and readers never see a hole.
+* once the run is asked to stop (``stop_waiting``, from the manager's ``request_stop``), a trainer
+  waiting for chunks is released at once with ``SampleStopped`` instead of waiting on: rollout may
+  be hours from the next chunk (a long ``fragment_length``), and a stop must not wait for it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ log = logging.getLogger(__name__)
 
 class SampleTimeout(MineOnlineError):
     """``sample`` found too few eligible chunks within its timeout; the message says why."""
+
+
+class SampleStopped(MineOnlineError):
+    """``sample`` was waiting for chunks when the run was asked to stop (``stop_waiting``)."""
 
 
 @dataclass
@@ -84,6 +91,7 @@ class ReplayBuffer:
         self._pending: dict[str, _Pending] = {}
         self._seq = itertools.count()
         self._cond: asyncio.Condition | None = None
+        self._stopping = False
         self._since_report = 0
         self.counters = {"fragments_added": 0, "dropped_stale": 0, "dropped_gap": 0, "evicted": 0, "used_up": 0,
                          "chunks_served": 0, "deleted_keys": 0}  # fmt: skip
@@ -188,9 +196,11 @@ class ReplayBuffer:
         cond = self._condition()
         async with cond:
             try:
-                await asyncio.wait_for(cond.wait_for(lambda: self._num_eligible(for_version) >= num_chunks), timeout)
+                await asyncio.wait_for(cond.wait_for(lambda: self._stopping or self._num_eligible(for_version) >= num_chunks), timeout)
             except asyncio.TimeoutError:
                 raise SampleTimeout(f"after {timeout:.0f}s: {self.explain(num_chunks, for_version)}") from None
+            if self._num_eligible(for_version) < num_chunks:
+                raise SampleStopped(f"the run is stopping; {self.explain(num_chunks, for_version)}")
             eligible = [c for c in self._chunks.values() if self._eligible(c, for_version)]
             eligible.sort(key=lambda c: (round_id in c.rounds, -c.version, c.reuse, c.seq))
             served = eligible[:num_chunks]
@@ -207,6 +217,13 @@ class ReplayBuffer:
                 self._drop(chunk)  # payloads stay until released
         self.counters["chunks_served"] += len(out)
         return out
+
+    async def stop_waiting(self) -> None:
+        """The run stops: every ``sample`` waiting now or later without enough chunks raises ``SampleStopped``."""
+        self._stopping = True
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
 
     async def release(self, chunk_ids: list[str]) -> None:
         """The trainer holds the payloads of ``chunk_ids`` now: dropped ones may be deleted."""

@@ -273,8 +273,10 @@ class RolloutManager:
         return lines
 
     def request_stop(self) -> None:
-        """Ask the run to stop (the trainer polls ``stop_requested`` between iterations)."""
+        """Ask the run to stop (the trainer polls ``stop_requested`` between iterations; one waiting
+        for chunks is released by the buffer at once)."""
         self._stop_requested = True
+        self._buffer.stop_waiting.remote()
 
     def stop_requested(self) -> bool:
         return self._stop_requested

@@ -35,10 +35,12 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         return
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": True}
     if address:
-        from mineonline_core.runtime.lifecycle import prepare_auth_env
+        from mineonline_core.runtime.lifecycle import check_token, prepare_auth_env
         from mineonline_core.runtime.runlog import SETUP_HOOK
 
         prepare_auth_env()  # Ray presents the cluster's token by itself only for "auto", not for host:port
+        if address != "auto" and not address.startswith("ray://"):
+            check_token(address)  # a rejected token in one line, not Ray's 20 s of C++ warnings and a ConnectionError
         # Processes of a cluster started elsewhere do not inherit this environment. A local cluster's do
         # (its raylet is this process's child), and there a job runtime_env is left out: with one, Ray
         # starts every actor through its runtime-env agent instead of reusing the prestarted workers,
@@ -391,5 +393,5 @@ def _write_report(run_dir: Path) -> None:
     if (run_dir / "metrics.jsonl").exists():
         try:
             write_report(run_dir)
-        except Exception:  # noqa: BLE001 - a failed plot must not hide the run's outcome
-            log.warning("writing the run report failed", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - a failed plot must not hide the run's outcome
+            log.warning("writing the run report failed: %s: %s", type(exc).__name__, exc, exc_info=True)

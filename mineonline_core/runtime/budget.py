@@ -8,8 +8,9 @@ until the kernel kills the process. The estimate adds, per process kind:
   trainer keeps one (``BaseTrainer.has_reference``); and the chunks it holds: this iteration's
   (``batches_per_iteration`` micro-batches of ``batch_size_per_gpu`` chunks, with the estimate's
   columns) and the next ``prefetch_batches`` iterations' chunks, fetched ahead;
-* each rollout worker: two copies of the weights (live and standby), three with a KL reference; the
-  driver: one for its check;
+* each rollout worker: two copies of the weights (live and standby), three with a KL reference, and
+  the fragment each env is filling (``fragment_length`` steps, allocated when it starts); the
+  driver: one copy of the weights for its check;
 * the in-memory replay store: ``max_chunks x fragments_per_chunk`` fragments of
   ``fragment_length`` steps (observation, action and six float32 per-step columns) plus the
   recurrent state before each fragment, twice with a KL reference (``ref_state_in``: a VPT-2x
@@ -23,8 +24,10 @@ at 9.2 GiB for 284 MiB of weights); they scale with the micro-batch (``batch_siz
 ``context_length`` steps), not with the iteration. So the estimate is a lower bound: a config refused
 here cannot fit, while one accepted may still need more.
 
-``check`` refuses a run whose estimate exceeds the machine's memory (the cgroup limit when lower),
-and ``check_policy_fits`` refuses a policy the driver's own check could not build.
+``check`` refuses a run whose estimate exceeds the machine's memory (the cgroup limit when lower);
+when the part that grows with ``fragment_length`` is what does not fit, it names that key and the
+longest fragment that fits. ``check_policy_fits`` refuses a policy the driver's own check could not
+build, and a fragment no single process here could hold (``fragment_length`` of 400 digits).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ BOOKKEEPING_ACTORS = 6  # manager, replay buffer, store host, statistics, logger
 ENV_PROCESS_BYTES = 64 * 2**20  # an env subprocess beyond the pages it shares with the forkserver
 RAY_BYTES = 512 * 2**20  # GCS, raylet, log monitor, dashboard agent
 STEP_COLUMNS_BYTES = 6 * 4  # reward, log-prob, value, first, terminated, truncated (float32 or less)
+USUAL_FRAGMENT_LENGTH = 256  # MineStudio's default fragment_length
+BUILDER_COLUMNS_BYTES = 4 * 4 + 3 + 2 * 8  # a fragment being filled: 4 float32, 3 bool, 2 int64 columns
 ESTIMATE_COLUMNS_BYTES = 4 * 4  # staleness, value, advantage, return: added to the iteration's batch
 TRAINER_COPIES = 4  # weights, gradients, two Adam moments (+1 for a KL reference)
 ROLLOUT_COPIES = 2  # the live weights and the standby copy a broadcast is loaded into (+1 for a KL reference)
@@ -114,7 +119,14 @@ def available_memory() -> int:
 
 
 def _gib(n: float) -> str:
+    if n >= 2**100 * GiB:  # beyond a float's range for a key of hundreds of digits
+        return f"about 10^{len(str(int(n) // GiB)) - 1} GiB"
     return f"{n / GiB:.1f} GiB"
+
+
+def _count(n: int) -> str:
+    text = str(n)
+    return text if len(text) <= 20 else f"{text[:6]}... ({len(text)} digits)"
 
 
 @dataclasses.dataclass
@@ -126,6 +138,9 @@ class MemoryEstimate:
     policy_bytes: int
     parts: dict[str, int]
     policy_text: str
+    fragment_length: int = 0
+    step_bytes: int = 0  # bytes of all parts together per step of fragment_length
+    env_fragment_bytes: int = 0  # one env's fragment being filled: one process holds it whole
 
     @property
     def total(self) -> int:
@@ -136,10 +151,18 @@ class MemoryEstimate:
         return f"about {_gib(self.total)}: policy {params}; " + "; ".join(f"{k} {_gib(v)}" for k, v in self.parts.items())
 
     def check_policy_fits(self, available: int | None = None) -> None:
-        """Refuse a policy larger than this process could build (before it is built)."""
+        """Refuse a policy larger than this process could build (before it is built), and one env's
+        fragment larger than any process here could hold."""
+        available = available if available is not None else available_memory()
+        if self.env_fragment_bytes > available:
+            raise ConfigError(
+                f"rollout_config.fragment_length: {_count(self.fragment_length)} steps make one env's fragment "
+                f"{_gib(self.env_fragment_bytes)}, more than the {_gib(available)} of memory available here, so no "
+                "rollout worker could hold it. Fix: set fragment_length to a few hundred steps (MineStudio's configs "
+                "use 128-256); train_config.context_length sets how far back training sees."
+            )
         if self.policy is None:
             return
-        available = available if available is not None else available_memory()
         if self.policy_bytes > available:
             raise ConfigError(
                 f"{self.policy_text}: the policy has {self.parameters:,} parameters, {_gib(self.policy_bytes)} as built, "
@@ -149,6 +172,19 @@ class MemoryEstimate:
 
     def check(self, available: int, where: str) -> None:
         """Refuse a run whose estimate exceeds ``available`` bytes."""
+        if self.total <= available:
+            return
+        rest = self.total - self.step_bytes * self.fragment_length
+        longest = (available - rest) // self.step_bytes if self.step_bytes else 0
+        # Named when a usual length would fit and this one does not: then the length is what is wrong.
+        if min(self.fragment_length, USUAL_FRAGMENT_LENGTH) <= longest < self.fragment_length:
+            raise ConfigError(
+                f"rollout_config.fragment_length: {_count(self.fragment_length)} steps make the run need "
+                f"{self.describe()}, but {where} is {_gib(available)}: at most {longest:,} steps per fragment fit. "
+                "Fix: lower fragment_length (MineStudio's configs use 128-256; train_config.context_length sets how "
+                "far back training sees), lower rollout_config.replay_buffer_config.max_chunks, or run on a larger "
+                "machine or a cluster (--address)."
+            )
         if self.total > available:
             raise ConfigError(
                 f"The run needs {self.describe()}, but {where} is {_gib(available)}. Fix: shrink the policy "
@@ -177,6 +213,8 @@ def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_s
     step_bytes = _space_bytes(observation_space) + _space_bytes(action_space) + STEP_COLUMNS_BYTES
     # Each fragment starts with the policy's recurrent state, and the reference's beside it (DESIGN §5.4).
     fragment_bytes = rc.fragment_length * step_bytes + (2 if reference else 1) * state_bytes
+    # Each env fills its next fragment in arrays of the whole length, allocated when it starts.
+    builder_step = _space_bytes(observation_space) + _space_bytes(action_space) + BUILDER_COLUMNS_BYTES
     fragments = 0 if getattr(store_cls, "persistent", False) else rb.max_chunks * rb.fragments_per_chunk
     # A rank holds its iteration (micro-batches of batch_size_per_gpu chunks) and prefetch_batches more.
     rank_fragments = tc.batches_per_iteration * tc.batch_size_per_gpu * rb.fragments_per_chunk
@@ -185,7 +223,8 @@ def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_s
     copies = int(reference)
     parts = {
         "trainer ranks": tc.num_workers * (PROCESS_BYTES + (TRAINER_COPIES + copies) * policy_bytes + rank_batches),
-        "rollout workers": rc.num_rollout_workers * (PROCESS_BYTES + (ROLLOUT_COPIES + copies) * policy_bytes),
+        "rollout workers": rc.num_rollout_workers * (PROCESS_BYTES + (ROLLOUT_COPIES + copies) * policy_bytes)
+        + envs * rc.fragment_length * builder_step,
         "replay (in memory)": fragments * fragment_bytes,
         "envs": envs * ENV_PROCESS_BYTES if rc.worker_config.env_processes else 0,
         "driver, bookkeeping actors and Ray": (1 + BOOKKEEPING_ACTORS) * PROCESS_BYTES + RAY_BYTES + policy_bytes,
@@ -196,4 +235,9 @@ def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_s
         policy_text = f"policy_config={redact(cfg.policy_config.model_dump())}"[:200]
     else:
         policy_text = "policy_generator()"
-    return MemoryEstimate(policy=policy, parameters=parameters, policy_bytes=policy_bytes, parts=parts, policy_text=policy_text)
+    # What the parts above add per step of fragment_length, to name it when it is what does not fit.
+    per_step = (tc.num_workers * rank_fragments * ((1 + tc.prefetch_batches) * step_bytes + ESTIMATE_COLUMNS_BYTES)
+                + envs * builder_step + fragments * step_bytes)  # fmt: skip
+    return MemoryEstimate(policy=policy, parameters=parameters, policy_bytes=policy_bytes, parts=parts, policy_text=policy_text,
+                          fragment_length=rc.fragment_length, step_bytes=per_step,
+                          env_fragment_bytes=rc.fragment_length * builder_step)  # fmt: skip

@@ -9,7 +9,9 @@ in ``~/.ray/auth_token`` (or ``RAY_AUTH_TOKEN_PATH``, or the ``RAY_AUTH_TOKEN`` 
 connecting driver must present it. Ray only switches a client into token mode by itself when the
 address is ``auto``; for an explicit ``host:port`` it stays in the default mode and the cluster
 rejects it. So when a token is available and the user has not chosen a mode, we set
-``RAY_AUTH_MODE=token`` before connecting. We never turn authentication off.
+``RAY_AUTH_MODE=token`` before connecting. We never turn authentication off. A cluster that rejects
+the token is found out by one RPC before ``ray.init`` (``check_token``): Ray's own client retries for
+about 20 s, printing a C++ warning each second, and then reports that no cluster runs there.
 
 Stopping never kills processes: it asks the run to stop (``request_stop``: the trainer writes a final
 checkpoint and its driver tears the run down), waits a short grace period for that when the driver
@@ -60,6 +62,41 @@ def prepare_auth_env() -> None:
             pass
 
 
+def token_source() -> str:
+    """Where this driver's token comes from, as Ray reads it: the variable, the file it names, or the default file."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "the RAY_AUTH_TOKEN environment variable"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path:
+        return f"{path} (RAY_AUTH_TOKEN_PATH)"
+    default = Path.home() / ".ray" / "auth_token"
+    return str(default) if token_available() else f"nowhere: no RAY_AUTH_TOKEN, no RAY_AUTH_TOKEN_PATH and no {default}"
+
+
+def check_token(address: str, timeout: float = 10.0) -> None:
+    """Ask the cluster at ``host:port`` for its id with this driver's token (one RPC, no retries) and
+    raise ``MineOnlineError`` when it rejects the token. Any other answer, or none, is left to ``ray.init``."""
+    try:
+        import grpc
+        from ray._raylet import AuthenticationTokenLoader
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # a Ray without token authentication
+        return
+    loader = AuthenticationTokenLoader.instance()
+    metadata = tuple(loader.get_token_for_http_header().items()) if loader.has_token() else ()
+    with grpc.insecure_channel(address) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), metadata=metadata, timeout=timeout)  # fmt: skip
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise MineOnlineError(
+                    f"the cluster at {address} rejected this token (read from {token_source()}). Fix: give this driver "
+                    "the token of the cluster's head node (its ~/.ray/auth_token): copy the file here, point "
+                    "RAY_AUTH_TOKEN_PATH at it, or set RAY_AUTH_TOKEN."
+                ) from None
+
+
 def _listening(address: str, timeout: float = 2.0) -> bool:
     """Whether something accepts TCP connections at ``host:port`` (Ray waits minutes on a dead address)."""
     host, _, port = address.rpartition(":")
@@ -80,6 +117,8 @@ def attach(address: str) -> bool:
     if target != "auto" and not _listening(target):
         return False  # checked before importing Ray: the import alone takes seconds
     prepare_auth_env()
+    if target != "auto" and not address.startswith("ray://"):
+        check_token(target)
     import ray
 
     try:

@@ -4,8 +4,9 @@ Everything here runs on the driver before Ray starts, so a refused resume costs 
 
 * ``--resume RUN_DIR`` takes the run's newest checkpoint; ``--resume RUN_DIR/checkpoints/checkpoint_N``
   (or ``train_config.resume=...`` on the command line) takes that one.
-* The chosen checkpoint is verified against its manifest (sizes and sha256). A damaged newest
-  checkpoint is reported with the newest one that verifies, to resume from explicitly.
+* The chosen checkpoint is verified against its manifest (sizes and sha256) and its tensor files
+  unpickled as the trainer will, ``weights_only`` (a file that would run code is refused, naming it). A
+  damaged newest checkpoint is reported with the newest one that verifies, to resume from explicitly.
 * The config the resumed run will use is compared with the resolved config the checkpoint was trained
   with. A change that breaks continuity (``CONTINUITY``: the network, the env, the data layout, where
   checkpoints go) is refused, each difference listed, unless ``--force``; other changes (a longer
@@ -77,7 +78,9 @@ def _save_dir(run_dir: Path) -> Path:
 
 def _verified(checkpoint: Path, save_dir: Path, target: str) -> Path:
     try:
-        return ckpt.verify_checkpoint(checkpoint)
+        verified = ckpt.verify_checkpoint(checkpoint)
+        ckpt.check_loads_safely(verified)  # a file swapped for a code-running pickle, its manifest fixed up
+        return verified
     except CheckpointError as exc:
         older = [path for iteration, path in reversed(ckpt.list_checkpoints(save_dir)) if path.name < checkpoint.name]
         good = next((path for path in older if _verifies(path)), None)
@@ -89,7 +92,7 @@ def _verified(checkpoint: Path, save_dir: Path, target: str) -> Path:
 
 def _verifies(path: Path) -> bool:
     try:
-        ckpt.verify_checkpoint(path)
+        ckpt.check_loads_safely(ckpt.verify_checkpoint(path))
     except CheckpointError:
         return False
     return True

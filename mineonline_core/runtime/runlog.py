@@ -17,6 +17,11 @@ How, with Ray's own configuration rather than text filters:
   lines, one each (a traceback's further lines go to the file);
 * on the driver, Ray's logger and Python warnings are routed to the file, mineonline's records at
   WARNING and above to the console as one line each.
+
+A write to ``run.log`` that fails (the disk full) is remembered, not printed: Python's logging would
+print a "--- Logging error ---" traceback for every record after it, and closing the file would raise
+the same ``OSError`` last. The console keeps the run's own message, whose log line then says the file
+is incomplete and why.
 """
 
 from __future__ import annotations
@@ -124,6 +129,21 @@ class _Console(logging.Handler):
             self.handleError(record)
 
 
+class _FileHandler(logging.StreamHandler):
+    """``run.log``'s handler: a failed write goes to ``on_failure`` instead of stderr."""
+
+    def __init__(self, stream: TextIO, on_failure: Any) -> None:
+        super().__init__(stream)
+        self._on_failure = on_failure
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            self._on_failure(error)
+        else:
+            super().handleError(record)
+
+
 class RunLog:
     """Context manager around one run: installs the routing above, restores everything on exit."""
 
@@ -136,12 +156,13 @@ class RunLog:
         self._ray_handlers: list[logging.Handler] = []
         self._levels: list[tuple[logging.Logger, int]] = []
         self._ray_printer: Any = None
+        self.write_failure: OSError | None = None  # the first failed write to run.log
 
     def __enter__(self) -> RunLog:
         import ray  # noqa: F401 - Ray's logger gets its console handler when ray is imported
 
         self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed in __exit__
-        file_handler = logging.StreamHandler(self._file)
+        file_handler = _FileHandler(self._file, self._failed)
         file_handler.setFormatter(logging.Formatter(_FILE_FORMAT))
         console = _Console()
         console.setFormatter(_OneLine())
@@ -194,7 +215,10 @@ class RunLog:
         lines = data.get("lines", [])
         with self._lock:
             if self._file is not None:
-                self._file.writelines(f"({source}) {line}\n" for line in lines)
+                try:
+                    self._file.writelines(f"({source}) {line}\n" for line in lines)
+                except OSError as exc:
+                    self._failed(exc)
         if self.verbose:
             return
         who = data.get("actor_name") or data.get("task_name") or "ray"
@@ -202,11 +226,14 @@ class RunLog:
             if line.startswith(MARK):
                 print(f"{one_line(line[len(MARK):])} ({who})", file=sys.stderr, flush=True)
 
+    def _failed(self, exc: OSError) -> None:
+        if self.write_failure is None:
+            self.write_failure = exc
+
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if exc is not None and not isinstance(exc, KeyboardInterrupt):
             # The console gets the error's message from the CLI; the file keeps its traceback.
             logging.getLogger("mineonline").info("run ended with %s", type(exc).__name__, exc_info=(exc_type, exc, tb))
-            exc.run_log = str(self.path)  # type: ignore[attr-defined] - for console_error
         if self._ray_printer is not None:
             import ray
             from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
@@ -224,5 +251,14 @@ class RunLog:
         logging.captureWarnings(False)
         with self._lock:
             if self._file is not None:
-                self._file.close()
+                try:
+                    self._file.close()  # flushes what a full disk refused, and fails the same way
+                except OSError as error:
+                    self._failed(error)
                 self._file = None
+        failure = self.write_failure
+        note = f"writing it failed ([Errno {failure.errno}] {failure.strerror})" if failure is not None else ""
+        if exc is not None and not isinstance(exc, KeyboardInterrupt):
+            exc.run_log = f"{self.path}, incomplete: {note}" if note else str(self.path)  # type: ignore[attr-defined] - for console_error
+        elif note:
+            print(f"WARNING: {self.path} is incomplete: {note}", file=sys.stderr, flush=True)

@@ -39,6 +39,7 @@ from mineonline_core.config._fields import Section
 from mineonline_core.config.messages import validate_trainer_options
 from mineonline_core.config.secrets import public_config, redact_text
 from mineonline_core.errors import ConfigError
+from mineonline_core.rollout.buffer import SampleStopped
 from mineonline_core.runtime.finite import UpdateGuard
 from mineonline_core.runtime.precision import PrecisionChoice, float16_problem
 from mineonline_core.trainer import checkpoint as ckpt
@@ -279,8 +280,18 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         if self.rank == 0:
             self._publish_weights()  # rollout waits for the first weights
         tc = self.train_config
+        start = self.iteration
         for iteration in range(self.iteration + 1, tc.num_iterations + 1):
-            self.run_iteration(iteration)
+            try:
+                self.run_iteration(iteration)
+            except SampleStopped:
+                # Asked to stop while waiting for this iteration's chunks: the one before it is final. It
+                # is saved unless a checkpoint of it exists (the resumed one, or a save_interval multiple).
+                self.iteration = iteration - 1
+                if self.iteration == 0 or (self.iteration != start and self.iteration % tc.save_interval != 0):
+                    self.save_checkpoint()
+                self.last_metrics["trainer/stopped_early"] = 1.0
+                break
             if iteration < tc.num_iterations and self._stop_requested():
                 # Ctrl-C, `mineonline stop` or a goal reached: leave a checkpoint of the last finished iteration.
                 if iteration % tc.save_interval != 0:

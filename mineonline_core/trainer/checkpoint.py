@@ -16,6 +16,12 @@ Layout of ``<save_path>/checkpoint_{iteration:06d}/``::
 A checkpoint is written into a temporary sibling directory, every file fsynced, then renamed into
 place, so a crash leaves either the whole checkpoint or none. Nothing is pickled: RNG states are
 tensors and lists, so loading never executes code from the file.
+
+The temporary directory is named ``.checkpoint_N.tmp-PID@HOST`` after the process writing it (an
+``.old-PID@HOST`` one holds a checkpoint being replaced). A writer killed mid-write leaves it behind
+(1-3 GB at VPT size); ``remove_stale_temporaries`` deletes those whose writer is dead at the next
+start. A writer on another host, or one still alive (a killed driver's Ray Train rank lingers for
+seconds), is never touched: the directory may still be in use.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import os
 import random
 import re
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +44,8 @@ from mineonline_core.errors import CheckpointError, ConfigError
 from mineonline_core.contracts.policy import state_dict_mismatch
 
 _NAME = re.compile(r"^checkpoint_(\d{6,})$")
+# A writer's temporary (or replaced) directory; names without the host are those of older versions.
+_TEMPORARY = re.compile(r"^\.checkpoint_\d{6,}\.(?:tmp|old)-(\d+)(?:@(.+))?$")
 _FILES = ("model.pt", "optimizer.pt", "scaler.pt", "trainer.pt")
 MANIFEST = "manifest.json"
 SOURCE = "source_config.txt"
@@ -153,7 +162,7 @@ def save_checkpoint(
     """
     root = Path(save_dir)
     final = checkpoint_dir(root, iteration)
-    tmp = root / f".{final.name}.tmp-{os.getpid()}"
+    tmp = root / f".{final.name}.tmp-{_writer()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
@@ -164,7 +173,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(_write_failure(root, final.name, exc)) from exc
     if final.exists():  # re-saving an iteration (a resumed run): move the old one out of the way first
-        stale = root / f".{final.name}.old-{os.getpid()}"
+        stale = root / f".{final.name}.old-{_writer()}"
         os.replace(final, stale)
         shutil.rmtree(stale, ignore_errors=True)
     os.replace(tmp, final)
@@ -215,6 +224,37 @@ def _write_failure(root: Path, name: str, exc: BaseException | None) -> str:
         "checkpoints there are intact and the partial one was removed. Fix: free space on that disk, or set "
         "train_config.save_path to a writable directory on a larger disk, then resume."
     )
+
+
+def _writer() -> str:
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_temporaries(save_dir: str | Path) -> list[Path]:
+    """Delete the temporary directories under ``save_dir`` whose writer, a process on this host, is
+    dead (a write interrupted by a crash or SIGKILL); return those deleted. A live writer's, or one
+    written on another host, is left alone."""
+    root, removed, host = Path(save_dir), [], socket.gethostname()
+    if not root.is_dir():
+        return removed
+    for child in sorted(root.iterdir()):
+        match = _TEMPORARY.match(child.name)
+        if match is None or not child.is_dir() or match.group(2) not in (None, host):
+            continue
+        if not _alive(int(match.group(1))):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+    return removed
 
 
 def apply_retention(save_dir: str | Path, keep_interval: int) -> list[int]:
@@ -285,15 +325,37 @@ def saved_config(path: str | Path) -> str | None:
     return (path / "config.yaml").read_text() if manifest.get("format", 1) >= 2 else None
 
 
+def _unsafe(file: Path, exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    # torch's refusal wraps advice around the line that names what the file asked to run: keep that line
+    advice = ("Weights only load failed", "Check the documentation", "Please file an issue")
+    cause = next((line for line in lines if not line.startswith(advice)), lines[0] if lines else "")
+    return (f"train_config.resume: {str(file)!r} is refused: it holds more than tensors and plain data, so loading it "
+            f"could run code ({type(exc).__name__}: {cause}). It was not loaded. Restore the file, or use an earlier "
+            "checkpoint.")
+
+
+def _load(file: Path, *, mmap: bool = False) -> Any:
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a file we must not trust
+        raise CheckpointError(_unsafe(file, exc)) from None
+
+
+def check_loads_safely(path: str | Path) -> None:
+    """Unpickle every tensor file of a checkpoint as ``load_checkpoint`` will (``weights_only=True``),
+    memory-mapped, so the tensors' bytes are not read: a file that asks to run code (a manifest fixed
+    up to match it passes ``verify_checkpoint``) is refused on the driver in seconds, before Ray."""
+    for name in _FILES:
+        _load(Path(path) / name, mmap=True)
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Verify every file against the manifest and load it with ``weights_only=True``."""
     path = verify_checkpoint(path)
     out: dict[str, Any] = {"path": path, "config_yaml": (path / "config.yaml").read_text()}
     for name in _FILES:
-        try:
-            out[name[:-3]] = torch.load(path / name, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any unpickling failure means a bad file
-            raise CheckpointError(f"train_config.resume: cannot load {str(path / name)!r} safely ({exc}).") from exc
+        out[name[:-3]] = _load(path / name)
     return out
 
 

@@ -43,6 +43,8 @@ class DriverSide:
         ``device``: run the single rank in this process on it, whatever the config says (a test's CPU
         device standing in for a GPU); None: the config decides, and a GPU rank leases its GPU."""
         self.preflight()
+        for stale in ckpt.remove_stale_temporaries(self.save_dir):
+            log.warning("removed %s, left by a checkpoint write whose process died", stale)
         self._fit_started, self.restarts = time.time(), 0
         if device is not None:
             return self._fit_in_process(device)

@@ -20,6 +20,7 @@ import ray
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import RunFailedError
+from mineonline_core.rollout.buffer import SampleStopped
 from mineonline_core.rollout.worker import fragment_checksum
 from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs, estimate_advantages
 
@@ -56,12 +57,18 @@ class ChunkFetching:
         tc = self.train_config
         start = time.perf_counter()
         ahead = self._prefetch
-        if ahead and ahead[0][:2] == (self.iteration, num_chunks):
-            batch = ahead.popleft()[2].result()
-        else:
-            ahead.clear()  # fetched for another iteration or size; the chunks are simply not trained on
-            # Judged at this rank's version, not the buffer's: after a resume the buffer starts at 0.
-            batch = self.fetch_chunks(num_chunks, self.version)
+        stopped = None
+        try:
+            if ahead and ahead[0][:2] == (self.iteration, num_chunks):
+                batch = ahead.popleft()[2].result()
+            else:
+                ahead.clear()  # fetched for another iteration or size; the chunks are simply not trained on
+                # Judged at this rank's version, not the buffer's: after a resume the buffer starts at 0.
+                batch = self.fetch_chunks(num_chunks, self.version)
+        except SampleStopped as exc:
+            stopped = exc
+        if self._any_rank(stopped is not None):  # a rank that got its chunks must not train alone
+            raise stopped or SampleStopped("another rank was waiting for chunks when the run was asked to stop")
         fetched = time.perf_counter()
         last = ahead[-1][0] if ahead else self.iteration
         for iteration in range(last + 1, min(self.iteration + tc.prefetch_batches, tc.num_iterations) + 1):
@@ -127,6 +134,17 @@ class ChunkFetching:
                     f"within progress_timeout={limit:g}s: {reason}"
                 )
             log.warning("trainer rank %d has waited %.0fs for %d chunks: %s", self.rank, waited, num_chunks, reason)
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (an all-reduce when there are several)."""
+        if self.world_size == 1:
+            return flag
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return bool(tensor[0] > 0)
 
     def _fetch_in_background(self, num_chunks: int, for_version: int, for_iteration: int) -> Future:
         if self._fetcher is None:

@@ -198,3 +198,23 @@ def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) 
     (iteration, _), *_ = reversed(list_checkpoints(run_dir / "checkpoints"))
     assert iteration >= version_seen  # the final checkpoint holds the iteration the run had reached
     print(f"FIGURE stop from a second driver: run at version >= {version_seen}, final checkpoint {iteration}, 0 actors left")
+
+
+@pytest.mark.parametrize("command", ["status", "stop", "run"])
+def test_a_wrong_token_is_named_with_where_it_was_read_from(ray_cluster: str, tmp_path: Path, command: str) -> None:
+    """The cluster rejects the driver's token: one line saying so and where the token came from, no C++
+    warnings (Ray's client retried for 20 s, one each second), no traceback, not "no cluster runs"."""
+    env = {**_env(), "RAY_AUTH_TOKEN": "0" * 64}
+    args = {"status": ["status"], "stop": ["stop"],
+            "run": ["run", str(ROOT / "examples" / "cartpole.yaml"), f"output_dir={tmp_path}", "--no-progress"]}[command]
+    done = subprocess.run([sys.executable, "-m", "mineonline_core.cli", *args, "--address", ray_cluster], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    message, *rest = done.stderr.strip().splitlines()
+    assert message == (
+        f"error: the cluster at {ray_cluster} rejected this token (read from the RAY_AUTH_TOKEN environment variable). "
+        "Fix: give this driver the token of the cluster's head node (its ~/.ray/auth_token): copy the file here, point "
+        "RAY_AUTH_TOKEN_PATH at it, or set RAY_AUTH_TOKEN."
+    )
+    assert rest == ([] if command != "run" else [f"(full log: {next(tmp_path.glob('run-*'))}/run.log)"])
+    assert "no Ray cluster is running" not in done.stdout

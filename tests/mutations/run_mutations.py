@@ -191,6 +191,12 @@ MUTATIONS = (
     Mutation("gpu-ray-train", "one GPU rank always goes to Ray Train", DRIVER,
              "        return tc.num_workers > 1\n", "        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0\n",
              ("tests/test_trainer_device.py::test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train",)),
+    Mutation("ckpt-unsafe-resume", "a checkpoint file that runs code is not refused before Ray (weights_only check left out)",
+             "mineonline_core/runtime/resume.py", "        ckpt.check_loads_safely(verified)  # a file", "        pass  # a file",
+             ("tests/faults/test_checkpoint_faults.py::test_a_checkpoint_file_that_runs_code_is_refused_before_ray_naming_it[model.pt]",)),
+    Mutation("ckpt-stale-live", "the stale-temporary cleanup deletes a live writer's checkpoint in progress",
+             "mineonline_core/trainer/checkpoint.py", "        if not _alive(int(match.group(1))):", "        if True:",
+             ("tests/faults/test_checkpoint_faults.py::test_stale_temporary_checkpoints_of_dead_writers_are_removed_and_live_ones_spared",)),
 )
 
 
