@@ -191,6 +191,10 @@ MUTATIONS = (
     Mutation("gpu-ray-train", "one GPU rank always goes to Ray Train", DRIVER,
              "        return tc.num_workers > 1\n", "        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0\n",
              ("tests/test_trainer_device.py::test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train",)),
+    Mutation("store-unverified", "a resumed LMDB store is opened without verifying its shards (issue 28)",
+             "plugins/lmdb_buffer/mineonline_lmdb/store.py",
+             "        damaged = verify_shards(present)\n", "        damaged = []\n",
+             ("plugins/lmdb_buffer/tests/test_damage.py::test_a_damaged_shard_is_refused_naming_it_and_the_way_out",)),
 )
 
 
