@@ -173,10 +173,10 @@ class LMDBStore(FragmentStore):
         damaged = verify_shards(present)
         if damaged:
             shards = "; ".join(f"shard {d}: {problem}" for d, problem in damaged)
-            first = damaged[0][0]
+            remove = " ".join(repr(d) for d, _ in damaged)
             raise StoreDamagedError(
                 f"The replay store under database_config.path={self.path!r} is damaged, so it cannot be resumed: "
-                f"{shards}. To continue without the damaged shard's records, remove it (rm -r {first!r}) and "
+                f"{shards}. To continue without the damaged shard's records, remove it (rm -r {remove}) and "
                 f"resume again; to resume with an empty replay store, remove {self.path!r}. The checkpoints "
                 "are not affected."
             )
