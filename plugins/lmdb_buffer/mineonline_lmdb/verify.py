@@ -86,7 +86,7 @@ def check_shard(directory: str) -> str | None:
             return f"{DATA} is {size} bytes but its pages reach {needed} bytes: the file was truncated{said}"
         with env.begin(buffers=True) as txn:
             txnid = txn.id()
-            if manifest is not None and txnid < manifest["txnid"]:
+            if vouched and txnid < manifest["txnid"]:
                 return (f"{DATA} is at transaction {txnid}, older than the {manifest['txnid']} it had committed "
                         f"(the file was replaced or rolled back){said}")
             counts = {}
