@@ -170,3 +170,22 @@ def test_an_actors_warning_reaches_the_console_as_one_line(tmp_path):
     warnings = [line for line in proc.stderr.splitlines() if "the step counts as failed" in line]
     assert len(warnings) == 1 and warnings[0].startswith("WARNING: worker 0 env 0: ") and warnings[0].endswith("(RolloutWorker)"), proc.stderr[-3000:]
     assert "reward" in warnings[0]
+
+
+def test_a_user_error_raised_in_an_actor_is_said_once():
+    """A mineonline error crossing an actor (a damaged replay store, issue 28) is the console's
+    message and its root cause at once: said once, not repeated as a ``root cause:`` line."""
+    import traceback
+
+    from ray.exceptions import RayTaskError
+
+    from mineonline_core.errors import MineOnlineError, find_user_error
+    from mineonline_core.runtime.runlog import console_error
+
+    message = "The replay store under database_config.path='/r' is damaged: remove '/r/shard-000'."
+    try:
+        raise MineOnlineError(message)  # as the store's StoreDamagedError, a MineOnlineError
+    except MineOnlineError as exc:
+        wrapped = RayTaskError("RolloutManager.health", traceback.format_exc(), exc).as_instanceof_cause()
+    text = console_error(find_user_error(wrapped))
+    assert text == message, text

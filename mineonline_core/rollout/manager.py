@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable
 
 from mineonline_core.config.checks import inference_resources
-from mineonline_core.errors import RunFailedError
+from mineonline_core.errors import RunFailedError, find_user_error
 from mineonline_core.runtime import names
 from mineonline_core.runtime.names import NAMESPACE, actor_name
 from mineonline_core.runtime.precision import PrecisionChoice
@@ -77,6 +77,7 @@ class RolloutManager:
         self._last_errors: dict[int, str] = {}  # worker id -> the last failure the monitor saw
 
         path, resume = str(config.resolve_path(db.path)), config.train_config.resume is not None
+        self._store_path = path
         store_node_id = store_node_id or ray.get_runtime_context().get_node_id()
         if store_options is None:
             store_options = store_cls.Config(**(db.model_extra or {}))
@@ -98,7 +99,13 @@ class RolloutManager:
             fragments_per_report=bc.fragments_per_report, logger_hub=logger_hub,
         )  # fmt: skip
         if resume and store_cls.persistent:
-            rebuilt = ray.get(self._buffer.rebuild_from_store.remote())
+            try:
+                rebuilt = ray.get(self._buffer.rebuild_from_store.remote())
+            except ray.exceptions.RayError as exc:
+                # Recorded, not raised: an exception out of this (threaded) actor's constructor left
+                # its process alive and the driver's first call to it waiting forever.
+                self._error = store_failure(exc, "the replay buffer", path)
+                return
             log.info("replay buffer rebuilt %d chunks from %s", rebuilt, path)
             # New streams must not reuse a stored stream's keys: a put would overwrite its payloads.
             self._first_incarnation = first_free_incarnations(self._store.keys())
@@ -127,7 +134,11 @@ class RolloutManager:
             )
             for i in range(rc.num_rollout_workers)
         ]  # fmt: skip
-        ray.get(self._store_host.node_id.remote())  # the store is open, or its error is raised here
+        try:
+            ray.get(self._store_host.node_id.remote())  # the store is open, or its error is raised here
+        except ray.exceptions.RayError as exc:
+            self._error = store_failure(exc, "the replay store host", path)
+            return
         self._monitor = threading.Thread(target=self._monitor_loop, name="rollout-monitor", daemon=True)
         self._monitor.start()
 
@@ -341,6 +352,8 @@ class RolloutManager:
             try:
                 ray.get(actor.__ray_ready__.remote(), timeout=30)
             except ray.exceptions.RayActorError as exc:
+                if actor is self._store_host:
+                    exc = store_failure(exc, "the replay store host", self._store_path, running=True)
                 self._fail(exc, f"the {name} actor died")
             except ray.exceptions.GetTimeoutError:
                 log.warning("the %s actor did not answer within 30s", name)
@@ -403,6 +416,22 @@ class RolloutManager:
             self._error = exc if isinstance(exc, RunFailedError) else RunFailedError(f"{what}: {exc}")
 
 
+def store_failure(exc: BaseException, who: str, path: str, *, running: bool = False) -> BaseException:
+    """The error a failed or dead store actor ends the run with: the store's own error when it raised
+    one (a damaged shard names itself), else the store's path and what to do about it."""
+    user_error = find_user_error(exc)
+    if user_error is not None:
+        return user_error
+    when = "while the run was using it" if running else "while opening it"
+    return RunFailedError(
+        f"{who} died {when}, with the replay store at database_config.path={path!r} "
+        f"({type(exc).__name__}). A damaged data.mdb under that path kills the process "
+        "that maps it (SIGBUS); the actor's log says how it ended. Resume the run again (mineonline run --resume "
+        f"RUN_DIR); if the store fails again, move {path!r} aside to resume with an empty replay store. The "
+        "checkpoints are not affected."
+    )
+
+
 def first_free_incarnations(keys: list[str]) -> dict[int, int]:
     """Per worker id, one past the highest incarnation among stored fragment keys
     (``"{worker_id}.{incarnation}.{env_id}.{index}"``, see ``fragment.fragment_key``)."""
@@ -455,7 +484,11 @@ def launch_rollout_manager(
         policy_generator=policy_generator, env_generator=env_generator, config=config, store_cls=store_cls,
         store_options=store_options, logger_hub=logger_hub, store_node_id=ray.get_runtime_context().get_node_id(),
     )  # fmt: skip
-    ray.get(manager.health.remote())
+    try:
+        ray.get(manager.health.remote())
+    except Exception:
+        ray.kill(manager)  # with it go the actors it started (they are owned by it)
+        raise
     return manager
 
 

@@ -84,6 +84,8 @@ def console_error(exc: BaseException) -> str:
         if match and not any(w in match["type"] for w in _WRAPPERS):
             cause = f"{match['type'].rsplit('.', 1)[-1]}: {match['msg']}"
     body = " ".join(one_line(part) for part in headline if one_line(part)) or one_line(text.splitlines()[0])
+    if cause is not None and cause.endswith(body):
+        cause = None  # mineonline's own error is the root cause: said once, as for a driver-side error
     return "\n".join([body, *log_line, *([f"root cause: {cause}"] if cause else [])])
 
 

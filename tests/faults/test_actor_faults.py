@@ -163,7 +163,11 @@ def test_dead_bookkeeping_actor_fails_the_run_loudly(ray_cluster, tmp_path, whic
     try:
         _broadcast(manager, 1)
         _wait(lambda: _buffer_size(manager) >= 1, 120, "first fragments")
-        ray.kill(ray.get_actor(actor_name(run, which), namespace=NAMESPACE), no_restart=True)
+        actor = ray.get_actor(actor_name(run, which), namespace=NAMESPACE)
+        if which == "store_host":  # as a damaged data.mdb kills it (issue 28): a SIGBUS
+            os.kill(ray.get(actor.__ray_call__.remote(lambda self: os.getpid())), signal.SIGBUS)
+        else:
+            ray.kill(actor, no_restart=True)
         killed_at = time.monotonic()
 
         def failed():
@@ -178,6 +182,9 @@ def test_dead_bookkeeping_actor_fails_the_run_loudly(ray_cluster, tmp_path, whic
         message = _wait(failed, 180, f"health() to report the dead {which} actor")
         detected_s = time.monotonic() - killed_at
         assert "RunFailedError" in message and cause in message.lower(), message
+        if which == "store_host":  # the store's path and what to do
+            path = str(tmp_path / run / "replay_buffer")
+            assert f"database_config.path={path!r}" in message and "--resume" in message, message
         print(f"FIGURE dead {which}: health() raised after {detected_s:.1f}s: {' '.join(message.split())[:400]}")
     finally:
         _stop(manager)

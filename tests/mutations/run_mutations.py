@@ -197,6 +197,10 @@ MUTATIONS = (
     Mutation("ckpt-stale-live", "the stale-temporary cleanup deletes a live writer's checkpoint in progress",
              "mineonline_core/trainer/checkpoint.py", "        if not _alive(int(match.group(1))):", "        if True:",
              ("tests/faults/test_checkpoint_faults.py::test_stale_temporary_checkpoints_of_dead_writers_are_removed_and_live_ones_spared",)),
+    Mutation("store-unverified", "a resumed LMDB store is opened without verifying its shards (issue 28)",
+             "plugins/lmdb_buffer/mineonline_lmdb/store.py",
+             "        damaged = verify_shards(present)\n", "        damaged = []\n",
+             ("plugins/lmdb_buffer/tests/test_damage.py::test_a_damaged_shard_is_refused_naming_it_and_the_way_out",)),
 )
 
 

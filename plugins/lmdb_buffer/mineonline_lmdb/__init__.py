@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from mineonline_core import hookimpl
 from mineonline_lmdb.codec import CorruptRecordError
-from mineonline_lmdb.store import LMDBOptions, LMDBStore, StoreFullError
+from mineonline_lmdb.store import LMDBOptions, LMDBStore, StoreDamagedError, StoreFullError
 
-__all__ = ["CorruptRecordError", "LMDBOptions", "LMDBStore", "StoreFullError"]
+__all__ = ["CorruptRecordError", "LMDBOptions", "LMDBStore", "StoreDamagedError", "StoreFullError"]
 
 
 @hookimpl

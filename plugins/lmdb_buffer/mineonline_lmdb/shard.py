@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 
 from mineonline_core.errors import MineOnlineError
+from mineonline_lmdb.verify import write_manifest
 
 log = logging.getLogger("mineonline")
 T = TypeVar("T")
@@ -25,6 +26,10 @@ T = TypeVar("T")
 
 class StoreFullError(MineOnlineError):
     """The disk under the store, or the store's map-size cap, has no room for more fragments."""
+
+
+class StoreDamagedError(MineOnlineError):
+    """A shard of a resumed store is truncated, emptied or garbled: what it held cannot be trusted."""
 
 
 class Guard:
@@ -141,8 +146,13 @@ class Shard:
             grow = False
             self.guard.acquire_shared()
             try:
-                with self.write_lock, self.env.begin(write=True) as txn:
-                    return fn(txn, *args)
+                with self.write_lock:
+                    with self.env.begin(write=True) as txn:
+                        result = fn(txn, *args)
+                        stamp = txn.id(), txn.stat(self.meta)["entries"]
+                    # After the commit, so that the manifest never vouches for more than the file holds.
+                    write_manifest(self.directory, *stamp)
+                    return result
             except self.lmdb.MapFullError:
                 grow = True
             except self.lmdb.MapResizedError:

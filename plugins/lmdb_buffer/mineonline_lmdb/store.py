@@ -10,6 +10,10 @@ arrays inline) and ``parts`` maps ``key NUL index`` to the raw buffer of one lar
 ``codec``). Storing each large array as its own LMDB value lets LMDB copy straight from the caller's
 numpy buffer, so a put costs no extra copy of the bulk data.
 A put (or a ``put_many`` on one shard) is one write transaction: whole or absent after a crash.
+A store opened with ``resume`` is verified first (``verify``: each shard against its manifest and its
+own page structure); a damaged shard refuses the open with ``StoreDamagedError``, naming the shard's
+directory and the way out. Refusing, rather than continuing without the shard's records, is the
+policy: the user decides, with one command, whether those records may go.
 
 Several processes on one node may open the same path (``multi_process``); LMDB's lock file
 serialises their writers, and readers never block writers (MVCC). The map starts small and doubles
@@ -36,7 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from mineonline_core.errors import ConfigError, MineOnlineError
 from mineonline_core.contracts.store import FragmentStore
 from mineonline_lmdb import codec
-from mineonline_lmdb.shard import Shard, StoreFullError
+from mineonline_lmdb.shard import Shard, StoreDamagedError, StoreFullError
+from mineonline_lmdb.verify import verify_shards
 
 log = logging.getLogger("mineonline")
 
@@ -113,6 +118,7 @@ class LMDBStore(FragmentStore):
         self._lmdb = importlib.import_module("lmdb")
         with self._disk_errors():
             self._prepare_path()
+            self._verify()
             self._shards = [
                 Shard.acquire(os.path.join(self.path, f"shard-{i:03d}"), self.options) for i in range(self.num_shards)
             ]
@@ -153,6 +159,27 @@ class LMDBStore(FragmentStore):
         with open(tmp, "w") as f:
             json.dump(layout, f)
         os.replace(tmp, layout_path)
+
+    def _verify(self) -> None:
+        """Refuse a resumed store whose shards are damaged, before this process maps any of them."""
+        directories = [os.path.join(self.path, f"shard-{i:03d}") for i in range(self.num_shards)]
+        if not self.resume or any(Shard.is_open(d) for d in directories):
+            return  # a new store, or one this process opened (and verified) already
+        present = [d for d in directories if os.path.isdir(d)]
+        if present and len(present) < len(directories):
+            missing = sorted(set(directories) - set(present))
+            log.warning("replay store %s: %s missing; %s empty (the records it held, if any, are gone)",
+                        self.path, ", ".join(missing), "it starts" if len(missing) == 1 else "they start")  # fmt: skip
+        damaged = verify_shards(present)
+        if damaged:
+            shards = "; ".join(f"shard {d}: {problem}" for d, problem in damaged)
+            remove = " ".join(repr(d) for d, _ in damaged)
+            raise StoreDamagedError(
+                f"The replay store under database_config.path={self.path!r} is damaged, so it cannot be resumed: "
+                f"{shards}. To continue without the damaged shard's records, remove it (rm -r {remove}) and "
+                f"resume again; to resume with an empty replay store, remove {self.path!r}. The checkpoints "
+                "are not affected."
+            )
 
     def _shard(self, key: bytes) -> Shard:
         return self._shards[zlib.crc32(key) % self.num_shards]

@@ -1,17 +1,27 @@
 """B2: a resumed run's workers start new streams past every stream in the LMDB store, so no put
-overwrites a stored fragment (which would mix two streams inside one servable chunk)."""
+overwrites a stored fragment (which would mix two streams inside one servable chunk).
+
+Issue 28: a run resumed on a damaged store (a shard truncated to 8 KB, which kills whatever maps it
+with SIGBUS) fails its start at once with the store's own error naming the shard, and leaves no
+rollout manager behind; before, the manager's constructor raised and the driver waited forever."""
 
 from __future__ import annotations
 
 import functools
+import os
+import threading
 import time
 
 import numpy as np
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.config import load_config
+from mineonline_core.errors import find_user_error
 from mineonline_core.rollout.manager import first_free_incarnations, launch_rollout_manager
+from mineonline_core.runtime.names import NAMESPACE, ROLLOUT_MANAGER, actor_name
 from mineonline_core.testing import kit as tk
+from mineonline_core.testing.store_conformance import sample_payload
+from mineonline_lmdb import LMDBStore, StoreDamagedError
 
 pytest_plugins = ["mineonline_core.testing.fixtures"]
 
@@ -74,3 +84,41 @@ def test_resumed_streams_never_reuse_stored_keys(local_ray, tmp_path):
 def test_first_free_incarnations():
     keys = ["0.0.1.000000004", "0.2.0.000000001", "3.0.0.000000000", "unrelated", "1.x.0.000000000"]
     assert first_free_incarnations(keys) == {0: 3, 3: 1}
+
+
+def test_a_resume_on_a_truncated_shard_fails_the_start_naming_it(local_ray, tmp_path):
+    ray = local_ray
+    path = str(tmp_path / "replay")
+    store = LMDBStore(path=path, num_shards=8, resume=False)  # the config's default shard count
+    store.put_many((f"0.0.{i % 2}.{i:09d}", sample_payload(i)) for i in range(24))
+    store.close()
+    shard = os.path.join(path, "shard-000")
+    os.truncate(os.path.join(shard, "data.mdb"), 8192)
+
+    outcome: dict = {}
+
+    def start() -> None:
+        try:
+            outcome["manager"] = launch_rollout_manager(
+                policy_generator=POLICY, env_generator=ENV,
+                config=load_config(online(tmp_path, "damaged", str(tmp_path / "ckpt"))).config,
+            )  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - the failure this test waits for
+            outcome["error"] = exc
+
+    # A thread, so that a start that never returns fails this test instead of hanging the suite.
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    thread.join(timeout=300)
+    assert not thread.is_alive(), "launch_rollout_manager never returned on a damaged store"
+    assert "manager" not in outcome, "the manager started on a damaged store"
+    error = find_user_error(outcome["error"])
+    assert isinstance(error, StoreDamagedError), repr(outcome["error"])[:2000]
+    assert f"shard {shard}: data.mdb is 8192 bytes" in str(error) and f"rm -r '{shard}'" in str(error)
+    # Nothing is left running under the run's name: the failed manager was ended with its actors.
+    try:
+        ray.get_actor(actor_name("damaged", ROLLOUT_MANAGER), namespace=NAMESPACE)
+        left = True
+    except ValueError:
+        left = False
+    assert not left, "the failed rollout manager is still alive"
