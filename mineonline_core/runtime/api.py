@@ -218,9 +218,11 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
 def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str], address: str | None, progress: bool,
                verbose: bool) -> dict:  # fmt: skip
     from mineonline_core.runtime.runlog import RunLog
+    from mineonline_core.runtime.supervise import note_run_dir
 
     cfg = resolved.config
     run_dir = _prepare_run_dir(resolved, overrides=overrides)
+    note_run_dir(run_dir)  # for the resume command, should Ray end this process (runtime/supervise.py)
     os.environ.setdefault("WANDB_MODE", "offline")
     pm.hook.mineonline_run_start(config=cfg, run_dir=str(run_dir))
     with RunLog(run_dir, verbose=verbose) as run_log:
