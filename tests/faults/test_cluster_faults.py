@@ -226,3 +226,25 @@ def test_losing_the_head_says_so_with_the_resume_command(tmp_path: Path) -> None
     assert f"mineonline run --resume {run_dir} --address {cluster.address}" in last
     assert f"lost the Ray cluster at {cluster.address}" in (run_dir / "run.log").read_text()
     assert (run_dir / "run.json").exists() and any((run_dir / "checkpoints").iterdir())
+
+
+def test_a_rank_lost_with_its_node_counts_as_a_dead_rank() -> None:
+    """What Ray Train 2.60's ``fit`` raises when a rank's node is SIGKILLed (seen in the cluster test above):
+    a ``WorkerGroupError`` holding the health check's ``ActorUnavailableError`` (connection reset), which
+    names no actor class. A dead rank; a health check that failed for another reason, or the training
+    function's own error, is not."""
+    from ray.exceptions import ActorUnavailableError, RaySystemError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    from mineonline_core.trainer.recovery import is_rank_death
+
+    def group_error(failure: BaseException) -> WorkerGroupError:
+        return WorkerGroupError("[Rank 0 Error Snippet]: ...", {0: failure})
+
+    info = "A worker health check failed.\nWorker info: Worker(actor=Actor(RayTrainWorker, 87aa7d3f), ...)"
+    unavailable = ActorUnavailableError("The actor is temporarily unavailable: RpcError: RPC error: recvmsg:Connection "
+                                        "reset by peer rpc_code: 14", None)  # fmt: skip
+    assert is_rank_death(group_error(WorkerHealthCheckFailedError(info, failure=unavailable)))
+    assert not is_rank_death(group_error(WorkerHealthCheckFailedError(info, failure=RaySystemError("cannot pickle"))))
+    assert not is_rank_death(group_error(ValueError("the training function raised")))
