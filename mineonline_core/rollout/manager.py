@@ -2,7 +2,7 @@
 
 It starts the store host (``mineonline_core.runtime.storehost``), the ``ReplayBuffer`` and
 ``EpisodeStatistics`` actors (``num_cpus=0``: bookkeeping must never take a CPU slot from rollout
-or training) and ``num_rollout_workers`` ``RolloutWorker`` actors. Ray restarts a killed worker
+or training; pinned with the manager to the driver's node, ``runtime/placement.py``) and ``num_rollout_workers`` ``RolloutWorker`` actors. Ray restarts a killed worker
 (``max_restarts=-1``); the restarted worker registers again and receives the latest weights, which
 the manager keeps for that reason. A monitor thread aggregates the workers' counters into
 ``rollout/*`` and ``perf/*`` metrics and checks that every actor is alive: a worker whose thread
