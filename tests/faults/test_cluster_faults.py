@@ -162,6 +162,7 @@ def test_lost_nodes_cost_only_their_workers_and_ranks(cluster, tmp_path: Path) -
         _wait(proc, out, lambda: "rollout worker 0 restarted" in out.read_text(), "rollout worker 0 restarted")
         if rank_node != worker_node:  # the rank was elsewhere: its node goes next
             _kill_node_of(cluster, rank_node)
+        nodes_killed = 1 + (rank_node != worker_node)
         _wait(proc, out, lambda: "a train worker died" in out.read_text(), "the rank's restart")
         after_restart = len(_iterations(run_dir))
         _wait(proc, out, lambda: len(_iterations(run_dir)) >= after_restart + 2, "two iterations after the restart")
@@ -174,7 +175,7 @@ def test_lost_nodes_cost_only_their_workers_and_ranks(cluster, tmp_path: Path) -
     assert {name: after[name] for name in NAMES} == {name: (head, 0) for name in NAMES}  # never restarted
     restarted = [int(r["trainer/iteration"]) for r in _records(run_dir) if r.get("trainer/restarts") == 1]
     assert restarted and restarted == list(range(restarted[0], restarted[0] + len(restarted)))
-    print(f"FIGURE two nodes killed: {len(restarted)} iterations after the rank's restart, from iteration {restarted[0]}")
+    print(f"FIGURE {nodes_killed} node(s) killed: {len(restarted)} iterations after the rank's restart, from iteration {restarted[0]}")
 
 
 def test_a_rank_that_fits_no_node_is_refused_before_training(cluster, tmp_path: Path) -> None:
@@ -219,9 +220,9 @@ def test_losing_the_head_says_so_with_the_resume_command(tmp_path: Path) -> None
     run.json and the checkpoints for ``--resume``. A cluster of its own: this one does not survive."""
     with _token_mode():
         cluster = _start_cluster()
-    run, run_dir = "lost-head", tmp_path / "runs" / "lost-head"
+    run, run_dir, address = "lost-head", tmp_path / "runs" / "lost-head", cluster.address
     try:
-        proc, out = _driver(tmp_path, _config(tmp_path, run), cluster.address)
+        proc, out = _driver(tmp_path, _config(tmp_path, run), address)
         try:
             _wait(proc, out, lambda: max(_iterations(run_dir), default=0) >= 2, "iteration 2")
             cluster.remove_node(cluster.head_node, allow_graceful=False)
@@ -233,9 +234,9 @@ def test_losing_the_head_says_so_with_the_resume_command(tmp_path: Path) -> None
     text = out.read_text()
     assert code == 1, text[-3000:]
     last = [line for line in text.splitlines() if line.strip()][-1]
-    assert last.startswith(f"error: lost the Ray cluster at {cluster.address}"), text[-3000:]
-    assert f"mineonline run --resume {run_dir} --address {cluster.address}" in last
-    assert f"lost the Ray cluster at {cluster.address}" in (run_dir / "run.log").read_text()
+    assert last.startswith(f"error: lost the Ray cluster at {address}"), text[-3000:]
+    assert f"mineonline run --resume {run_dir} --address {address}" in last
+    assert f"lost the Ray cluster at {address}" in (run_dir / "run.log").read_text()
     assert (run_dir / "run.json").exists() and any((run_dir / "checkpoints").iterdir())
 
 

@@ -191,6 +191,13 @@ MUTATIONS = (
     Mutation("gpu-ray-train", "one GPU rank always goes to Ray Train", DRIVER,
              "        return tc.num_workers > 1\n", "        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0\n",
              ("tests/test_trainer_device.py::test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train",)),
+    Mutation("rank-node-lost", "a rank lost with its node fails the run instead of restarting (issue 28)",
+             "mineonline_core/trainer/recovery.py",
+             'if isinstance(getattr(err, "health_check_failure", None), ray.exceptions.RayActorError):', "if False:",
+             ("tests/faults/test_cluster_faults.py::test_a_rank_lost_with_its_node_counts_as_a_dead_rank",)),
+    Mutation("placement-per-node", "only the cluster's sum is checked: a rank that fits no node waits (issue 28)",
+             "mineonline_core/runtime/api.py", "        check_placement(cfg, ray.nodes(), address)", "        pass",
+             ("tests/faults/test_cluster_faults.py::test_a_rank_that_fits_no_node_is_refused_before_training",)),
 )
 
 
