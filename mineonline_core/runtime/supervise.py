@@ -17,7 +17,8 @@ its lock names a dead pid and is taken over by the next ``--resume`` with a warn
 
 Signals: the child runs in a process group of its own and the parent forwards SIGINT, SIGTERM and
 SIGHUP, so that one Ctrl-C in a terminal (sent to the foreground group: the parent) reaches the driver
-once ("Ctrl-C again to abort" means a second press, not the same press counted twice).
+once ("Ctrl-C again to abort" means a second press, not the same press counted twice). A parent killed
+outright takes the driver down with SIGTERM (``PR_SET_PDEATHSIG``), which stops it like Ctrl-C.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def supervised(argv: Sequence[str], address: str) -> int:
     fd, outcome = tempfile.mkstemp(prefix="mineonline-driver-", suffix=".txt")
     os.close(fd)
     env = {**os.environ, OUTCOME_VAR: outcome}
-    child = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", *argv], env=env, process_group=0)
+    child = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", *argv], env=env, process_group=0,
+                             preexec_fn=_stop_with_parent)  # fmt: skip
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, lambda signum, _frame: child.send_signal(signum)) for sig in forwarded}
     try:
@@ -86,6 +88,17 @@ def supervised(argv: Sequence[str], address: str) -> int:
         except OSError:
             pass  # the console has it; a run directory that cannot be written has its own error
     return EXIT_FAILED
+
+
+def _stop_with_parent() -> None:
+    # A parent killed by SIGKILL forwards nothing: the kernel then sends the driver SIGTERM (a stop with a
+    # final checkpoint) rather than leaving it running unsupervised. Linux's prctl; elsewhere nothing.
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def abrupt_end_report(address: str, code: int, run_dir: str | None) -> str:

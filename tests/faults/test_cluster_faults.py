@@ -262,3 +262,27 @@ def test_a_rank_lost_with_its_node_counts_as_a_dead_rank() -> None:
     assert is_rank_death(group_error(WorkerHealthCheckFailedError(info, failure=unavailable)))
     assert not is_rank_death(group_error(WorkerHealthCheckFailedError(info, failure=RaySystemError("cannot pickle"))))
     assert not is_rank_death(group_error(ValueError("the training function raised")))
+
+
+def test_a_driver_that_died_without_a_word_is_explained(tmp_path: Path) -> None:
+    """The supervising parent's message for a child driver that ended without noting its exit: the lost
+    cluster when nothing answers at the address, the driver's own death when the cluster still answers,
+    each with the resume command; a child that noted its exit keeps its status and prints nothing more."""
+    import socket
+
+    from mineonline_core.runtime import supervise
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        live = f"127.0.0.1:{listening.getsockname()[1]}"
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{closed.getsockname()[1]}"  # bound, not listening: refused
+            lost = supervise.abrupt_end_report(dead, 1, "/runs/a b")
+        alive = supervise.abrupt_end_report(live, -9, "/runs/x")
+    assert lost.startswith(f"lost the Ray cluster at {dead}") and "(exit status 1)" in lost
+    assert lost.endswith(f"mineonline run --resume '/runs/a b' --address {dead}")
+    assert alive.startswith("the driver process ended abruptly (signal 9)") and f"--resume /runs/x --address {live}" in alive
+    code = supervise.supervised(["plugins"], dead)  # `mineonline plugins` notes its exit like any command
+    assert code == 0
