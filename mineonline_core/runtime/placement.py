@@ -1,12 +1,12 @@
 """Where a run's actors go on a Ray cluster, and what is refused or reported when they cannot go anywhere.
 
 Bookkeeping on the driver's node. The rollout manager, the replay buffer, the episode statistics,
-the logging hub and the store host hold the run's state and take no CPU: they are pinned
-them to the node of the process that starts the run (``on_node``: hard node affinity, ``soft=False``,
-as the GPU lease does). The driver dies with that node anyway, so a node's death costs only the rollout workers
-and trainer ranks on it, which Ray and ``trainer/recovery.py`` restart. The shared inference server
-is not pinned: it reserves a worker's CPUs and the workers' GPU share, so it is compute placed by its
-resources like a worker (a driver node without a GPU could not hold it), and Ray restarts it elsewhere.
+the logging hub and the store host hold the run's state and take no CPU: they are pinned to the node
+of the process that starts the run (``on_node``: hard node affinity, ``soft=False``, as the GPU lease
+is). The driver dies with that node anyway, so a node's death costs only the rollout workers and
+trainer ranks on it, which Ray and ``trainer/recovery.py`` restart. The shared inference server is not
+pinned: it reserves a worker's CPUs and the workers' GPU share, so it is compute, placed by its
+resources like a worker (a driver node without a GPU could not hold it) and restarted elsewhere by Ray.
 
 Before anything starts, ``check_placement`` refuses a config whose largest actor (a Ray Train rank, a
 rollout worker, the inference server) fits no single node, naming the actor, its resources and what each
