@@ -191,6 +191,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from mineonline_core.runtime import supervise
+
+    if args.command == "run" and args.address and not os.environ.get(supervise.OUTCOME_VAR):
+        # A driver on a cluster can be ended by Ray from C++ (the head lost): a parent says why.
+        return supervise.supervised(list(sys.argv[1:] if argv is None else argv), args.address)
+    code = _dispatch(args)
+    supervise.note_exit(code)
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except MineOnlineError as exc:

@@ -2,7 +2,7 @@
 
 It starts the store host (``mineonline_core.runtime.storehost``), the ``ReplayBuffer`` and
 ``EpisodeStatistics`` actors (``num_cpus=0``: bookkeeping must never take a CPU slot from rollout
-or training) and ``num_rollout_workers`` ``RolloutWorker`` actors. Ray restarts a killed worker
+or training; pinned with the manager to the driver's node, ``runtime/placement.py``) and ``num_rollout_workers`` ``RolloutWorker`` actors. Ray restarts a killed worker
 (``max_restarts=-1``); the restarted worker registers again and receives the latest weights, which
 the manager keeps for that reason. A monitor thread aggregates the workers' counters into
 ``rollout/*`` and ``perf/*`` metrics and checks that every actor is alive: a worker whose thread
@@ -28,6 +28,7 @@ from mineonline_core.config.checks import inference_resources
 from mineonline_core.errors import RunFailedError, find_user_error
 from mineonline_core.runtime import names
 from mineonline_core.runtime.names import NAMESPACE, actor_name
+from mineonline_core.runtime.placement import on_node
 from mineonline_core.runtime.precision import PrecisionChoice
 from mineonline_core.runtime.watchdog import RestartBudget
 from mineonline_core.runtime.runlog import setup_actor_logging
@@ -89,7 +90,8 @@ class RolloutManager:
         # arrive, and the trainer sends them only after this constructor has waited for the store.
         self._store = StoreClient(host=self._store_host, store_cls=store_cls, path=path, num_shards=db.num_shards,
                                   options=store_options, host_node_id=store_node_id)  # fmt: skip
-        small = {"num_cpus": 0, "namespace": NAMESPACE}
+        # Pinned with the store host to the driver's node: a node's death costs only workers (placement.py).
+        small = {"num_cpus": 0, "namespace": NAMESPACE, "scheduling_strategy": on_node(store_node_id)}
         self._stats = ray.remote(EpisodeStatistics).options(name=actor_name(self.run_name, names.EPISODE_STATISTICS), **small).remote(
             logger_hub=logger_hub, window=rc.episode_statistics_config.window
         )
@@ -475,11 +477,11 @@ def launch_rollout_manager(
         backend = config.rollout_config.replay_buffer_config.database_config.backend
         store_cls = get_plugin_manager().lookup("replay_store", backend)
     options: dict[str, Any] = {"name": actor_name(config.run_name, names.ROLLOUT_MANAGER), "namespace": NAMESPACE,
-                               "num_cpus": 0, "max_concurrency": 16}  # fmt: skip
+                               "num_cpus": 0, "max_concurrency": 16, "scheduling_strategy": on_node()}  # fmt: skip
     if config.detach_rollout_manager:
         options["lifetime"] = "detached"
-    # The replay store lives on the node that starts the run, the one whose disk holds database_config.path,
-    # wherever Ray places the manager itself.
+    # The manager, and the store, buffer and statistics it starts, live on the node that starts the run
+    # (the one whose disk holds database_config.path): the driver dies with that node anyway.
     manager = ray.remote(RolloutManager).options(**options).remote(
         policy_generator=policy_generator, env_generator=env_generator, config=config, store_cls=store_cls,
         store_options=store_options, logger_hub=logger_hub, store_node_id=ray.get_runtime_context().get_node_id(),

@@ -220,9 +220,11 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
 def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str], address: str | None, progress: bool,
                verbose: bool) -> dict:  # fmt: skip
     from mineonline_core.runtime.runlog import RunLog
+    from mineonline_core.runtime.supervise import note_run_dir
 
     cfg = resolved.config
     run_dir = _prepare_run_dir(resolved, overrides=overrides)
+    note_run_dir(run_dir)  # for the resume command, should Ray end this process (runtime/supervise.py)
     os.environ.setdefault("WANDB_MODE", "offline")
     pm.hook.mineonline_run_start(config=cfg, run_dir=str(run_dir))
     with RunLog(run_dir, verbose=verbose) as run_log:
@@ -245,6 +247,7 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
     import ray
 
     from mineonline_core.runtime.loggerhub import check_logger_hub
+    from mineonline_core.runtime.placement import check_placement
 
     cfg = resolved.config
     started_ray = not ray.is_initialized()
@@ -254,6 +257,7 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
     restore_sigterm = sigterm_as_ctrl_c()  # a preempted run stops like Ctrl-C: final checkpoint, clean exit
     try:
         check_resources(cfg, ray.cluster_resources())
+        check_placement(cfg, ray.nodes(), address)  # the largest actor must fit one node, not the sum
         # The hub and the manager start side by side: actor start-up is mostly process start-up.
         hub = _start_hub(resolved, wait=False)
         try:
@@ -286,6 +290,7 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
     import ray
 
     from mineonline_core.runtime.console import Progress
+    from mineonline_core.runtime.placement import PendingWatch
     from mineonline_core.runtime.watchdog import ProgressWatchdog, stall_report
 
     outcome: dict[str, Any] = {}
@@ -304,6 +309,7 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
     trainer_thread = threading.Thread(target=fit, name="mineonline-trainer", daemon=True)
     display = Progress(cfg.train_config.num_iterations, enabled=progress)
     watchdog = ProgressWatchdog(timeout=cfg.progress_timeout)
+    pending = PendingWatch()  # an actor no node can hold fails the run in ~30 s, not progress_timeout
     stopping = False
     try:
         while not done.is_set():
@@ -318,6 +324,7 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
                 latest = _checked(hub.latest, "logging actor (LoggerHub)")
                 display.update(latest)
                 _checked(manager.health, "rollout manager (RolloutManager)")
+                pending.check()
                 stalled = watchdog.stalled(latest)
                 if stalled and not done.is_set():
                     raise stall_report(manager, stalled)

@@ -278,8 +278,12 @@ def start_logger_hub(*, run_name: str, namespace: str = NAMESPACE, lifetime: str
     ``kwargs`` are ``LoggerHub``'s constructor arguments. ``lifetime="detached"`` keeps the hub
     alive after the driver exits (used with ``detach_rollout_manager``).
     """
+    from mineonline_core.runtime.placement import on_node
+
     actor_cls = ray.remote(**ACTOR_OPTIONS)(LoggerHub)
-    hub = actor_cls.options(name=actor_name(run_name, LOGGER_HUB), namespace=namespace, lifetime=lifetime).remote(**kwargs)
+    # On the driver's node with the other bookkeeping actors (runtime/placement.py).
+    hub = actor_cls.options(name=actor_name(run_name, LOGGER_HUB), namespace=namespace, lifetime=lifetime,
+                            scheduling_strategy=on_node()).remote(**kwargs)  # fmt: skip
     if wait:
         check_logger_hub(hub, run_name)
     return hub

@@ -3,7 +3,10 @@
 Ray Train's ``FailureConfig`` retries every failure of the worker group, a deliberate error included (the
 non-finite guard, a config mistake), which would only fail again. So ``BaseTrainer.fit`` runs its own
 loop: an attempt that ended because a rank's process died (a ``RayActorError`` among its causes) is
-started again, at most ``train_config.max_trainer_restarts`` times; any other failure ends the run.
+started again, at most ``train_config.max_trainer_restarts`` times; any other failure ends the run. A
+rank lost with its node is a dead rank too: Ray Train's health check of it then fails with an
+``ActorUnavailableError`` (connection reset, the node's raylet gone), which names no actor class, inside
+its ``WorkerHealthCheckFailedError``; the new attempt's ranks go to the nodes that are left.
 
 The new attempt's ranks resume from the newest checkpoint written since ``fit`` began
 (``own_checkpoint``), so the run continues at the iteration after it, and number versions on from the
@@ -29,7 +32,13 @@ def is_rank_death(exc: BaseException) -> bool:
     function raised, even an actor error of its own, such as a replay buffer killed at shutdown)."""
     import ray
 
-    return any(isinstance(err, ray.exceptions.RayActorError) and "RayTrainWorker" in str(err) for err in iter_causes(exc))
+    for err in iter_causes(exc):
+        if isinstance(err, ray.exceptions.RayActorError) and "RayTrainWorker" in str(err):
+            return True
+        # Ray Train health-checks only its ranks: an actor error there is a rank that died or left with its node.
+        if isinstance(getattr(err, "health_check_failure", None), ray.exceptions.RayActorError):
+            return True
+    return False
 
 
 def own_checkpoint(save_dir: Path, since: float | None) -> Path | None:

@@ -201,6 +201,13 @@ MUTATIONS = (
              "plugins/lmdb_buffer/mineonline_lmdb/store.py",
              "        damaged = verify_shards(present)\n", "        damaged = []\n",
              ("plugins/lmdb_buffer/tests/test_damage.py::test_a_damaged_shard_is_refused_naming_it_and_the_way_out",)),
+    Mutation("rank-node-lost", "a rank lost with its node fails the run instead of restarting (issue 28)",
+             "mineonline_core/trainer/recovery.py",
+             'if isinstance(getattr(err, "health_check_failure", None), ray.exceptions.RayActorError):', "if False:",
+             ("tests/faults/test_cluster_faults.py::test_a_rank_lost_with_its_node_counts_as_a_dead_rank",)),
+    Mutation("placement-per-node", "only the cluster's sum is checked: a rank that fits no node waits (issue 28)",
+             "mineonline_core/runtime/api.py", "        check_placement(cfg, ray.nodes(), address)", "        pass",
+             ("tests/faults/test_cluster_faults.py::test_a_rank_that_fits_no_node_is_refused_before_training",)),
 )
 
 
