@@ -105,6 +105,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         self.iteration, self.version = 0, 0
         self._fit_started: float | None = None  # set by fit(): checkpoints written since are this run's
         self.restarts = 0  # times fit() restarted the ranks after one died
+        self._heartbeats: Any = None  # the ranks' HeartbeatBoard while fit() runs Ray Train
         self.env_steps = 0  # the run's env-step count when this iteration was logged (rank 0)
         self.learning_rate = self.train_config.learning_rate
         self.perf: dict[str, float] = {}
@@ -273,6 +274,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
     def _train_func(self) -> None:
         # No parameter: Ray Train passes its config to a loop function that takes one.
         setup_actor_logging()  # a Ray Train rank is an actor; in the driver's process this does nothing
+        self._start_beat()  # a Ray Train rank's heartbeat, from before its setup (trainer/driver.py)
         self.setup_rank(local=self.in_process, device=self.device if self.in_process else None)
         self._connect()
         self.version = recovery.rejoin_version(self.rollout_manager, self.version)
