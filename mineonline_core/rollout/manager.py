@@ -80,7 +80,7 @@ class RolloutManager:
         self._restarts = RestartBudget(cap=rc.max_worker_restarts, window=rc.restart_window)
         self._last_errors: dict[int, str] = {}  # worker id -> the last failure the monitor saw
         self._beats = Heartbeats(timeout=config.hang_timeout)  # the workers' lives, by worker id
-        self._reporting: dict[int, Any] = {}  # worker id -> its report() call in flight
+        self._reporting: dict[int, tuple[Any, int]] = {}  # worker id -> its report() call in flight, the life asked
         self._missing: dict[int, str] = {}  # worker id -> why no fragment comes from it now (hung, dead)
         self._hangs = 0
 
@@ -170,8 +170,8 @@ class RolloutManager:
             self._incarnations[worker_id] = restarts
             over = bool(restarts) and self._restarts.add()
             latest = self._latest
-            self._beats.start(worker_id, pid=pid, node=node, detail=f"life {restarts} registered")
-            self._set_missing(worker_id, None)
+        self._beats.start(worker_id, pid=pid, node=node, detail=f"life {restarts} registered")
+        self._set_missing(worker_id, None)
         if restarts:
             log.warning("rollout worker %d restarted (life %d); sending it the latest weights", worker_id, restarts)
         if over:
@@ -332,7 +332,8 @@ class RolloutManager:
             # Bookkeeping actors first: when one dies, workers fail too, and the root cause
             # should be the error the driver sees.
             self._check_bookkeeping()
-            reports = self._worker_reports()
+            reports = self._worker_reports(wait=self._report_interval)
+            self._kill_hung()
             now = time.monotonic()
             metrics = {**self._aggregate(reports), **self._server_report()}
             total = self._env_steps
@@ -354,17 +355,18 @@ class RolloutManager:
             except ray.exceptions.GetTimeoutError:
                 log.warning("the %s actor did not answer within 30s", name)
 
-    def _worker_reports(self) -> list[tuple[int, dict[str, float]]]:
-        """The reports answered within one interval. One call per worker is in flight at a time, so a
-        frozen worker delays no other's report; its silence is timed by ``_beats``."""
+    def _worker_reports(self, wait: float = 30.0) -> list[tuple[int, dict[str, float]]]:
+        """The reports answered within ``wait`` seconds. One call per worker is in flight at a time, so
+        a frozen worker delays no other's report; its silence is timed by ``_beats``."""
         import ray
 
         for i, worker in enumerate(self._workers):
             if i not in self._reporting:
-                self._reporting[i] = worker.report.remote()
-        ray.wait(list(self._reporting.values()), num_returns=len(self._reporting), timeout=self._report_interval)
+                self._reporting[i] = (worker.report.remote(), self._incarnations.get(i, -1))
+        refs = [ref for ref, _ in self._reporting.values()]
+        ray.wait(refs, num_returns=len(refs), timeout=wait)
         reports = []
-        for i, ref in list(self._reporting.items()):
+        for i, (ref, life) in list(self._reporting.items()):
             ready, _ = ray.wait([ref], timeout=0)
             if not ready:
                 continue
@@ -373,15 +375,15 @@ class RolloutManager:
                 report = ray.get(ref)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 self._last_errors[i] = _first_line(exc)
-                self._beats.forget(i)  # being restarted by Ray; it re-registers and gets the latest weights
-                self._set_missing(i, f"rollout worker {i} died and is being restarted ({self._last_errors[i]})")
+                if life == self._incarnations.get(i, -1):  # not a life that registered since the call
+                    self._beats.forget(i)  # being restarted by Ray; it re-registers and gets the latest weights
+                    self._set_missing(i, f"rollout worker {i} died and is being restarted ({self._last_errors[i]})")
                 continue
             except Exception as exc:  # noqa: BLE001 - a worker's background thread failed
                 self._fail(exc, f"rollout worker {i} failed")
                 continue
             reports.append((i, report))
             self._beats.beat(i, f"{int(report.get('rollout/fragments_sent', 0))} fragments sent")
-        self._kill_hung()
         return reports
 
     def _kill_hung(self) -> None:
@@ -401,13 +403,14 @@ class RolloutManager:
 
     def _set_missing(self, worker_id: int, why: str | None) -> None:
         """Record why no fragment comes from a worker (None: it is back) and tell the buffer."""
-        if self._missing.get(worker_id) == why:
-            return
-        if why is None:
-            self._missing.pop(worker_id)
-        else:
-            self._missing[worker_id] = why
-        self._buffer.set_missing_workers.remote(sorted(self._missing.values()))
+        with self._lock:  # the monitor thread and register_worker's callers
+            if self._missing.get(worker_id) == why:
+                return
+            if why is None:
+                self._missing.pop(worker_id)
+            else:
+                self._missing[worker_id] = why
+            self._buffer.set_missing_workers.remote(sorted(self._missing.values()))
 
     def _server_report(self) -> dict[str, float]:
         import ray

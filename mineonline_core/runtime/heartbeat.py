@@ -42,36 +42,39 @@ class Beat:
 
 
 class Heartbeats:
-    """The last report of each member; ``silent`` lists those silent past ``timeout`` (0: never)."""
+    """The last report of each member; ``silent`` lists those silent past ``timeout`` (0: never).
+    Thread-safe: a member's new life may start while a monitor thread reads."""
 
     def __init__(self, *, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout, self._clock = timeout, clock
         self._beats: dict[Hashable, Beat] = {}
+        self._lock = threading.Lock()
 
     def start(self, member: Hashable, *, pid: int, node: str, detail: str = "") -> None:
         """Watch a new life of ``member`` from now."""
-        self._beats[member] = Beat(pid=pid, node=node, at=self._clock(), wall=time.time(), detail=detail)
+        with self._lock:
+            self._beats[member] = Beat(pid=pid, node=node, at=self._clock(), wall=time.time(), detail=detail)
 
     def beat(self, member: Hashable, detail: str | None = None) -> None:
         """``member`` answered: its silence starts again. Ignored for a member not watched."""
-        beat = self._beats.get(member)
-        if beat is not None:
-            beat.at, beat.wall = self._clock(), time.time()
-            beat.detail = beat.detail if detail is None else detail
+        with self._lock:
+            beat = self._beats.get(member)
+            if beat is not None:
+                beat.at, beat.wall = self._clock(), time.time()
+                beat.detail = beat.detail if detail is None else detail
 
     def forget(self, member: Hashable) -> Beat | None:
         """Stop watching ``member`` (killed: its next life calls ``start``); its last beat."""
-        return self._beats.pop(member, None)
-
-    def last(self, member: Hashable) -> Beat | None:
-        return self._beats.get(member)
+        with self._lock:
+            return self._beats.pop(member, None)
 
     def silent(self) -> list[tuple[Hashable, Beat, float]]:
         """``(member, last beat, seconds silent)`` of every member silent past ``timeout``."""
         if not self.timeout:
             return []
-        now = self._clock()
-        return [(m, b, now - b.at) for m, b in self._beats.items() if now - b.at > self.timeout]
+        with self._lock:
+            now = self._clock()
+            return [(m, b, now - b.at) for m, b in self._beats.items() if now - b.at > self.timeout]
 
 
 def hung_message(what: str, beat: Beat, silent_for: float, timeout: float, action: str) -> str:

@@ -191,6 +191,13 @@ MUTATIONS = (
     Mutation("gpu-ray-train", "one GPU rank always goes to Ray Train", DRIVER,
              "        return tc.num_workers > 1\n", "        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0\n",
              ("tests/test_trainer_device.py::test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train",)),
+    Mutation("hang-batch", "a late (frozen) env holds its worker's whole batch until step_timeout", COLLECTOR,
+             "punctual = [s.sent_at + late_after for s in busy if s.sent_at + late_after > now]",
+             "punctual = [s.sent_at + late_after for s in busy]",
+             ("tests/faults/test_hangs.py::test_one_frozen_env_of_four_does_not_hold_the_others",)),
+    Mutation("hang-worker", "a rollout worker silent past hang_timeout is named but never killed",
+             "mineonline_core/rollout/manager.py", "ray.kill(self._workers[i], no_restart=False)", "pass",
+             ("tests/faults/test_hangs.py::test_frozen_rollout_worker_is_named_killed_and_restarted",)),
 )
 
 
