@@ -133,6 +133,7 @@ def test_frozen_rollout_worker_is_named_killed_and_restarted(ray_cluster, tmp_pa
             _wait("the hung worker named in the buffer's explanation",
                   lambda: "hung" in ray.get(buffer.explain.remote(1000)))  # fmt: skip
             why = ray.get(buffer.explain.remote(1000))
+            print(f"FIGURE {why}")
             assert f"rollout worker 0 (life 0) is hung: pid {pid} on node" in why, why
             assert "slower than training" not in why
             assert "last report" in why and "hang_timeout=10" in why
@@ -205,9 +206,11 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
         below = _descendants(driver.pid)
         (rank,) = [pid for pid, cmd in below.items() if "RayTrainWorker" in cmd]
         (worker,) = [pid for pid, cmd in below.items() if "RolloutWorker" in cmd]
+        assert "is hung" not in log_path.read_text()  # nothing named before the freeze
         for pid in (rank, worker):
             os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
+        print(f"FIGURE froze rank pid {rank} and rollout worker pid {worker} at {time.strftime('%H:%M:%S')}")
         after = lambda: [r["trainer/iteration"] for r in records() if r.get("trainer/restarts") == 1 and "trainer/iteration" in r]  # noqa: E731
         running("two iterations after the restart", lambda: len(after()) >= 2)
         assert not _alive(rank) and not _alive(worker)  # killed as hung, not resumed
@@ -218,6 +221,9 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
             _kill(pid)
         if driver.poll() is None:
             _kill(driver.pid)
+        for line in log_path.read_text().splitlines():
+            if "hung" in line or "restart" in line or "died" in line:
+                print("FIGURE", line[:400])
     output = log_path.read_text()
     assert code == 0, output[-3000:]
     assert f"trainer rank 0 is hung: pid {rank} on node" in output, output[-3000:]
