@@ -106,6 +106,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         self._fit_started: float | None = None  # set by fit(): checkpoints written since are this run's
         self.restarts = 0  # times fit() restarted the ranks after one died
         self._heartbeats: Any = None  # the ranks' HeartbeatBoard while fit() runs Ray Train
+        self.rank_hangs = 0  # of those restarts, the ones of a rank killed as hung
         self.env_steps = 0  # the run's env-step count when this iteration was logged (rank 0)
         self.learning_rate = self.train_config.learning_rate
         self.perf: dict[str, float] = {}
@@ -335,7 +336,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
                    "trainer/staleness_mean": float(batch["staleness"].mean()),
                    "trainer/skipped_updates": float(self.update_guard.skipped_iteration),
                    "trainer/skipped_updates_total": float(self.update_guard.skipped_total),
-                   "trainer/restarts": float(self.restarts)}  # fmt: skip
+                   "trainer/restarts": float(self.restarts), "trainer/rank_hangs": float(self.rank_hangs)}  # fmt: skip
         self.last_metrics = metrics
         if self.rank == 0:
             self._log(metrics, batch)

@@ -101,6 +101,7 @@ class DriverSide:
                     hung = f" {watch.hung}" if watch is not None and watch.hung else ""
                     raise RunFailedError(f"Training failed on a Ray Train worker{limit}:{hung} {exc}") from exc
                 self.restarts += 1
+                self.rank_hangs += int(bool(watch is not None and watch.hung))
                 log.warning("a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
                             cause, self.restarts, tc.max_trainer_restarts)  # fmt: skip
             finally:

@@ -233,6 +233,7 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
     hung_at = output.index("trainer rank 0 is hung")
     assert hung_at < output.index("restart 1 of 1")  # named, then handled
     assert max(r.get("rollout/worker_hangs", 0) for r in records()) == 1
+    assert max(r.get("trainer/rank_hangs", 0) for r in records()) == 1
 
 
 def pytest_fail(log_path) -> bool:
