@@ -511,6 +511,11 @@ def test_consistency_accepts_defaults_and_examples():
             {"train_config": {"use_ray_train": False, "num_workers": 2}},
             ["use_ray_train is false", "num_workers is 2", "set use_ray_train to null"],
         ),
+        ({"hang_timeout": 2}, ["hang_timeout is 2s", "at least 5", "or 0 to disable"]),
+        (
+            {"hang_timeout": 120, "progress_timeout": 100},
+            ["hang_timeout (120s)", "progress_timeout (100s)", "lower hang_timeout below 100"],
+        ),
     ],
 )
 def test_each_consistency_check(data, expect):

@@ -10,6 +10,7 @@ from mineonline_core.errors import ConfigError
 
 # Ray's own resource bookkeeping is in 1e-4 units; a smaller gap is rounding, not a shortage.
 _EPS = 1e-4
+MIN_HANG_TIMEOUT = 5.0
 
 
 def _raise(problems: list[str], what: str) -> None:
@@ -63,8 +64,25 @@ def check_consistency(cfg: OnlineConfig) -> None:
             f"replay_buffer_config.fragments_per_chunk {rb.fragments_per_chunk}). Fix: lower "
             f"context_length to at most {chunk_steps} or raise fragment_length."
         )
+    problems += _hang_problems(cfg)
     problems += _precision_problems(cfg)
     _raise(problems, "values that cannot work together")
+
+
+def _hang_problems(cfg: OnlineConfig) -> list[str]:
+    """``hang_timeout`` must let a busy process report (workers every 2 s, ranks every quarter of it)
+    and must act before ``progress_timeout`` blames the wrong side (``runtime/heartbeat.py``)."""
+    hang, progress = cfg.hang_timeout, cfg.progress_timeout
+    if hang and hang < MIN_HANG_TIMEOUT:
+        return [f"hang_timeout is {hang:g}s, shorter than {MIN_HANG_TIMEOUT:g}s: a rollout worker or trainer rank "
+                f"that is merely busy would be killed as hung. Fix: set hang_timeout to at least "
+                f"{MIN_HANG_TIMEOUT:g} (the default is 60), or 0 to disable hang detection."]  # fmt: skip
+    # Only a hang_timeout the user set: a short progress_timeout with the default one is a choice to stop first.
+    if hang and progress and hang >= progress and "hang_timeout" in cfg.model_fields_set:
+        return [f"hang_timeout ({hang:g}s) is not below progress_timeout ({progress:g}s): a hung rollout worker "
+                f"or rank would end the run as a stall instead of being named and restarted. Fix: lower "
+                f"hang_timeout below {progress:g} (the default is 60), or raise progress_timeout."]  # fmt: skip
+    return []
 
 
 def _precision_problems(cfg: OnlineConfig) -> list[str]:

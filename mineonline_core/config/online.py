@@ -93,6 +93,14 @@ class OnlineConfig(Section):
         "chunk; also how long the trainer waits for chunks. 0 disables the watchdog.",
         ge=0,
     )
+    hang_timeout: float = setting(
+        60.0,
+        "Seconds a rollout worker or a Ray Train rank may stay silent (no liveness report) before "
+        "it is named as hung, with its pid, node and last report, and killed: Ray restarts a "
+        "worker, a rank is restarted from the latest checkpoint (max_trainer_restarts). At least "
+        "5 and below progress_timeout; 0 disables it.",
+        ge=0,
+    )
     rollout_config: RolloutConfig = Field(
         default_factory=RolloutConfig, description="Experience collection."
     )

@@ -89,6 +89,7 @@ class ReplayBuffer:
         self._chunks: dict[str, _Chunk] = {}  # servable, in insertion order (oldest first)
         self._draining: dict[str, _Chunk] = {}  # dropped but still being read
         self._pending: dict[str, _Pending] = {}
+        self._missing_workers: list[str] = []  # why no fragment comes from some workers (set_missing_workers)
         self._seq = itertools.count()
         self._cond: asyncio.Condition | None = None
         self._stopping = False
@@ -250,11 +251,18 @@ class ReplayBuffer:
                 f"used up by max_reuse={self.max_reuse}), {partial} fragments wait in partial chunks of "
                 f"fragments_per_chunk={self.fragments_per_chunk}, {self.counters['fragments_added']} fragments received "
                 f"in all ({self.counters['dropped_stale']} dropped stale, {self.counters['dropped_gap']} dropped at gaps)")  # fmt: skip
+        if self._missing_workers:  # the manager's account: a hung or dead worker, not a slow rollout side
+            return text + ". No fragment comes from: " + "; ".join(self._missing_workers)
         if not self.counters["fragments_added"]:
             return text + ". No rollout worker delivered a fragment: see the rollout workers' errors."
         if stale and stale >= len(chunks) // 2:
             return text + ". Most data is too old: raise rollout_config.replay_buffer_config.max_staleness."
         return text + ". Rollout is slower than training: add rollout workers or envs, or raise max_reuse."
+
+    def set_missing_workers(self, why: list[str]) -> None:
+        """The manager's lines for the rollout workers from which no fragment comes now (hung, dead),
+        named by ``explain`` instead of its advice; empty when every worker is reporting."""
+        self._missing_workers = list(why)
 
     def stats(self) -> dict[str, float]:
         chunks = list(self._chunks.values())

@@ -1,7 +1,9 @@
 """``FragmentCollector``: the synchronous, Ray-free core of a rollout worker.
 
 It steps ``len(env_fns)`` env subprocesses asynchronously and runs one batched policy forward over
-the first ``batch_size`` envs that have an observation, so a slow env never stalls the others.
+the first ``batch_size`` envs that have an observation, so a slow env never stalls the others: when
+``batch_size`` is ``num_envs``, an env late past ten times the mean step time is left out of the
+batch (a partial batch) until it answers or ``step_timeout`` rebuilds it (``_gather``).
 Each env's steps are cut into fragments of ``fragment_length`` steps (columns: ``fragment.py``).
 
 Episode ends, the three ways (DESIGN §5.2, §5.5):
@@ -59,6 +61,10 @@ from mineonline_core.runtime.watchdog import RestartBudget
 
 log = logging.getLogger(__name__)
 
+# A busy env holds a batch for at most LATE_FACTOR times the mean step time (never less than
+# LATE_FLOOR_S: a fast env's jitter must not split every batch); then the ready envs go on without it.
+LATE_FACTOR = 10.0
+LATE_FLOOR_S = 0.2
 # Starts of a never-started env that may fail with the same exception before the worker gives up.
 STARTUP_ATTEMPTS = 3
 
@@ -152,6 +158,7 @@ class FragmentCollector:
         self._ctx = default_context()
         self._slots = [_Slot(i) for i in range(len(env_fns))]
         self._ready: deque[int] = deque()
+        self._step_mean: float | None = None  # moving mean of the envs' step round trips, in seconds
         self._value_rows: list[tuple[FragmentBuilder, int, Any, Any]] = []
         self._fragments: deque[dict] = deque()
         self._lock = threading.Lock()
@@ -362,19 +369,33 @@ class FragmentCollector:
     # -- gathering ready envs -----------------------------------------------------------------
 
     def _gather(self) -> list[int]:
-        """Indices of up to ``batch_size`` envs with an observation, waiting as little as needed."""
+        """Indices of up to ``batch_size`` envs with an observation, waiting as little as needed.
+
+        A busy env is waited for only while it is punctual (``_late_after``): once it is late, the
+        envs that have an observation go on as a partial batch, and the late one joins a later batch
+        when it answers (or is rebuilt at ``step_timeout``). So a frozen env never holds the others,
+        even when ``batch_size`` is ``num_envs``."""
         t0 = time.perf_counter()
         while True:
-            self._restart_due()
-            busy = sum(1 for s in self._slots if s.proc is not None and s.obs is None)
-            want = min(self.batch_size, busy + len(self._ready))  # envs being rebuilt are not waited for
+            now = self._restart_due()
+            late_after = self._late_after()
+            busy = [s for s in self._slots if s.proc is not None and s.obs is None]
+            punctual = [s.sent_at + late_after for s in busy if s.sent_at + late_after > now]
+            want = min(self.batch_size, len(punctual) + len(self._ready))  # rebuilt or late envs are not waited for
             if want and len(self._ready) >= want:
                 break
             if not busy and self._value_rows:
                 break  # nothing to wait for, but bootstrap values are owed
-            self._poll(max_wait=1.0)
+            self._poll(max_wait=min([1.0, *(t - now for t in punctual)]) if self._ready else 1.0)
         self.timers.add("perf/env_wait_ms", (time.perf_counter() - t0) * 1e3)
         return [self._ready.popleft() for _ in range(want)]
+
+    def _late_after(self) -> float:
+        """Seconds after which a busy env no longer holds a batch: ``LATE_FACTOR`` times the mean step
+        time (``step_timeout`` until a step was measured), at least ``LATE_FLOOR_S``."""
+        if self._step_mean is None:
+            return self.step_timeout
+        return min(max(LATE_FACTOR * self._step_mean, LATE_FLOOR_S), self.step_timeout)
 
     def _restart_due(self) -> float:
         now = time.monotonic()
@@ -427,6 +448,8 @@ class FragmentCollector:
             self._ready.append(slot.env_id)
             return
         slot.failures_in_row = 0
+        took = now - slot.sent_at  # a step's round trip: what a punctual env takes (``_late_after``)
+        self._step_mean = took if self._step_mean is None else 0.9 * self._step_mean + 0.1 * took
         recycle = self.restart_interval > 0 and now - slot.started_at >= self.restart_interval
         trunc = (truncated or recycle) and not terminated
         self._complete_step(slot, reward, terminated, trunc, info, final_obs, obs)

@@ -7,6 +7,9 @@ or training; pinned with the manager to the driver's node, ``runtime/placement.p
 the manager keeps for that reason. A monitor thread aggregates the workers' counters into
 ``rollout/*`` and ``perf/*`` metrics and checks that every actor is alive: a worker whose thread
 failed, or a dead buffer or statistics actor, fails the run through ``health()`` with the cause.
+A worker's answer to ``report()`` is its heartbeat: one silent past ``hang_timeout`` is named (pid,
+node, last report) and killed, and Ray restarts it (``runtime/heartbeat.py``); the buffer is told which
+workers are hung or dead, so that a trainer waiting for chunks says so (``ReplayBuffer.explain``).
 
 With ``rollout_config.inference: shared`` it also starts the run's ``InferenceServer`` (restarted by
 Ray like a worker; it asks ``latest_weights`` again): weights go to the server instead of the
@@ -29,6 +32,7 @@ from mineonline_core.errors import RunFailedError, find_user_error
 from mineonline_core.runtime import names
 from mineonline_core.runtime.names import NAMESPACE, actor_name
 from mineonline_core.runtime.placement import on_node
+from mineonline_core.runtime.heartbeat import Heartbeats, hung_message
 from mineonline_core.runtime.precision import PrecisionChoice
 from mineonline_core.runtime.watchdog import RestartBudget
 from mineonline_core.runtime.runlog import setup_actor_logging
@@ -76,6 +80,10 @@ class RolloutManager:
         self._env_steps = 0.0  # the hub's count as last read
         self._restarts = RestartBudget(cap=rc.max_worker_restarts, window=rc.restart_window)
         self._last_errors: dict[int, str] = {}  # worker id -> the last failure the monitor saw
+        self._beats = Heartbeats(timeout=config.hang_timeout)  # the workers' lives, by worker id
+        self._reporting: dict[int, tuple[Any, int]] = {}  # worker id -> its report() call in flight, the life asked
+        self._missing: dict[int, str] = {}  # worker id -> why no fragment comes from it now (hung, dead)
+        self._hangs = 0
 
         path, resume = str(config.resolve_path(db.path)), config.train_config.resume is not None
         self._store_path = path
@@ -167,13 +175,16 @@ class RolloutManager:
         with self._lock:
             return self._latest
 
-    def register_worker(self, worker_id: int) -> tuple[int, tuple[list, int] | None]:
-        """Called by each worker life: its incarnation number and the latest weights (or None)."""
+    def register_worker(self, worker_id: int, pid: int = 0, node: str = "") -> tuple[int, tuple[list, int] | None]:
+        """Called by each worker life: its incarnation number and the latest weights (or None).
+        ``pid`` and ``node``: where this life runs (what a hang names)."""
         with self._lock:
             restarts = self._incarnations.get(worker_id, -1) + 1
             self._incarnations[worker_id] = restarts
             over = bool(restarts) and self._restarts.add()
             latest = self._latest
+        self._beats.start(worker_id, pid=pid, node=node, detail=f"life {restarts} registered")
+        self._set_missing(worker_id, None)
         if restarts:
             log.warning("rollout worker %d restarted (life %d); sending it the latest weights", worker_id, restarts)
         if over:
@@ -336,7 +347,8 @@ class RolloutManager:
             # Bookkeeping actors first: when one dies, workers fail too, and the root cause
             # should be the error the driver sees.
             self._check_bookkeeping()
-            reports = self._worker_reports()
+            reports = self._worker_reports(wait=self._report_interval)
+            self._kill_hung()
             now = time.monotonic()
             metrics = {**self._aggregate(reports), **self._server_report()}
             total = self._env_steps
@@ -360,19 +372,62 @@ class RolloutManager:
             except ray.exceptions.GetTimeoutError:
                 log.warning("the %s actor did not answer within 30s", name)
 
-    def _worker_reports(self) -> list[tuple[int, dict[str, float]]]:
+    def _worker_reports(self, wait: float = 30.0) -> list[tuple[int, dict[str, float]]]:
+        """The reports answered within ``wait`` seconds. One call per worker is in flight at a time, so
+        a frozen worker delays no other's report; its silence is timed by ``_beats``."""
         import ray
 
-        reports = []
         for i, worker in enumerate(self._workers):
+            if i not in self._reporting:
+                self._reporting[i] = (worker.report.remote(), self._incarnations.get(i, -1))
+        refs = [ref for ref, _ in self._reporting.values()]
+        ray.wait(refs, num_returns=len(refs), timeout=wait)
+        reports = []
+        for i, (ref, life) in list(self._reporting.items()):
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                continue
+            del self._reporting[i]
             try:
-                reports.append((i, ray.get(worker.report.remote(), timeout=30)))
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as exc:
+                report = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 self._last_errors[i] = _first_line(exc)
-                continue  # being restarted by Ray; it re-registers and gets the latest weights
+                if life == self._incarnations.get(i, -1):  # not a life that registered since the call
+                    self._beats.forget(i)  # being restarted by Ray; it re-registers and gets the latest weights
+                    self._set_missing(i, f"rollout worker {i} died and is being restarted ({self._last_errors[i]})")
+                continue
             except Exception as exc:  # noqa: BLE001 - a worker's background thread failed
                 self._fail(exc, f"rollout worker {i} failed")
+                continue
+            reports.append((i, report))
+            self._beats.beat(i, f"{int(report.get('rollout/fragments_sent', 0))} fragments sent")
         return reports
+
+    def _kill_hung(self) -> None:
+        """Name and kill every worker silent past ``hang_timeout``: Ray restarts it like a crashed one."""
+        import ray
+
+        for i, beat, silent_for in self._beats.silent():
+            life = self._incarnations.get(i, 0)
+            message = hung_message(f"rollout worker {i} (life {life})", beat, silent_for, self._beats.timeout,
+                                   "Killing it; Ray restarts it like a crashed worker.")  # fmt: skip
+            log.error("%s", message)
+            self._beats.forget(i)
+            self._hangs += 1
+            self._last_errors[i] = message
+            self._set_missing(i, message)
+            ray.kill(self._workers[i], no_restart=False)
+
+    def _set_missing(self, worker_id: int, why: str | None) -> None:
+        """Record why no fragment comes from a worker (None: it is back) and tell the buffer."""
+        with self._lock:  # the monitor thread and register_worker's callers
+            if self._missing.get(worker_id) == why:
+                return
+            if why is None:
+                self._missing.pop(worker_id)
+            else:
+                self._missing[worker_id] = why
+            self._buffer.set_missing_workers.remote(sorted(self._missing.values()))
 
     def _server_report(self) -> dict[str, float]:
         import ray
@@ -399,6 +454,7 @@ class RolloutManager:
         out = {**sums, **{k: sum(v) / len(v) for k, v in means.items()}}
         out["rollout/env_steps"] = self._read_env_steps()  # the run's count, not this life's of each worker
         out["rollout/worker_restarts"] = float(sum(self._incarnations.values()))
+        out["rollout/worker_hangs"] = float(self._hangs)
         return out
 
     def _read_env_steps(self) -> float:

@@ -24,6 +24,7 @@ manager, and through it the driver, sees the cause instead of a silent stall.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import zlib
@@ -247,7 +248,9 @@ class RolloutWorker:
         if self._manager is not None:
             # The manager numbers each life of this worker (stream names stay unique across
             # restarts) and returns the latest weights, so a restarted worker rejoins at once.
-            self.incarnation, latest = ray.get(self._manager.register_worker.remote(self.worker_id))
+            # pid and node: what the manager names when this life stops answering (runtime/heartbeat.py).
+            where = {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
+            self.incarnation, latest = ray.get(self._manager.register_worker.remote(self.worker_id, **where))
             if latest is not None and self._server is None:
                 self.update_weights(*latest)
         client = None

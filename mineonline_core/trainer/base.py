@@ -106,6 +106,8 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         self.iteration, self.version = 0, 0
         self._fit_started: float | None = None  # set by fit(): checkpoints written since are this run's
         self.restarts = 0  # times fit() restarted the ranks after one died
+        self._heartbeats: Any = None  # the ranks' HeartbeatBoard while fit() runs Ray Train
+        self.rank_hangs = 0  # of those restarts, the ones of a rank killed as hung
         self.env_steps = 0  # the run's env-step count when this iteration was logged (rank 0)
         self.learning_rate = self.train_config.learning_rate
         self.perf: dict[str, float] = {}
@@ -274,6 +276,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
     def _train_func(self) -> None:
         # No parameter: Ray Train passes its config to a loop function that takes one.
         setup_actor_logging()  # a Ray Train rank is an actor; in the driver's process this does nothing
+        self._start_beat()  # a Ray Train rank's heartbeat, from before its setup (trainer/driver.py)
         self.setup_rank(local=self.in_process, device=self.device if self.in_process else None)
         self._connect()
         self.version = recovery.rejoin_version(self.rollout_manager, self.version)
@@ -344,7 +347,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
                    "trainer/staleness_mean": float(batch["staleness"].mean()),
                    "trainer/skipped_updates": float(self.update_guard.skipped_iteration),
                    "trainer/skipped_updates_total": float(self.update_guard.skipped_total),
-                   "trainer/restarts": float(self.restarts)}  # fmt: skip
+                   "trainer/restarts": float(self.restarts), "trainer/rank_hangs": float(self.rank_hangs)}  # fmt: skip
         self.last_metrics = metrics
         if self.rank == 0:
             self._log(metrics, batch)

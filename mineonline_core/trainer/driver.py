@@ -3,7 +3,8 @@
 ``fit`` runs the loop on Ray Train ranks (``TorchTrainer``, restarted from the latest checkpoint when a
 rank dies, see ``recovery.py``) or, for one rank, in the driver's own process: on its CPU, or on the
 GPU share it leases from Ray (``trainer/device.py``; Ray Train takes over, saying why, when the
-driver's process cannot use that GPU).
+driver's process cannot use that GPU). Ray Train ranks send heartbeats; one silent past
+``hang_timeout`` is named and killed, and so restarted like a dead rank (``runtime/heartbeat.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
 from mineonline_core.runtime.gpulease import lease_gpu
+from mineonline_core.runtime.heartbeat import HeartbeatBoard, RankBeat, RankWatch
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.device import rank_device
@@ -56,12 +58,27 @@ class DriverSide:
                 finally:
                     if lease is not None:
                         ray.kill(lease)
+        tc = self.train_config
+        use_gpu = tc.num_gpus_per_worker > 0
+        resources = {"CPU": tc.num_cpus_per_worker, **({"GPU": tc.num_gpus_per_worker} if use_gpu else {})}
+        hang_timeout = float(getattr(self.config, "hang_timeout", 0.0) or 0.0)
+        if hang_timeout:  # the ranks' heartbeats (pickled with self to each rank); pinned beside the driver
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+            self._heartbeats = ray.remote(HeartbeatBoard).options(num_cpus=0, scheduling_strategy=here).remote()
+        try:
+            return self._fit_ray_train(resources, use_gpu, hang_timeout)
+        finally:
+            if hang_timeout:
+                ray.kill(self._heartbeats)
+                self._heartbeats = None
+
+    def _fit_ray_train(self, resources: dict, use_gpu: bool, hang_timeout: float) -> dict:
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
 
         tc = self.train_config
-        use_gpu = tc.num_gpus_per_worker > 0
-        resources = {"CPU": tc.num_cpus_per_worker, **({"GPU": tc.num_gpus_per_worker} if use_gpu else {})}
         while True:  # one Ray Train run per attempt; see trainer/recovery.py for why not FailureConfig
             trainer = TorchTrainer(
                 self._train_func,
@@ -69,18 +86,37 @@ class DriverSide:
                 torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
                 run_config=RunConfig(storage_path=str(Path(self.run_dir) / "ray_train"), name=f"train-{self.restarts}"),
             )  # fmt: skip
+            watch = None
+            if hang_timeout:
+                ray.get(self._heartbeats.clear.remote())
+                watch = RankWatch(board=self._heartbeats, timeout=hang_timeout)
             try:
                 return self._final_metrics(trainer.fit().metrics)
             except Exception as exc:
                 user_error = find_user_error(exc)
                 if user_error is not None:
                     raise user_error from exc
+                # A rank killed as hung is the cause, whatever Ray Train says of its death.
+                cause = watch.hung if watch is not None and watch.hung else str(exc).strip().splitlines()[-1][:200]
                 if not recovery.is_rank_death(exc) or self.restarts >= tc.max_trainer_restarts:
                     limit = f" after {self.restarts} restart(s) (train_config.max_trainer_restarts={tc.max_trainer_restarts})"
-                    raise RunFailedError(f"Training failed on a Ray Train worker{limit}: {exc}") from exc
+                    hung = f" {watch.hung}" if watch is not None and watch.hung else ""
+                    raise RunFailedError(f"Training failed on a Ray Train worker{limit}:{hung} {exc}") from exc
                 self.restarts += 1
+                self.rank_hangs += int(bool(watch is not None and watch.hung))
                 log.warning("a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
-                            str(exc).strip().splitlines()[-1][:200], self.restarts, tc.max_trainer_restarts)  # fmt: skip
+                            cause, self.restarts, tc.max_trainer_restarts)  # fmt: skip
+            finally:
+                if watch is not None:
+                    watch.stop()
+
+    def _start_beat(self) -> RankBeat | None:
+        """On a Ray Train rank: its heartbeat thread, when the run watches hangs."""
+        board = getattr(self, "_heartbeats", None)
+        if self.in_process or board is None:
+            return None
+        return RankBeat(board=board, member=f"trainer rank {self.rank}", timeout=self.config.hang_timeout,
+                        detail=lambda: f"iteration {self.iteration}")  # fmt: skip
 
     def _driver_device(self) -> tuple[torch.device | None, Any]:
         """The CPU, or the GPU this process leased (with its lease); None when Ray Train must run the

@@ -208,6 +208,13 @@ MUTATIONS = (
     Mutation("placement-per-node", "only the cluster's sum is checked: a rank that fits no node waits (issue 28)",
              "mineonline_core/runtime/api.py", "        check_placement(cfg, ray.nodes(), address)", "        pass",
              ("tests/faults/test_cluster_faults.py::test_a_rank_that_fits_no_node_is_refused_before_training",)),
+    Mutation("hang-batch", "a late (frozen) env holds its worker's whole batch until step_timeout", COLLECTOR,
+             "punctual = [s.sent_at + late_after for s in busy if s.sent_at + late_after > now]",
+             "punctual = [s.sent_at + late_after for s in busy]",
+             ("tests/faults/test_hangs.py::test_one_frozen_env_of_four_does_not_hold_the_others",)),
+    Mutation("hang-worker", "a rollout worker silent past hang_timeout is named but never killed",
+             "mineonline_core/rollout/manager.py", "ray.kill(self._workers[i], no_restart=False)", "pass",
+             ("tests/faults/test_hangs.py::test_frozen_rollout_worker_is_named_killed_and_restarted",)),
 )
 
 
