@@ -9,7 +9,7 @@ until the kernel kills the process. The estimate adds, per process kind:
   (``batches_per_iteration`` micro-batches of ``batch_size_per_gpu`` chunks, with the estimate's
   columns) and the next ``prefetch_batches`` iterations' chunks, fetched ahead;
 * each rollout worker: two copies of the weights (live and standby), three with a KL reference; the
-  driver: one for its check;
+  driver: one for its check; the evaluation actor (``eval_interval``): one, and its env;
 * the in-memory replay store: ``max_chunks x fragments_per_chunk`` fragments of
   ``fragment_length`` steps (observation, action and six float32 per-step columns) plus the
   recurrent state before each fragment, twice with a KL reference (``ref_state_in``: a VPT-2x
@@ -190,6 +190,8 @@ def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_s
         "envs": envs * ENV_PROCESS_BYTES if rc.worker_config.env_processes else 0,
         "driver, bookkeeping actors and Ray": (1 + BOOKKEEPING_ACTORS) * PROCESS_BYTES + RAY_BYTES + policy_bytes,
     }
+    if tc.eval_interval:  # the evaluation actor: its policy and its env, in its own process
+        parts["evaluation"] = PROCESS_BYTES + policy_bytes + ENV_PROCESS_BYTES
     if cfg.policy_config is not None:
         from mineonline_core.config.secrets import redact
 
