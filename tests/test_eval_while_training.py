@@ -5,7 +5,8 @@
 * ``keep_best`` by ``eval/return_mean`` keeps the checkpoint of the evaluated iteration, and
   ``mineonline eval`` of that checkpoint reports the same return;
 * an evaluation never blocks training: an env that holds evaluation episodes until training has
-  written its last checkpoint lets every iteration pass (the others are counted as skipped).
+  written its last checkpoint lets every iteration pass (the others are counted as skipped), and the
+  evaluation judged after the last iteration keeps the checkpoint of the iteration it evaluated.
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ def records_of(run_dir: Path) -> list[dict]:
 
 def last(records: list[dict], key: str) -> float:
     return max((r[key] for r in records if key in r), default=0.0)
+
+
+def assert_kept_weights_are_those_of(run_dir: Path, iteration: int) -> None:
+    """The one checkpoint in ``best/`` holds the weights of ``iteration`` (its regular checkpoint's)."""
+    [(_, kept)] = ckpt.list_checkpoints(run_dir / "checkpoints" / "best")
+    regular = run_dir / "checkpoints" / f"checkpoint_{iteration:06d}"
+    kept_weights, regular_weights = (torch.load(p / "model.pt", weights_only=True) for p in (kept, regular))
+    assert all(torch.equal(kept_weights[k], regular_weights[k]) for k in regular_weights)
+    assert not (run_dir / "checkpoints" / "eval_candidate").exists()
 
 
 def test_eval_config_is_checked_before_ray_starts() -> None:
@@ -89,11 +99,7 @@ def test_eval_metrics_on_the_step_axis_and_keep_best_by_eval(tmp_path, local_ray
     best = json.loads((best_root / "best.json").read_text())
     assert best["iteration"] == best_iteration and best["eval/return_mean"] == returns[best_iteration]
     assert best["env_steps"] == step_of[best_iteration]
-    [(_, kept)] = ckpt.list_checkpoints(best_root)
-    regular = run_dir / "checkpoints" / f"checkpoint_{best_iteration:06d}"
-    kept_weights, regular_weights = (torch.load(p / "model.pt", weights_only=True) for p in (kept, regular))
-    assert all(torch.equal(kept_weights[k], regular_weights[k]) for k in regular_weights)
-    assert not (run_dir / "checkpoints" / "eval_candidate").exists()
+    assert_kept_weights_are_those_of(run_dir, best_iteration)
     # `mineonline eval` of the kept checkpoint, on the evaluation's seeds, reports the same return
     again = evaluate(best_root, episodes=2, deterministic=True, seed=EVAL_SEED_OFFSET, output=tmp_path / "again", progress=False)
     assert again["return_mean"] == returns[best_iteration]
@@ -139,9 +145,10 @@ def test_evaluation_never_blocks_training(tmp_path, local_ray) -> None:
     timed_out = tmp_path / "evaluation_timed_out"
     source = tmp_path / "held_config.py"
     last_checkpoint = run_dir / "checkpoints" / f"checkpoint_{ITERATIONS:06d}"
+    train = {**TRAIN, "keep_best": True, "keep_best_metric": "eval/return_mean"}
     source.write_text(GATED.format(last=str(last_checkpoint), timed_out=str(timed_out), offset=EVAL_SEED_OFFSET)
                       + f"\nonline_dict = {{'run_name': 'held', 'output_dir': {str(tmp_path)!r}, 'logger_config': {{'loggers': []}}, "
-                        f"'rollout_config': {ROLLOUT!r}, 'train_config': {TRAIN!r}}}\n")  # fmt: skip
+                        f"'rollout_config': {ROLLOUT!r}, 'train_config': {train!r}}}\n")  # fmt: skip
     result = run(source, progress=False)
     assert result["status"] == "completed" and result["iteration"] == ITERATIONS
     assert not timed_out.exists()  # the held evaluation was released by training's last checkpoint
@@ -153,3 +160,6 @@ def test_evaluation_never_blocks_training(tmp_path, local_ray) -> None:
     assert [records[n]["eval/iteration"] for n in evals] == [1]
     assert evals[0] > train[-1] and records[evals[0]]["step"] == records[train[0]]["step"]
     assert last(records, "eval/skipped") == ITERATIONS - 1 and last(records, "eval/failed") == 0
+    # Judged once training had moved on to iteration 4: the checkpoint kept is still iteration 1's.
+    assert json.loads((run_dir / "checkpoints" / "best" / "best.json").read_text())["iteration"] == 1
+    assert_kept_weights_are_those_of(run_dir, 1)

@@ -31,6 +31,8 @@ UPDATE = "mineonline_core/trainer/update.py"
 PUBLISH = "mineonline_core/trainer/publish.py"
 DRIVER = "mineonline_core/trainer/driver.py"
 GUARANTEES = "tests/test_guarantees.py"
+EVALUATION = "mineonline_core/trainer/evaluation.py"
+EVAL_TESTS = "tests/test_eval_while_training.py"
 PPO_TESTS = "plugins/ppo/tests/test_ppo_loss.py"
 BUFFER = "mineonline_core/rollout/buffer.py"
 COLLECTOR = "mineonline_core/rollout/collector.py"
@@ -191,6 +193,12 @@ MUTATIONS = (
     Mutation("gpu-ray-train", "one GPU rank always goes to Ray Train", DRIVER,
              "        return tc.num_workers > 1\n", "        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0\n",
              ("tests/test_trainer_device.py::test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train",)),
+    Mutation("eval-blocks", "training waits for the running evaluation instead of skipping the next one", EVALUATION,
+             "ready, _ = ray.wait([ref], timeout=None if wait else 0)", "ready, _ = ray.wait([ref], timeout=None)",
+             (f"{EVAL_TESTS}::test_evaluation_never_blocks_training",)),
+    Mutation("eval-best-live", "keep_best by eval keeps the weights of the iteration judged, not of the one evaluated",
+             EVALUATION, "        os.replace(candidate, kept)\n", "        kept = self._write_checkpoint(root, keep_interval=None)\n",
+             (f"{EVAL_TESTS}::test_evaluation_never_blocks_training",)),
 )
 
 
