@@ -163,3 +163,33 @@ def test_evaluation_never_blocks_training(tmp_path, local_ray) -> None:
     # Judged once training had moved on to iteration 4: the checkpoint kept is still iteration 1's.
     assert json.loads((run_dir / "checkpoints" / "best" / "best.json").read_text())["iteration"] == 1
     assert_kept_weights_are_those_of(run_dir, 1)
+
+
+def test_a_failed_evaluation_is_counted_and_a_dead_evaluator_replaced(local_ray, caplog) -> None:
+    from functools import partial
+
+    import ray
+
+    from mineonline_core.config import OnlineConfig
+    from mineonline_core.runtime.evaluator import start_evaluator
+    from mineonline_core.runtime.names import NAMESPACE
+    from mineonline_core.testing.kit import TinyMLPPolicy, faulty_counting
+    from mineonline_core.trainer.evaluation import EvaluationClient
+
+    config = OnlineConfig(train_config={"eval_interval": 1, "eval_episodes": 1, "eval_num_cpus": 0.5})
+    kwargs = {"name": "faulty/evaluator_0", "namespace": NAMESPACE, "config": config, "policy_generator": partial(TinyMLPPolicy, obs_dim=3),
+              "env_generator": partial(faulty_counting, 0, at_steps=(2,))}  # fmt: skip
+    client = EvaluationClient(start=lambda: start_evaluator(**kwargs), logger_hub=None)
+    weights = ray.put({k: v.numpy() for k, v in TinyMLPPolicy(obs_dim=3).state_dict().items()})
+    assert client.request(iteration=1, version=1, env_steps=10, weights=weights)
+    assert not client.request(iteration=2, version=2, env_steps=20)  # the first one is still handed over: skipped
+    assert client.poll(wait=True) == [] and (client.failed, client.skipped) == (1, 1)  # its env raised
+    first = client.actor
+    ray.kill(first)
+    assert client.request(iteration=3, version=3, env_steps=30, weights=weights)
+    assert client.poll(wait=True) == [] and client.failed == 2
+    assert client.actor._actor_id != first._actor_id  # a dead evaluator is replaced for the next evaluation
+    logged = caplog.text
+    assert "evaluation of iteration 2 skipped: the evaluation of iteration 1 is still running" in logged
+    assert "evaluation of iteration 1 failed" in logged and "evaluation of iteration 3 failed" in logged
+    ray.kill(client.actor)

@@ -77,7 +77,7 @@ def _evaluation_problems(cfg: OnlineConfig) -> list[str]:
             f"runs and keep_best would never keep a checkpoint. Fix: set train_config.eval_interval (e.g. 10), or "
             f"keep_best_metric: episode/return_mean."
         )
-    if "keep_best_metric" in tc.model_fields_set and not tc.keep_best:
+    if judged_by_eval and not tc.keep_best:  # (the default is in every saved config: not a choice)
         problems.append(
             f"train_config.keep_best_metric is {tc.keep_best_metric!r} but keep_best is false, so it has no effect. "
             f"Fix: set train_config.keep_best: true, or remove keep_best_metric."

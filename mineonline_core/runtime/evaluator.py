@@ -95,8 +95,9 @@ class Evaluator:
 
 
 def start_evaluator(*, name: str, namespace: str, config: Any, **kwargs: Any) -> Any:
-    """The ``Evaluator`` actor ``name``, reserving ``eval_num_cpus`` and ``eval_num_gpus``; Ray
-    restarts it (twice) when its process dies, and the evaluation it was running counts as failed."""
+    """The ``Evaluator`` actor ``name``, reserving ``eval_num_cpus`` and ``eval_num_gpus``. Ray does
+    not restart it (its constructor's arguments live in the object store); rank 0 starts a new one
+    when it died (``EvaluationClient.poll``)."""
     tc = config.train_config
-    actor_cls = ray.remote(num_cpus=tc.eval_num_cpus, num_gpus=tc.eval_num_gpus, max_restarts=2)(Evaluator)
+    actor_cls = ray.remote(num_cpus=tc.eval_num_cpus, num_gpus=tc.eval_num_gpus)(Evaluator)
     return actor_cls.options(name=name, namespace=namespace).remote(config=config, **kwargs)

@@ -5,8 +5,8 @@ actor (``runtime/evaluator.py``) and goes on training: it never waits for an eva
 weights are the object the broadcast thread already put for the rollout workers (``weights_sent``;
 an iteration that publishes no version, such as PPO's value warm-up, puts its own). At most one
 evaluation runs at a time; one that comes due while another runs is skipped, logged and counted
-in ``eval/skipped``; one that fails (its env raised, its actor died) is logged with its cause and
-counted in ``eval/failed``, and training goes on.
+in ``eval/skipped``; one that fails (its env raised, its actor died: a new one is started) is
+logged with its cause and counted in ``eval/failed``, and training goes on.
 
 ``keep_best_metric: eval/return_mean`` judges ``keep_best`` by the evaluations: when an evaluation
 is handed over, rank 0 also writes the checkpoint of that iteration under
@@ -23,7 +23,7 @@ import logging
 import os
 import shutil
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import ray
 
@@ -40,8 +40,9 @@ class EvaluationClient:
     """The evaluator actor's handle and the one evaluation handed to it (thread-safe: the broadcast
     thread reports the weights it put, the trainer's thread asks for evaluations and their results)."""
 
-    def __init__(self, *, actor: Any, logger_hub: Any) -> None:
-        self.actor, self.hub = actor, logger_hub
+    def __init__(self, *, start: Callable[[], Any], logger_hub: Any) -> None:
+        self._start, self.hub = start, logger_hub
+        self.actor = start()
         self._lock = threading.Lock()
         self._sent: tuple[int, Any] | None = None  # (version, ref) of the broadcast's latest put
         self._waiting: dict[str, int] | None = None  # a request whose weights the broadcast has not put yet
@@ -108,6 +109,8 @@ class EvaluationClient:
             cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
             log.warning("evaluation of iteration %d failed: %s (eval/failed: %d); training goes on", request["iteration"], cause, self.failed)
             self._log({"eval/failed": float(self.failed)}, request["env_steps"])
+            if isinstance(exc, ray.exceptions.RayActorError):  # its process died: the next evaluation gets a new one
+                self.actor = self._start()
             return []
 
     def abandon(self, why: str) -> None:
@@ -134,11 +137,10 @@ class Evaluating:
         from mineonline_core.runtime.resolve import Deferred
 
         shutil.rmtree(self.save_dir / CANDIDATE_DIR, ignore_errors=True)  # a crashed run's candidate
-        actor = start_evaluator(
-            name=actor_name(str(self.config.run_name), EVALUATOR, self.restarts), namespace=NAMESPACE, config=self.config,
-            policy_generator=Deferred(self.policy_generator), env_generator=Deferred(self.env_generator), logger_hub=self.logger_hub,
-        )  # fmt: skip
-        self._evaluation = EvaluationClient(actor=actor, logger_hub=self.logger_hub)
+        kwargs = {"name": actor_name(str(self.config.run_name), EVALUATOR, self.restarts), "namespace": NAMESPACE,
+                  "config": self.config, "policy_generator": Deferred(self.policy_generator),
+                  "env_generator": Deferred(self.env_generator), "logger_hub": self.logger_hub}  # fmt: skip
+        self._evaluation = EvaluationClient(start=lambda: start_evaluator(**kwargs), logger_hub=self.logger_hub)
 
     def evaluate_iteration(self, *, published: bool) -> None:
         """Rank 0, after the iteration's metrics were logged: judge a finished evaluation, hand this
