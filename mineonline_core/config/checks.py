@@ -64,8 +64,7 @@ def check_consistency(cfg: OnlineConfig) -> None:
             f"replay_buffer_config.fragments_per_chunk {rb.fragments_per_chunk}). Fix: lower "
             f"context_length to at most {chunk_steps} or raise fragment_length."
         )
-    problems += _hang_problems(cfg)
-    problems += _precision_problems(cfg)
+    problems += _hang_problems(cfg) + _precision_problems(cfg) + _evaluation_problems(cfg)
     _raise(problems, "values that cannot work together")
 
 
@@ -83,6 +82,29 @@ def _hang_problems(cfg: OnlineConfig) -> list[str]:
                 f"or rank would end the run as a stall instead of being named and restarted. Fix: lower "
                 f"hang_timeout below {progress:g} (the default is 60), or raise progress_timeout."]  # fmt: skip
     return []
+
+
+def _evaluation_problems(cfg: OnlineConfig) -> list[str]:
+    """``keep_best_metric`` that nothing would judge by, an evaluation that would never run."""
+    tc, problems = cfg.train_config, []
+    judged_by_eval = tc.keep_best_metric.startswith("eval/")
+    if judged_by_eval and not tc.eval_interval:
+        problems.append(
+            f"train_config.keep_best_metric is {tc.keep_best_metric!r} but eval_interval is 0, so no evaluation "
+            f"runs and keep_best would never keep a checkpoint. Fix: set train_config.eval_interval (e.g. 10), or "
+            f"keep_best_metric: episode/return_mean."
+        )
+    if judged_by_eval and not tc.keep_best:  # (the default is in every saved config: not a choice)
+        problems.append(
+            f"train_config.keep_best_metric is {tc.keep_best_metric!r} but keep_best is false, so it has no effect. "
+            f"Fix: set train_config.keep_best: true, or remove keep_best_metric."
+        )
+    if tc.eval_interval > tc.num_iterations:
+        problems.append(
+            f"train_config.eval_interval ({tc.eval_interval}) exceeds num_iterations ({tc.num_iterations}), so no "
+            f"evaluation would run. Fix: set eval_interval to at most {tc.num_iterations}, or 0 to evaluate never."
+        )
+    return problems
 
 
 def _precision_problems(cfg: OnlineConfig) -> list[str]:
@@ -124,15 +146,22 @@ def inference_resources(rc: RolloutConfig) -> tuple[float, float, float]:
     return rc.num_cpus_per_worker, min(1.0, rc.num_rollout_workers * rc.num_gpus_per_worker), 0.0
 
 
+def evaluation_resources(cfg: OnlineConfig) -> tuple[float, float]:
+    """``(CPUs, GPUs)`` the evaluation actor reserves; none without ``eval_interval``."""
+    tc = cfg.train_config
+    return (tc.eval_num_cpus, tc.eval_num_gpus) if tc.eval_interval else (0.0, 0.0)
+
+
 def required_resources(cfg: OnlineConfig) -> dict[str, float]:
-    """CPUs and GPUs the run's workers (and shared inference server) reserve (the small actors reserve none)."""
+    """CPUs and GPUs the run's workers (shared inference server, evaluation actor) reserve (the small actors reserve none)."""
     rc, tc = cfg.rollout_config, cfg.train_config
     server_cpus, server_gpus, worker_gpus = inference_resources(rc)
+    eval_cpus, eval_gpus = evaluation_resources(cfg)
     return {
         "CPU": rc.num_rollout_workers * rc.num_cpus_per_worker + server_cpus
-        + tc.num_workers * tc.num_cpus_per_worker,
+        + tc.num_workers * tc.num_cpus_per_worker + eval_cpus,
         "GPU": rc.num_rollout_workers * worker_gpus + server_gpus
-        + tc.num_workers * tc.num_gpus_per_worker,
+        + tc.num_workers * tc.num_gpus_per_worker + eval_gpus,
     }
 
 
@@ -145,15 +174,19 @@ def check_resources(cfg: OnlineConfig, available: Mapping[str, float]) -> None:
     rc, tc = cfg.rollout_config, cfg.train_config
     needed = required_resources(cfg)
     problems = []
+    eval_cpus, eval_gpus = evaluation_resources(cfg)
     for resource, per in (("CPU", "num_cpus_per_worker"), ("GPU", "num_gpus_per_worker")):
         have = float(available.get(resource, 0.0))
+        share = eval_gpus if resource == "GPU" else eval_cpus
+        evaluation = f" + the evaluation actor's train_config.eval_num_{resource.lower()}s {share:g}" if tc.eval_interval else ""
         if needed[resource] > have + _EPS:
             problems.append(
                 f"The config asks for {needed[resource]:g} {resource}s: "
                 f"rollout_config.num_rollout_workers {rc.num_rollout_workers} x "
                 f"rollout_config.{per} {getattr(rc, per):g} + train_config.num_workers "
                 f"{tc.num_workers} x train_config.{per} {getattr(tc, per):g}"
-                f"{' (with inference: shared, the inference server too)' if rc.inference == 'shared' else ''}, but the Ray cluster "
+                f"{' (with inference: shared, the inference server too)' if rc.inference == 'shared' else ''}"
+                f"{evaluation}, but the Ray cluster "
                 f"has {have:g}. Fix: lower those worker counts or per-worker {resource}s "
                 f"(fractions are allowed), or add nodes with more {resource}s."
             )

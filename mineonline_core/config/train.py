@@ -117,8 +117,36 @@ class TrainConfig(OpenSection):
     )
     keep_best: bool = Field(
         False,
-        description="Also keep the checkpoint of the iteration with the highest episode/return_mean so "
-        "far (window full), in <save_path>/best/ with best.json; keep_interval never deletes it.",
+        description="Also keep the checkpoint of the iteration with the highest keep_best_metric so far "
+        "(episode/return_mean once its window is full), in <save_path>/best/ with best.json; "
+        "keep_interval never deletes it.",
+    )
+    keep_best_metric: Literal["episode/return_mean", "eval/return_mean"] = Field(
+        "episode/return_mean",
+        description="What keep_best judges by: episode/return_mean (the training episodes' moving "
+        "window) or eval/return_mean (the evaluation's mean return, with eval_interval on; the "
+        "checkpoint kept is the one of the iteration whose weights were evaluated).",
+    )
+    # --- evaluation while training (mineonline_core/runtime/evaluator.py) ----------------------
+    eval_interval: int = setting(
+        0,
+        "Iterations between evaluations of the current weights, run by their own actor while rollout "
+        "and training go on; eval/* metrics are logged at the env steps of the iteration evaluated. "
+        "0 or null: no evaluation.",
+        ge=0,
+    )
+    eval_episodes: int = setting(
+        10,
+        "Whole episodes per evaluation; episode i resets with seed seed + 1000000 + i, the same "
+        "at every evaluation.",
+        ge=1,
+    )
+    eval_deterministic: bool = Field(
+        False, description="Evaluate with the most likely action (true) or sampled actions (false)."
+    )
+    eval_num_cpus: float = setting(1.0, "CPUs reserved for the evaluation actor.", gt=0)
+    eval_num_gpus: float = setting(
+        0.0, "GPUs reserved for the evaluation actor; 0 evaluates on CPU.", ge=0, le=1
     )
     # --- checkpoints, videos, resume ----------------------------------------------------------
     save_interval: int = setting(10, "Iterations between checkpoints.", ge=1)
@@ -174,6 +202,11 @@ class TrainConfig(OpenSection):
     def _empty_resume_is_none(cls, value: Any) -> Any:
         # MineStudio treats '' like None ("start from scratch"); keep that meaning.
         return None if isinstance(value, str) and value == "" else value
+
+    @field_validator("eval_interval", mode="before")
+    @classmethod
+    def _none_eval_interval_is_off(cls, value: Any) -> Any:
+        return 0 if value is None else value
 
     @field_validator("save_path", mode="before")
     @classmethod

@@ -10,7 +10,7 @@ until the kernel kills the process. The estimate adds, per process kind:
   columns) and the next ``prefetch_batches`` iterations' chunks, fetched ahead;
 * each rollout worker: two copies of the weights (live and standby), three with a KL reference, and
   the fragment each env is filling (``fragment_length`` steps, allocated when it starts); the
-  driver: one copy of the weights for its check;
+  driver: one copy of the weights for its check; the evaluation actor (``eval_interval``): one, and its env;
 * the in-memory replay store: ``max_chunks x fragments_per_chunk`` fragments of
   ``fragment_length`` steps (observation, action and six float32 per-step columns) plus the
   recurrent state before each fragment, twice with a KL reference (``ref_state_in``: a VPT-2x
@@ -229,6 +229,8 @@ def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_s
         "envs": envs * ENV_PROCESS_BYTES if rc.worker_config.env_processes else 0,
         "driver, bookkeeping actors and Ray": (1 + BOOKKEEPING_ACTORS) * PROCESS_BYTES + RAY_BYTES + policy_bytes,
     }
+    if tc.eval_interval:  # the evaluation actor: its policy and its env, in its own process
+        parts["evaluation"] = PROCESS_BYTES + policy_bytes + ENV_PROCESS_BYTES
     if cfg.policy_config is not None:
         from mineonline_core.config.secrets import redact
 

@@ -44,7 +44,7 @@ MINESTUDIO_EVENTS = ("mine_block", "craft_item", "use_item", "pickup", "drop", "
 class LoadedPolicy:
     """A checkpoint's policy with its weights, in eval mode, and what it needs to act."""
 
-    def __init__(self, *, policy: torch.nn.Module, config: OnlineConfig, checkpoint: pathlib.Path, iteration: int,
+    def __init__(self, *, policy: torch.nn.Module, config: OnlineConfig, checkpoint: pathlib.Path | None, iteration: int,
                  version: int, env_generator: Callable[[], Any]) -> None:  # fmt: skip
         self.policy, self.config, self.checkpoint = policy, config, checkpoint
         self.iteration, self.version, self.env_generator = iteration, version, env_generator

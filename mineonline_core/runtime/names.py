@@ -16,6 +16,7 @@ EPISODE_STATISTICS = "episode_statistics"
 STORE_HOST = "store_host"
 ROLLOUT_WORKER = "rollout_worker"
 INFERENCE_SERVER = "inference_server"
+EVALUATOR = "evaluator"
 
 
 def actor_name(run_name: str, role: str, index: int | None = None) -> str:

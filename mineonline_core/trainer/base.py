@@ -46,6 +46,7 @@ from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.runtime.runlog import setup_actor_logging
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.driver import DriverSide
+from mineonline_core.trainer.evaluation import Evaluating
 from mineonline_core.trainer.fetch import ChunkFetching, _Fetcher
 from mineonline_core.trainer.goals import Goals
 from mineonline_core.trainer.publish import Publishing
@@ -53,7 +54,7 @@ from mineonline_core.trainer.update import UpdateLoop
 
 _LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
          "_fetcher", "reference", "_reference_ref", "update_guard", "_broadcaster", "_broadcast",
-         "_snapshot")
+         "_snapshot", "_evaluation")
 
 
 class TrainerOptions(Section):
@@ -61,7 +62,7 @@ class TrainerOptions(Section):
     Unknown keys are errors and NaN/inf are never valid numbers, as in the core's sections."""
 
 
-class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
+class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating):
     """Subclass, set ``name`` and ``Config``, implement ``compute_loss``; see the module doc."""
 
     name: ClassVar[str] = ""
@@ -101,6 +102,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         self._broadcast: tuple[int, Future] | None = None  # (version, its send) in flight
         self._snapshot: Any = None  # the weights' buffers on this rank's device, reused by every broadcast
         self._fetcher: _Fetcher | None = None
+        self._evaluation: Any = None  # rank 0's EvaluationClient when eval_interval is on (trainer/evaluation.py)
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.in_process = False  # True while fit() runs the loop in this process instead of Ray Train
         self.iteration, self.version = 0, 0
@@ -302,6 +304,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
                 self.last_metrics["trainer/stopped_early"] = 1.0
                 break
         self.flush_broadcast()  # the last version reaches the rollout side before training ends
+        self.finish_evaluation()
         if not self.in_process:
             import ray.train
 
@@ -325,6 +328,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         self._buffer, self._store = ray.get([manager.get_buffer.remote(), manager.get_store_client.remote()])
         if self.rank == 0:
             self._workers = ray.get(manager.weight_receivers.remote())  # the workers, or the shared inference server
+            self.start_evaluation()
 
     def run_iteration(self, iteration: int) -> dict[str, float]:
         tc = self.train_config
@@ -337,7 +341,8 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         metrics = {**self.train(batch), **self.iteration_metrics()}
         self.perf["perf/train_ms"] = 1e3 * (time.perf_counter() - start)
         start = time.perf_counter()
-        if self.publishes_version(iteration):
+        published = self.publishes_version(iteration)
+        if published:
             self.broadcast_model_to_rollout_workers(new_version=True)
         self.perf["perf/broadcast_ms"] = 1e3 * (time.perf_counter() - start)
         steps = batch["reward"].numel() * self.world_size * tc.epochs_per_iteration
@@ -351,6 +356,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing):
         self.last_metrics = metrics
         if self.rank == 0:
             self._log(metrics, batch)
+            self.evaluate_iteration(published=published)
             if tc.record_video_interval and iteration % tc.record_video_interval == 0:
                 self.rollout_manager.record_videos.remote()
         if iteration % tc.save_interval == 0 or iteration == tc.num_iterations:

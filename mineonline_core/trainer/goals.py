@@ -1,10 +1,12 @@
 """When a run has done enough, and which checkpoint is its best, judged from the run's metrics.
 
 ``train_config.max_env_steps`` and ``train_config.stop_at_return`` end a run before
-``num_iterations``; ``train_config.keep_best`` keeps the checkpoint with the highest moving-window
-episode return in ``<save_path>/best/``. Rank 0 reads the logging actor's latest values once per
-iteration; the return is trusted only once the statistics window is full, so one lucky early
-episode neither stops a run nor becomes its best.
+``num_iterations``; ``train_config.keep_best`` keeps the checkpoint with the highest
+``keep_best_metric`` in ``<save_path>/best/``. For the moving-window episode return
+(``episode/return_mean``) rank 0 reads the logging actor's latest values once per iteration; the
+return is trusted only once the statistics window is full, so one lucky early episode neither stops
+a run nor becomes its best. For the evaluation's return (``eval/return_mean``) rank 0 judges each
+evaluation's result as it arrives (``trainer/evaluation.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ class Goals:
         tc = config.train_config
         self.max_env_steps, self.stop_at_return, self.keep_best = tc.max_env_steps, tc.stop_at_return, tc.keep_best
         self.window = config.rollout_config.episode_statistics_config.window
-        self.best_return: float | None = None
+        self.metric = tc.keep_best_metric
+        self.best_return: float | None = None  # the best keep_best_metric so far
 
     @property
     def active(self) -> bool:
@@ -48,9 +51,19 @@ class Goals:
             return f"train_config.stop_at_return={self.stop_at_return:g} reached ({RETURN_KEY} {value:.4g} over {self.window} episodes)"
         return None
 
+    @property
+    def judges_by_eval(self) -> bool:
+        """``keep_best`` judged by the evaluations' results rather than by the latest metrics."""
+        return self.keep_best and self.metric.startswith("eval/")
+
     def improved(self, latest: dict[str, float]) -> float | None:
-        """The new best window return when ``keep_best`` is on and it beats the best so far."""
-        value = self.window_return(latest)
+        """The new best window return when ``keep_best`` judges by it and it beats the best so far."""
+        if self.judges_by_eval:
+            return None
+        return self.improved_value(self.window_return(latest))
+
+    def improved_value(self, value: float | None) -> float | None:
+        """``value`` of ``keep_best_metric`` when ``keep_best`` is on and it beats the best so far."""
         if not self.keep_best or value is None or (self.best_return is not None and value <= self.best_return):
             return None
         self.best_return = value

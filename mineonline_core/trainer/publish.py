@@ -46,7 +46,7 @@ class Publishing:
         if best is not None:
             root = self.save_dir / BEST_DIR
             written = self._write_checkpoint(root, keep_interval=None)
-            replace_best(root, written, {"iteration": self.iteration, "episode/return_mean": best, "env_steps": self.env_steps})
+            replace_best(root, written, {"iteration": self.iteration, self.goals.metric: best, "env_steps": self.env_steps})
         self._goal_reached = self.goals.stop_reason(latest)
         if self._goal_reached is not None:
             print(f"mineonline: stopping after iteration {self.iteration}: {self._goal_reached}", flush=True)
@@ -86,6 +86,8 @@ class Publishing:
             if reference is not None:  # the reference's put is kept until it changes (``_reference_ref``)
                 self._reference_ref = self._put_weights(reference.host())
             refs = [self._put_weights(weights.host())]
+            if self._evaluation is not None:  # the evaluation of this version, if due, takes the same put
+                self._evaluation.weights_sent(version, refs[0])
             if self._reference_ref is not None:
                 refs.append(self._reference_ref)
             # Straight to the workers this rank knows: one actor hop between the put and each worker's

@@ -31,6 +31,8 @@ UPDATE = "mineonline_core/trainer/update.py"
 PUBLISH = "mineonline_core/trainer/publish.py"
 DRIVER = "mineonline_core/trainer/driver.py"
 GUARANTEES = "tests/test_guarantees.py"
+EVALUATION = "mineonline_core/trainer/evaluation.py"
+EVAL_TESTS = "tests/test_eval_while_training.py"
 PPO_TESTS = "plugins/ppo/tests/test_ppo_loss.py"
 BUFFER = "mineonline_core/rollout/buffer.py"
 COLLECTOR = "mineonline_core/rollout/collector.py"
@@ -215,6 +217,12 @@ MUTATIONS = (
     Mutation("hang-worker", "a rollout worker silent past hang_timeout is named but never killed",
              "mineonline_core/rollout/manager.py", "ray.kill(self._workers[i], no_restart=False)", "pass",
              ("tests/faults/test_hangs.py::test_frozen_rollout_worker_is_named_killed_and_restarted",)),
+    Mutation("eval-blocks", "training waits for the running evaluation instead of skipping the next one", EVALUATION,
+             "ready, _ = ray.wait([ref], timeout=None if wait else 0)", "ready, _ = ray.wait([ref], timeout=None)",
+             (f"{EVAL_TESTS}::test_evaluation_never_blocks_training",)),
+    Mutation("eval-best-live", "keep_best by eval keeps the weights of the iteration judged, not of the one evaluated",
+             EVALUATION, "        os.replace(candidate, kept)\n", "        kept = self._write_checkpoint(root, keep_interval=None)\n",
+             (f"{EVAL_TESTS}::test_evaluation_never_blocks_training",)),
 )
 
 
