@@ -119,7 +119,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
         print(f"error: --grace={args.grace} is negative. Fix: give the seconds to wait for the run's driver "
               "to write its final checkpoint (default 30; longer for runs whose iteration takes longer).", file=sys.stderr)
         return 2
-    return stop_runs(args.run, address=args.address, grace_s=args.grace)
+    return stop_runs(args.run, address=args.address, grace_s=args.grace, every=args.all)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=_cmd_status)
 
     stop = sub.add_parser("stop", help="stop a run's actors cleanly")
-    stop.add_argument("run", nargs="?", help="run name (default: every run)")
+    stop.add_argument("run", nargs="?", help="run name (default: the only alive run; several need a name or --all)")
+    stop.add_argument("--all", action="store_true", help="stop every alive run on the cluster")
     stop.add_argument("--address", default="auto")
     stop.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                       help="how long to wait for the run's driver to finish its iteration and write a final "

@@ -66,7 +66,7 @@ make() {{
   command make -o install VENV={shlex.quote(sys.prefix)} \\
     DEMO_OVERRIDES={shlex.quote(_demo_overrides() + " " + shrink)} "$@"
 }}
-PS4='+ [${SECONDS}s] '
+PS4='+ [${{SECONDS}}s] '
 set -x
 """
 
