@@ -7,9 +7,15 @@ import re
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
+import pytest
+import yaml
+
+import mineonline_core
 from mineonline_core.config.reference import config_docs
+from mineonline_core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,3 +53,18 @@ def test_guarded_script_and_functions_pass_the_check(tmp_path: Path) -> None:
             print("guarded ok")
         """))
     assert done.returncode == 0 and "guarded ok" in done.stdout, done.stderr
+
+
+def test_run_from_a_notebook_defined_generator_is_refused_before_ray(tmp_path: Path) -> None:
+    # What a notebook cell does: functions (and classes) defined in module __main__, which has no file.
+    cell = {"__name__": "__main__"}
+    exec("from mineonline_core.testing.kit import mlp_policy\ndef policy_generator():\n    return mlp_policy()\n", cell)
+    notebook = types.ModuleType("notebook_config")
+    notebook.online_dict = {**yaml.safe_load((ROOT / "examples" / "cartpole.yaml").read_text()), "policy_config": None,
+                            "output_dir": str(tmp_path)}  # fmt: skip
+    notebook.policy_generator = cell["policy_generator"]
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized()
+    with pytest.raises(ConfigError, match=r"policy_generator: '__main__\.policy_generator' cannot be named .* load_policy"):
+        mineonline_core.run(notebook, progress=False)
+    assert not list(tmp_path.iterdir()) and (sys.modules.get("ray") is None or not sys.modules["ray"].is_initialized())

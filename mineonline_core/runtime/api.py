@@ -183,12 +183,13 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     directory (``verbose``: to the console as well).
     """
     from mineonline_core.runtime.budget import machine_memory
-    from mineonline_core.runtime.mainguard import check_main_guard
+    from mineonline_core.runtime.mainguard import check_generators_named, check_main_guard
     from mineonline_core.runtime.resume import check_continuity, check_model, plan_resume, progressed, verified_resume
 
     check_main_guard()  # a script without `if __name__ == "__main__":` would die in its env processes
     plan = plan_resume(resume, overrides) if resume is not None else None
     loaded = load_config(plan.source if plan else source, plan.overrides if plan else list(overrides))
+    check_generators_named(loaded)  # checkpoints must name the generators that rebuild the policy
     cfg = loaded.config
     pm = pm or get_plugin_manager()
     resolve_trainer(loaded, pm)  # the trainer's own keys, before the run directory is claimed
