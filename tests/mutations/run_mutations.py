@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COPY = ("mineonline_core", "plugins", "tests", "conftest.py", "pyproject.toml")
+COPY = ("mineonline_core", "plugins", "tests", "examples", "conftest.py", "pyproject.toml")
 PPO = "plugins/ppo/mineonline_ppo.py"
 BASE = "mineonline_core/trainer/base.py"
 FETCH = "mineonline_core/trainer/fetch.py"
@@ -191,6 +191,13 @@ MUTATIONS = (
     Mutation("gpu-ray-train", "one GPU rank always goes to Ray Train", DRIVER,
              "        return tc.num_workers > 1\n", "        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0\n",
              ("tests/test_trainer_device.py::test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train",)),
+    Mutation("trainer-switch", "another installed trainer's train_config keys are not set aside (trainer_name=... fails)",
+             "mineonline_core/runtime/resolve.py",
+             "    warning = set_aside_foreign_keys(trainer_cls, loaded.config.train_config, trainers)", "    warning = None",
+             ("tests/test_trainer_switch.py",)),
+    Mutation("progress-steps", "the progress bar and ETA follow num_iterations when max_env_steps ends the run",
+             "mineonline_core/runtime/console.py", "        return self.num_iterations <= 0 or steps > self.iteration() / self.num_iterations",
+             "        return False", ("tests/test_logging_console.py::test_progress_follows_max_env_steps_when_it_ends_the_run",)),
 )
 
 
