@@ -5,7 +5,7 @@ every command of every ``runnable slow`` block, in order, as written, with three
 suite short and the checkout clean, each made by a shell function defined before the block:
 
 - ``mineonline run`` gets overrides appended that shrink an iteration (two envs, one minibatch of two
-  chunks, one epoch), never the number of iterations, so a resume still continues from where the
+  16-step chunks, one epoch), never the number of iterations, so a resume still continues from where the
   first run stopped; ``make demo`` gets the same through ``DEMO_OVERRIDES``, and uses the Python
   that runs this test (``-o install``: the environment is already installed).
 - ``pip install`` installs into a throwaway venv layered over this one (a ``.pth`` adds its
@@ -36,6 +36,7 @@ SLOW_BLOCKS = [block for block in RUNNABLE if block.slow]
 SHRINK = [
     "rollout_config.worker_config.num_envs=2", "rollout_config.worker_config.batch_size=2",
     "train_config.batch_size_per_gpu=2", "train_config.batches_per_iteration=1", "train_config.epochs_per_iteration=1",
+    "rollout_config.fragment_length=16", "train_config.context_length=16",
 ]  # fmt: skip
 
 
