@@ -98,9 +98,15 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from mineonline_core.runtime.report import write_report
+    from mineonline_core.runtime.report import RETURN_KEY, write_report
 
-    run_dir = Path(args.run_dir)
+    if len(args.run_dir) > 1 or args.output or args.metric:
+        from mineonline_core.runtime.compare import write_comparison
+
+        for path in write_comparison(args.run_dir, output=args.output, keys=tuple(args.metric or [RETURN_KEY])):
+            print(path)
+        return 0
+    run_dir = Path(args.run_dir[0])
     if not (run_dir / "metrics.jsonl").exists():
         raise MineOnlineError(f"{run_dir} holds no metrics.jsonl: give the directory of a run (runs/<run_name>).")
     for path in write_report(run_dir):
@@ -121,7 +127,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
         print(f"error: --grace={args.grace} is negative. Fix: give the seconds to wait for the run's driver "
               "to write its final checkpoint (default 30; longer for runs whose iteration takes longer).", file=sys.stderr)
         return 2
-    return stop_runs(args.run, address=args.address, grace_s=args.grace)
+    return stop_runs(args.run, address=args.address, grace_s=args.grace, every=args.all)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -165,8 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--check", action="store_true", help="fail if the file differs from what would be written")
     config.set_defaults(func=_cmd_config)
 
-    report = sub.add_parser("report", help="write the PNG report of a run directory")
-    report.add_argument("run_dir")
+    report = sub.add_parser("report", help="write the PNG report of a run directory, or compare runs")
+    report.add_argument("run_dir", nargs="+", help="one run: its PNG report; several: compared (seeds aggregated)")
+    report.add_argument("--output", help="where the comparison goes (default: the first run's parent directory)")
+    report.add_argument("--metric", action="append", help="metric to compare (repeatable; default episode/return_mean)")
     report.set_defaults(func=_cmd_report)
 
     status = sub.add_parser("status", help="list runs whose actors are alive")
@@ -174,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=_cmd_status)
 
     stop = sub.add_parser("stop", help="stop a run's actors cleanly")
-    stop.add_argument("run", nargs="?", help="run name (default: every run)")
+    stop.add_argument("run", nargs="?", help="run name (default: the only alive run; several need a name or --all)")
+    stop.add_argument("--all", action="store_true", help="stop every alive run on the cluster")
     stop.add_argument("--address", default="auto")
     stop.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                       help="how long to wait for the run's driver to finish its iteration and write a final "

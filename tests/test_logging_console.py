@@ -108,4 +108,24 @@ def test_progress_live_panel_on_a_terminal():
     p.update({"trainer/iteration": 1, "env_steps": 100, "episode/return_mean": 2.0, "trainer/value_loss": 0.3})
     p.close()
     text = out.getvalue()
-    assert "iteration 1/4" in text and "return mean" in text and "value loss" in text
+    assert "iter 1/4" in text and "return mean" in text and "value loss" in text
+
+
+def test_progress_follows_max_env_steps_when_it_ends_the_run():
+    # Crafter's demo: num_iterations 400 is an upper bound, max_env_steps ends the run near 245.
+    out, clock = io.StringIO(), FakeClock()
+    p = Progress(400, max_env_steps=1_000_000, file=out, interval_s=0.0, clock=clock)
+    p.update({"trainer/iteration": 10, "env_steps": 40_960})
+    clock.t = 100.0
+    p.update({"trainer/iteration": 20, "env_steps": 81_920})
+    line = out.getvalue().splitlines()[-1]
+    assert line.startswith("iter 20 | env_steps 81,920/1,000,000") and "/400" not in line
+    assert p.done_fraction() == pytest.approx(0.08192)
+    # 40,960 steps in 100 s -> 918,080 left take 2241 s (the iteration rate would say 3800 s).
+    assert p.eta_s() == pytest.approx(100.0 / 0.04096 * (1 - 0.08192))
+    p.update({"trainer/iteration": 245, "env_steps": 1_003_520})
+    assert p.eta_s() == 0.0 and p.done_fraction() == 1.0
+    # Iterations ahead of the env-step budget: the iteration budget ends the run and is shown.
+    q = Progress(10, max_env_steps=1_000_000, file=io.StringIO(), clock=clock)
+    q.update({"trainer/iteration": 5, "env_steps": 1_000})
+    assert q.line().startswith("iter 5/10 | env_steps 1,000") and q.done_fraction() == 0.5

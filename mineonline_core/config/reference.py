@@ -123,7 +123,7 @@ Any key can be overridden with an OmegaConf dotlist item `key.path=value`, appli
 is read and before validation, for example:
 
 ```
-mineonline run examples/crafter.yaml train_config.learning_rate=1e-4 \\
+mineonline run examples/crafter.py train_config.learning_rate=1e-4 \\
     rollout_config.worker_config.num_envs=8 logger_config.loggers=[] train_config.resume=null
 ```
 

@@ -185,10 +185,13 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     directory (``verbose``: to the console as well).
     """
     from mineonline_core.runtime.budget import machine_memory
+    from mineonline_core.runtime.mainguard import check_generators_named, check_main_guard
     from mineonline_core.runtime.resume import check_continuity, check_model, plan_resume, progressed, verified_resume
 
+    check_main_guard()  # a script without `if __name__ == "__main__":` would die in its env processes
     plan = plan_resume(resume, overrides) if resume is not None else None
     loaded = load_config(plan.source if plan else source, plan.overrides if plan else list(overrides))
+    check_generators_named(loaded)  # checkpoints must name the generators that rebuild the policy
     cfg = loaded.config
     pm = pm or get_plugin_manager()
     resolve_trainer(loaded, pm)  # the trainer's own keys, before the run directory is claimed
@@ -307,7 +310,9 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
             done.set()
 
     trainer_thread = threading.Thread(target=fit, name="mineonline-trainer", daemon=True)
-    display = Progress(cfg.train_config.num_iterations, enabled=progress)
+    # --no-progress: plain log lines (what its help promises), never the live panel.
+    display = Progress(cfg.train_config.num_iterations, max_env_steps=cfg.train_config.max_env_steps,
+                       force_terminal=None if progress else False)
     watchdog = ProgressWatchdog(timeout=cfg.progress_timeout)
     pending = PendingWatch()  # an actor no node can hold fails the run in ~30 s, not progress_timeout
     stopping = False

@@ -156,8 +156,12 @@ class Progress:
     """Live view of a run on the driver: iteration, env steps and rates, return, staleness, losses, ETA.
 
     ``update(hub.latest())`` about once a second. On a terminal this is a rich live panel; when
-    ``file`` is not a TTY it prints one plain line per ``interval_s`` seconds (and on ``close``).
-    ``clock`` is injectable so tests need no sleeps.
+    ``file`` is not a TTY (or ``force_terminal=False``, ``--no-progress``) it prints one plain line per
+    ``interval_s`` seconds (and on ``close``). ``clock`` is injectable so tests need no sleeps.
+
+    The run ends at ``num_iterations`` or at ``max_env_steps``, whichever comes first, so the bar and
+    the ETA follow the larger of the two fractions done, and the line names the budget that will end
+    the run (``env_steps 48,000/1,000,000`` rather than ``iter 12/400`` for a run that ends at 245).
     """
 
     def __init__(
@@ -169,15 +173,16 @@ class Progress:
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         force_terminal: bool | None = None,
+        max_env_steps: int | None = None,
     ) -> None:
-        self.num_iterations = num_iterations
+        self.num_iterations, self.max_env_steps = num_iterations, max_env_steps
         self.enabled = enabled
         self.file = file or sys.stdout
         self.interval_s = interval_s
         self.clock = clock
         self.tty = force_terminal if force_terminal is not None else bool(getattr(self.file, "isatty", lambda: False)())
         self._start = clock()
-        self._first_iteration: tuple[float, float] | None = None  # (time, iteration) at first sight
+        self._first_iteration: tuple[float, float] | None = None  # (time, fraction done) at first sight
         self._last_print = -math.inf
         self._latest: dict[str, float] = {}
         self._live: Any = None
@@ -191,24 +196,44 @@ class Progress:
     def iteration(self) -> int:
         return int(self._latest.get(ITERATION_KEY, 0) or 0)
 
+    def _by_steps(self) -> bool:
+        """Whether the env-step budget is ahead of the iteration budget (so it will end the run)."""
+        if not self.max_env_steps:
+            return False
+        steps = float(self._latest.get("env_steps", 0.0)) / self.max_env_steps
+        return self.num_iterations <= 0 or steps > self.iteration() / self.num_iterations
+
+    def done_fraction(self) -> float:
+        """How much of the run is done, by the budget that ends it first (0 without a budget)."""
+        if self._by_steps():
+            assert self.max_env_steps
+            return min(float(self._latest.get("env_steps", 0.0)) / self.max_env_steps, 1.0)
+        return min(self.iteration() / self.num_iterations, 1.0) if self.num_iterations > 0 else 0.0
+
     def eta_s(self) -> float | None:
-        """Seconds left, from the iteration rate since the first iteration this display saw."""
-        it = self.iteration()
-        if self.num_iterations > 0 and it >= self.num_iterations:
+        """Seconds left, from the rate of progress since the first iteration this display saw."""
+        done = self.done_fraction()
+        if done >= 1.0:
             return 0.0
         if self._first_iteration is None:
             return None
-        t0, it0 = self._first_iteration
-        if it <= it0:
+        t0, done0 = self._first_iteration
+        if done <= done0:
             return None
-        return (self.clock() - t0) / (it - it0) * (self.num_iterations - it)
+        return (self.clock() - t0) / (done - done0) * (1.0 - done)
+
+    def _budget(self) -> str:
+        steps = format_value(self._latest.get("env_steps", 0.0))
+        if self._by_steps():
+            return f"iter {self.iteration()} | env_steps {steps}/{format_value(float(self.max_env_steps or 0))}"
+        return f"iter {self.iteration()}/{self.num_iterations} | env_steps {steps}"
 
     def update(self, latest: dict[str, float]) -> None:
         if not self.enabled:
             return
         self._latest = dict(latest)
         if self._first_iteration is None and ITERATION_KEY in latest:
-            self._first_iteration = (self.clock(), float(latest[ITERATION_KEY]))
+            self._first_iteration = (self.clock(), self.done_fraction())
         if self._live is not None:
             self._live.update(self._render())
             return
@@ -219,10 +244,7 @@ class Progress:
 
     def line(self) -> str:
         """The plain one-line rendering (non-TTY output)."""
-        parts = [
-            f"iter {self.iteration()}/{self.num_iterations}",
-            f"env_steps {format_value(self._latest.get('env_steps', 0.0))}",
-        ]
+        parts = [self._budget()]
         for label, key in PROGRESS_FIELDS:
             if key in self._latest:
                 parts.append(f"{label} {format_value(self._latest[key])}")
@@ -237,17 +259,15 @@ class Progress:
         from rich.progress_bar import ProgressBar
         from rich.table import Table
 
-        it = self.iteration()
         head = Table.grid(padding=(0, 2))
         head.add_row(
-            f"[bold]iteration {it}/{self.num_iterations}[/]",
-            ProgressBar(total=max(self.num_iterations, 1), completed=min(it, self.num_iterations), width=40),
+            f"[bold]{self._budget()}[/]",
+            ProgressBar(total=1000, completed=round(1000 * self.done_fraction()), width=40),
             f"ETA {format_eta(self.eta_s())}",
             f"elapsed {format_eta(self.clock() - self._start)}",
         )
         body = Table.grid(padding=(0, 3))
-        cells = [("env steps", format_value(self._latest.get("env_steps", 0.0)))]
-        cells += [(label, format_value(self._latest[key])) for label, key in PROGRESS_FIELDS if key in self._latest]
+        cells = [(label, format_value(self._latest[key])) for label, key in PROGRESS_FIELDS if key in self._latest]
         if self._latest.get("logger/errors"):
             cells.append(("[red]logger errors[/]", str(int(self._latest["logger/errors"]))))
         for i in range(0, len(cells), 3):

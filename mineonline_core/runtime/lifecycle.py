@@ -251,8 +251,10 @@ def stop_run(run: str, actors: list[str], *, grace_s: float = 30.0) -> str:
     return "stopped"
 
 
-def stop_runs(run: str | None, *, address: str = "auto", grace_s: float = 30.0) -> int:
-    """Stop ``run`` (or every run); 2 when no cluster runs or the run is unknown."""
+def stop_runs(run: str | None, *, address: str = "auto", grace_s: float = 30.0, every: bool = False) -> int:
+    """Stop ``run``, or the only alive run, or every run with ``every``; 2 when no cluster runs or the
+    run is unknown. Without a name and without ``every``, more than one alive run is refused (naming
+    them): the cluster ``auto`` attaches to may be shared, and a stop cannot be undone."""
     if not attach(address):
         print(f"no Ray cluster is running at {address!r}: nothing to stop.", file=sys.stderr)
         return 2
@@ -267,6 +269,11 @@ def stop_runs(run: str | None, *, address: str = "auto", grace_s: float = 30.0) 
     if not runs:
         print("no mineonline runs are alive on this cluster: nothing to stop.")
         return 0
+    if run is None and not every and len(runs) > 1:
+        raise MineOnlineError(
+            f"mineonline stop: {len(runs)} runs are alive on this cluster ({', '.join(runs)}) and no run name was "
+            f"given. Fix: name the one to stop (`mineonline stop {next(iter(runs))}`), or pass --all to stop every one."
+        )
     for name, actors in runs.items():
         print(f"{name}: {stop_run(name, actors, grace_s=grace_s)}")
     return 0

@@ -1,6 +1,6 @@
 """The run report: PNG plots drawn from ``metrics.jsonl`` in a run directory.
 
-``write_report(run_dir)`` runs at the end of every run and on ``mineonline report RUN_DIR``. It
+``write_report(run_dir)`` runs at the end of every run and on ``mineonline report RUN_DIR`` (several runs: ``compare.py``). It
 writes ``report_learning_curve.png`` (episode return vs env steps), ``report_losses.png`` (trainer
 losses vs env steps), ``report_throughput.png`` (env steps/s and training samples/s) and, for Crafter
 runs, ``report_crafter.png`` (achievement success rates and the score). A metric that never appeared
@@ -26,9 +26,12 @@ LOSS_EXTRA_KEYS = ("trainer/entropy", "trainer/kl_ref", "trainer/approx_kl", "tr
 
 
 def read_metrics(path: Path) -> Series:
-    """Every numeric metric in a metrics JSONL file as (steps, values), in file order.
+    """Every numeric metric in a metrics JSONL file as (steps, values), steps strictly increasing.
 
-    A truncated last line (a run killed mid-write) is skipped; non-numeric fields are ignored.
+    A resumed run logs again the steps after its checkpoint that the interrupted attempt had already
+    logged: where a metric's step goes back, the later records replace the earlier ones from that step
+    on, so a curve never zig-zags back. A truncated last line (a run killed
+    mid-write) is skipped; non-numeric fields are ignored.
     """
     series: Series = defaultdict(lambda: ([], []))
     with open(path, encoding="utf-8") as f:
@@ -45,6 +48,9 @@ def read_metrics(path: Path) -> Series:
                     continue
                 if math.isfinite(value):
                     xs, ys = series[key]
+                    while xs and xs[-1] >= step:  # a resume went back: its records replace the old ones
+                        xs.pop()
+                        ys.pop()
                     xs.append(float(step))
                     ys.append(float(value))
     return dict(series)

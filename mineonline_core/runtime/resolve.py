@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import logging
 from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
@@ -18,8 +19,11 @@ from mineonline_core.config import LoadedConfig, OnlineConfig, check_consistency
 from mineonline_core.config.secrets import REDACTED, is_secret_key, redact
 from mineonline_core.config.generators import import_generator
 from mineonline_core.config.messages import validate_trainer_options
+from mineonline_core.config.trainer_keys import set_aside_foreign_keys
 from mineonline_core.errors import ConfigError, MineOnlineError, closest
 from mineonline_core.registry import PluginManager
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -117,8 +121,13 @@ def _prepared_policy(policy_generator: Callable[[], Any], use_normalized_vf: boo
 
 def resolve_trainer(loaded: LoadedConfig, pm: PluginManager) -> tuple[type, BaseModel]:
     """The selected trainer class and its options: the ``train_config`` keys the core does not own,
-    validated against its ``Config`` (an unknown key names the key, the trainer and close matches)."""
+    validated against its ``Config`` (an unknown key names the key, the trainer and close matches).
+    Keys another installed trainer owns are set aside with one warning (``config/trainer_keys.py``)."""
     trainer_cls = pm.lookup("trainer", loaded.config.trainer_name)
+    trainers = [(name, cls) for name, cls, _ in pm.registries["trainer"].items()]
+    warning = set_aside_foreign_keys(trainer_cls, loaded.config.train_config, trainers)
+    if warning:
+        log.warning(warning)
     return trainer_cls, validate_trainer_options(trainer_cls, loaded.config.train_config, origins=loaded.origins)
 
 

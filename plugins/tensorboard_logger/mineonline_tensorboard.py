@@ -10,6 +10,10 @@ for third parties to copy: one module, a ``Config`` of the ``logger_config`` key
 * A resumed run continues the same event files' curves: ``resume(step)`` reopens the writer with
   TensorBoard's purge step, so the points the previous process logged after the checkpoint are
   dropped by TensorBoard and replaced by the retrained ones.
+* The run's config (the public one, secrets redacted) is recorded once per process start: as text
+  (tag ``config``, the YAML in a code block) and as TensorBoard HParams, every leaf key flattened to
+  its dotted path (``train_config.learning_rate``), with ``episode/return_mean`` as the metric the
+  HParams dashboard compares runs by. Lists and null are shown as their YAML text.
 * Videos are left to the run directory (``videos/``) and wandb: TensorBoard's video support needs
   moviepy and stores every frame again.
 """
@@ -24,6 +28,25 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import mineonline_core
 from mineonline_core.contracts.logger import Logger
+
+
+HPARAMS_METRIC = "episode/return_mean"
+
+
+def flat_hparams(config: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """Every leaf of a nested config as ``dotted.key -> value`` of a type HParams accepts."""
+    out: dict[str, bool | int | float | str] = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_hparams(value, f"{path}."))
+        elif isinstance(value, (bool, int, float, str)):
+            out[path] = value
+        else:  # lists and null: their YAML text
+            import yaml
+
+            out[path] = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    return out
 
 
 class TensorBoardOptions(BaseModel):
@@ -47,11 +70,25 @@ class TensorBoardLogger(Logger):
         directory = options.tensorboard_dir
         self.log_dir = directory if os.path.isabs(directory) else os.path.join(run_dir, directory)
         self.writer = self._open(purge_step=None)
+        self._record_config(self.config)
 
     def _open(self, *, purge_step: int | None) -> Any:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package: a declared dependency
 
         return SummaryWriter(log_dir=self.log_dir, purge_step=purge_step, flush_secs=self.options.flush_secs)
+
+    def _record_config(self, config: dict[str, Any]) -> None:
+        if not config:
+            return
+        import yaml
+        from torch.utils.tensorboard.summary import hparams
+
+        text = yaml.safe_dump(config, sort_keys=False)
+        # TensorBoard renders text as Markdown: an indented block keeps the YAML as written.
+        self.writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), global_step=0)
+        for summary in hparams(flat_hparams(config), {HPARAMS_METRIC: 0.0}):
+            self.writer.file_writer.add_summary(summary)
+        self.writer.flush()
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():

@@ -108,9 +108,14 @@ def test_second_driver_sees_and_stops_detached_run(ray_cluster: str) -> None:
     with pytest.raises(MineOnlineError, match=r"stop gamma: no run of that name.*alive runs: beta"):
         stop_runs("gamma", address=ray_cluster)  # this process is attached already: in-process is enough
 
-    stop_all = _cli("stop", "--address", ray_cluster)
-    assert stop_all.returncode == 0 and "beta: stopped" in stop_all.stdout
-    assert _alive("beta") == set()
+    # Two alive runs and no name: refused, naming both, nothing stopped; --all stops both.
+    assert _python("-c", DRIVER_1, ray_cluster, "delta").returncode == 0
+    refused = _cli("stop", "--address", ray_cluster)
+    assert refused.returncode != 0 and "2 runs are alive on this cluster (beta, delta)" in refused.stderr, refused.stderr[-2000:]
+    assert _alive("beta") and _alive("delta")
+    stop_all = _cli("stop", "--all", "--address", ray_cluster)
+    assert stop_all.returncode == 0 and "beta: stopped" in stop_all.stdout and "delta: stopped" in stop_all.stdout
+    assert _alive("beta") == set() and _alive("delta") == set()
 
 
 def test_auth_mode_is_set_only_when_a_token_exists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COPY = ("mineonline_core", "plugins", "tests", "conftest.py", "pyproject.toml")
+COPY = ("mineonline_core", "plugins", "tests", "examples", "conftest.py", "pyproject.toml")
 PPO = "plugins/ppo/mineonline_ppo.py"
 BASE = "mineonline_core/trainer/base.py"
 FETCH = "mineonline_core/trainer/fetch.py"
@@ -223,6 +223,13 @@ MUTATIONS = (
     Mutation("eval-best-live", "keep_best by eval keeps the weights of the iteration judged, not of the one evaluated",
              EVALUATION, "        os.replace(candidate, kept)\n", "        kept = self._write_checkpoint(root, keep_interval=None)\n",
              (f"{EVAL_TESTS}::test_evaluation_never_blocks_training",)),
+    Mutation("trainer-switch", "another installed trainer's train_config keys are not set aside (trainer_name=... fails)",
+             "mineonline_core/runtime/resolve.py",
+             "    warning = set_aside_foreign_keys(trainer_cls, loaded.config.train_config, trainers)", "    warning = None",
+             ("tests/test_trainer_switch.py",)),
+    Mutation("progress-steps", "the progress bar and ETA follow num_iterations when max_env_steps ends the run",
+             "mineonline_core/runtime/console.py", "        return self.num_iterations <= 0 or steps > self.iteration() / self.num_iterations",
+             "        return False", ("tests/test_logging_console.py::test_progress_follows_max_env_steps_when_it_ends_the_run",)),
 )
 
 
