@@ -31,6 +31,7 @@ UPDATE = "mineonline_core/trainer/update.py"
 PUBLISH = "mineonline_core/trainer/publish.py"
 DRIVER = "mineonline_core/trainer/driver.py"
 GUARANTEES = "tests/test_guarantees.py"
+TRIAL = "mineonline_core/runtime/trial.py"
 PPO_TESTS = "plugins/ppo/tests/test_ppo_loss.py"
 BUFFER = "mineonline_core/rollout/buffer.py"
 COLLECTOR = "mineonline_core/rollout/collector.py"
@@ -191,6 +192,12 @@ MUTATIONS = (
     Mutation("gpu-ray-train", "one GPU rank always goes to Ray Train", DRIVER,
              "        return tc.num_workers > 1\n", "        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0\n",
              ("tests/test_trainer_device.py::test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train",)),
+    Mutation("tune-resume-fresh", "a resumed tune trial starts its run anew instead of continuing its checkpoint", TRIAL,
+             "            elif has_checkpoint:", "            elif False:",
+             ("tests/test_tune.py::test_an_interrupted_experiment_resumes",)),
+    Mutation("tune-stop-ignored", "a trial that ASHA stops goes on training to the end", TRIAL,
+             "        return self._stop.is_set()", "        return False",
+             ("tests/test_tune.py::test_asha_sweep_of_two_learning_rates_by_two_seeds",)),
 )
 
 
