@@ -10,7 +10,7 @@ An override ``key=value`` is a search space when its value is one of
 The same strings may stand as values in a YAML config (``learning_rate: loguniform(1e-5,1e-3)``); a
 command-line override of the key wins. Values of ``choice`` and ``grid`` stay text and reach the trial as
 overrides, so ``[64,64]`` or ``null`` mean what they mean in any override. ``seeds`` is the ``seed`` key's
-grid. Every value a space can take at its ends is validated as a config before Ray starts, so a typo or an
+grid. A trial's run is named after the experiment and its values (``trial_name``). Every value a space can take at its ends is validated as a config before Ray starts, so a typo or an
 out-of-range bound is the usual one-paragraph error, not a failed trial.
 """
 
@@ -59,6 +59,34 @@ class Space:
         if self.kind == "randint":
             return tune.randint(int(self.values[0]), int(self.values[1]))
         return getattr(tune, self.kind)(float(self.values[0]), float(self.values[1]))
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What every trial of an experiment shares (saved as ``tune.json`` for ``--resume``)."""
+
+    source: str | None
+    fixed: tuple[str, ...]
+    keys: tuple[str, ...]  # the swept keys, in the order trial names show them
+    experiment: str
+    experiment_dir: str
+    metric: str
+    cwd: str
+
+
+def trial_name(spec: TrialSpec, trial_id: str, config: dict) -> str:
+    """``<experiment>-<trial number>-<key>=<value>...``: the trial's run name and directory name."""
+    number = trial_id.rsplit("_", 1)[-1]
+    parts = [spec.experiment, number]
+    for key in spec.keys:
+        value = config[key]
+        shown = f"{value:.3g}" if isinstance(value, float) else str(value)
+        parts.append(re.sub(r"[^A-Za-z0-9.=+-]+", "", f"{key.rsplit('.', 1)[-1]}={shown}"))
+    return "-".join(parts)
+
+
+def trial_overrides(spec: TrialSpec, config: dict) -> list[str]:
+    return [f"{key}={config[key]}" for key in spec.keys]
 
 
 def _split(text: str) -> tuple[str, ...]:

@@ -20,46 +20,15 @@ import json
 import logging
 import os
 import queue
-import re
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ray.tune import Trainable
 
 from mineonline_core.errors import RunFailedError
+from mineonline_core.runtime.sweep import TrialSpec, trial_name, trial_overrides
 
 log = logging.getLogger("mineonline")
-POINTER = "mineonline_checkpoint.json"  # what a Tune checkpoint of a trial holds: the run's checkpoint path
-
-
-@dataclass(frozen=True)
-class TrialSpec:
-    """What every trial of an experiment shares (saved as ``tune.json`` for ``--resume``)."""
-
-    source: str | None
-    fixed: tuple[str, ...]
-    keys: tuple[str, ...]  # the swept keys, in the order trial names show them
-    experiment: str
-    experiment_dir: str
-    metric: str
-    cwd: str
-
-
-def trial_name(spec: TrialSpec, trial_id: str, config: dict) -> str:
-    """``<experiment>-<trial number>-<key>=<value>...``: the trial's run name and directory name."""
-    number = trial_id.rsplit("_", 1)[-1]
-    parts = [spec.experiment, number]
-    for key in spec.keys:
-        value = config[key]
-        shown = f"{value:.3g}" if isinstance(value, float) else str(value)
-        parts.append(re.sub(r"[^A-Za-z0-9.=+-]+", "", f"{key.rsplit('.', 1)[-1]}={shown}"))
-    return "-".join(parts)
-
-
-def trial_overrides(spec: TrialSpec, config: dict) -> list[str]:
-    return [f"{key}={config[key]}" for key in spec.keys]
 
 
 def _numbers(metrics: dict) -> dict[str, float]:
@@ -107,15 +76,14 @@ class TrialRun(Trainable):
             self._thread.join()
 
     def save_checkpoint(self, checkpoint_dir: str) -> dict:
+        """PBT's checkpoint of a trial: the path of its run's latest checkpoint (Tune keeps the dict)."""
         from mineonline_core.trainer.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(self.run_dir / "checkpoints")
-        Path(checkpoint_dir, POINTER).write_text(json.dumps({"checkpoint": str(latest) if latest else None}))
-        return {}
+        return {"checkpoint": str(latest) if latest else None}
 
-    def load_checkpoint(self, checkpoint: Any) -> None:
-        path = Path(checkpoint if isinstance(checkpoint, str) else checkpoint.path) / POINTER
-        self._restore_from = json.loads(path.read_text())["checkpoint"] if path.is_file() else None
+    def load_checkpoint(self, checkpoint: dict) -> None:
+        self._restore_from = checkpoint.get("checkpoint")
 
     # -- the run ----------------------------------------------------------------------------------
 

@@ -21,18 +21,14 @@ import csv
 import dataclasses
 import datetime
 import json
-import logging
 import os
 import re
 from pathlib import Path
 from typing import Any, Sequence
 
 from mineonline_core.errors import ConfigError
-from mineonline_core.runtime.sweep import Space, config_spaces, split_overrides, validate
-from mineonline_core.trainer.checkpoint import list_checkpoints
-from mineonline_core.runtime.trial import TrialRun, TrialSpec, trial_name, trial_overrides
+from mineonline_core.runtime.sweep import Space, TrialSpec, config_spaces, split_overrides, trial_name, trial_overrides, validate
 
-log = logging.getLogger("mineonline")
 DEFAULT_METRIC = "episode/return_mean"
 SCHEDULERS = ("fifo", "asha", "pbt")
 TIME_ATTR = "trainer/iteration"
@@ -60,6 +56,7 @@ def tune(source: Any = None, overrides: Sequence[str] = (), *, name: str | None 
     from ray import tune as ray_tune
 
     from mineonline_core.runtime.api import init_ray
+    from mineonline_core.runtime.trial import TrialRun
 
     started_ray = not ray.is_initialized()
     init_ray(address)
@@ -188,6 +185,8 @@ def _scheduler(options: dict, spaces: list[Space]) -> Any:
 
 def _rows(grid: Any, spec: TrialSpec, options: dict) -> list[dict]:
     """One row per trial: its parameters, the metric's last value, iterations, how it ended, its run dir."""
+    from mineonline_core.trainer.checkpoint import list_checkpoints
+
     rows = []
     for result in grid:
         metrics = result.metrics or {}
