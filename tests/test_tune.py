@@ -134,3 +134,34 @@ def test_an_interrupted_experiment_resumes(tmp_path):
     # The same run continued from its checkpoint: each iteration is in its metrics once, in order.
     iterations = _iterations(Path(row["run_dir"]))
     assert iterations == list(range(1, 301)) and stopped_at in iterations
+
+
+def test_the_table_reports_each_trials_end_and_a_failures_root_cause(tmp_path):
+    from ray.exceptions import RayTaskError
+    from ray.tune import Result
+
+    from mineonline_core.errors import RunFailedError
+    from mineonline_core.runtime.sweep import TrialSpec
+    from mineonline_core.runtime.tune import _rows, format_table
+
+    spec = TrialSpec(source="c.yaml", fixed=(), keys=("seed",), experiment="e", experiment_dir=str(tmp_path), metric="m", cwd=".")
+    cause = RunFailedError("ValueError: env id 'Nope-v0' is not registered")
+    error = RayTaskError("TrialRun.train", f"Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                         f"mineonline_core.errors.RunFailedError: {cause}", cause)  # fmt: skip
+    for name, iterations in (("e-00000-seed=0", 8), ("e-00001-seed=1", 3)):
+        (tmp_path / name / "checkpoints" / f"checkpoint_{iterations:06d}").mkdir(parents=True)
+        (tmp_path / name / "checkpoints" / f"checkpoint_{iterations:06d}" / "manifest.json").write_text("{}")
+    results = [
+        Result(metrics={"m": 2.0, "trainer/iteration": 8.0, "done": True, "config": {"seed": "0"}}, checkpoint=None, error=None,
+               path=str(tmp_path / "e-00000-seed=0")),
+        Result(metrics={"m": 1.0, "trainer/iteration": 2.0, "done": True, "config": {"seed": "1"}}, checkpoint=None, error=None,
+               path=str(tmp_path / "e-00001-seed=1")),
+        Result(metrics={"config": {"seed": "2"}}, checkpoint=None, error=error, path=str(tmp_path / "e-00002-seed=2")),
+    ]  # fmt: skip
+    rows = _rows(results, spec, {"iterations": 8, "scheduler": "asha"})
+    assert [(r["parameters"], r["metric"], r["iterations"], r["status"]) for r in rows] == [
+        ("seed=0", "2", 8, "completed"),
+        ("seed=1", "1", 3, "stopped early (asha)"),  # the run's own last checkpoint, past the stop
+        ("seed=2", "", 0, "failed: ValueError: env id 'Nope-v0' is not registered"),
+    ]
+    assert format_table(rows).splitlines()[0].split() == ["trial", "parameters", "metric", "iterations", "status", "run_dir"]
