@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import threading
 from pathlib import Path
 
@@ -75,15 +76,18 @@ class TrialRun(Trainable):
         if self._thread is not None:
             self._thread.join()
 
-    def save_checkpoint(self, checkpoint_dir: str) -> dict:
-        """PBT's checkpoint of a trial: the path of its run's latest checkpoint (Tune keeps the dict)."""
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """PBT's checkpoint of a trial: its run's latest checkpoint, linked (or copied) into Tune's directory,
+        so that the run's own retention (``keep_interval``) cannot delete what another trial will clone."""
         from mineonline_core.trainer.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(self.run_dir / "checkpoints")
-        return {"checkpoint": str(latest) if latest else None}
+        if latest is not None:
+            shutil.copytree(latest, Path(checkpoint_dir) / latest.name, copy_function=_link_or_copy)
 
-    def load_checkpoint(self, checkpoint: dict) -> None:
-        self._restore_from = checkpoint.get("checkpoint")
+    def load_checkpoint(self, checkpoint: str) -> None:
+        found = sorted(Path(checkpoint).glob("checkpoint_*"))
+        self._restore_from = str(found[-1]) if found else None
 
     # -- the run ----------------------------------------------------------------------------------
 
@@ -135,6 +139,13 @@ class TrialRun(Trainable):
         except BaseException as exc:  # noqa: BLE001 - becomes the trial's error, raised by step() on Tune's thread
             log.error("trial %s failed: %s: %s", self.name, type(exc).__name__, exc)
             self._events.put(("error", RunFailedError(f"{type(exc).__name__}: {_last_line(exc)}")))
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # checkpoint files are written once, never modified in place
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _last_line(exc: BaseException) -> str:
