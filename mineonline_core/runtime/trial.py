@@ -27,7 +27,7 @@ from pathlib import Path
 from ray.tune import Trainable
 
 from mineonline_core.errors import RunFailedError
-from mineonline_core.runtime.sweep import TrialSpec, trial_name, trial_overrides
+from mineonline_core.runtime.sweep import TrialSpec, trial_overrides
 
 log = logging.getLogger("mineonline")
 
@@ -43,7 +43,8 @@ class TrialRun(Trainable):
         assert spec is not None, "tune() binds the spec with tune.with_parameters"
         self.spec = spec
         os.chdir(spec.cwd)  # Tune starts trials in their trial directory; relative paths mean the user's
-        self.name = trial_name(spec, self.trial_id, config)
+        # The name Tune gave the trial from its first parameters: PBT's new values keep the trial's run directory.
+        self.name = self.trial_name
         self.run_dir = Path(spec.experiment_dir) / self.name
         self._events: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -52,7 +53,6 @@ class TrialRun(Trainable):
         self._reported = 0.0  # the last iteration handed to Tune
         self._offset = 0  # how far metrics.jsonl has been read
         self._running: dict[str, float] = {}  # the latest value of every metric, as of the records read
-        self._last: dict[str, float] = {}
 
     # -- Tune's calls ------------------------------------------------------------------------------
 
@@ -64,10 +64,11 @@ class TrialRun(Trainable):
         if kind == "error":
             raise payload
         if kind == "end":
+            self._on_latest({})  # the records of a run that ended between two of its monitor's calls
             summary = _numbers(payload.get("summary") or {})
-            final = {**self._last, **summary, "trainer/iteration": float(payload.get("iteration", 0))}
+            iteration = max(float(payload.get("iteration", 0)), self._running.get("trainer/iteration", 0.0))
+            final = {**self._running, **summary, "trainer/iteration": iteration}
             return {**final, "run_status": payload.get("status", "completed"), "done": True}
-        self._last = payload
         return payload
 
     def cleanup(self) -> None:
