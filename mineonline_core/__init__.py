@@ -26,6 +26,7 @@ _LAZY = {
     "start_rolloutmanager": "mineonline_core.runtime.api",
     "start_trainer": "mineonline_core.runtime.api",
     "run": "mineonline_core.runtime.api",
+    "tune": "mineonline_core.runtime.tune",
     "load_policy": "mineonline_core.runtime.evaluate",
     "evaluate": "mineonline_core.runtime.evaluate",
 }

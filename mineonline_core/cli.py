@@ -28,6 +28,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.get("status") in ("completed", "interrupted") else 1
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from mineonline_core.runtime.tune import tune
+
+    if args.resume is not None and args.config is not None:
+        raise MineOnlineError("mineonline tune --resume EXPERIMENT_DIR continues an experiment as it was planned: give no CONFIG or overrides.")
+    rows = tune(args.config, args.overrides, name=args.name, seeds=args.seeds, scheduler=args.scheduler, metric=args.metric,
+                mode=args.mode, num_samples=args.num_samples, grace_period=args.grace_period,
+                perturbation_interval=args.perturbation_interval, address=args.address, resume=args.resume)  # fmt: skip
+    return 0 if rows and not any(r["status"].startswith("failed") for r in rows) else 1
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from mineonline_core.runtime.evaluate import EVAL_FILE, evaluate
 
@@ -147,6 +158,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also print Ray's and the libraries' messages (always in the run directory's run.log)")  # fmt: skip
     run.set_defaults(func=_cmd_run)
 
+    tn = sub.add_parser("tune", help="a Ray Tune experiment: one run per trial, over search spaces and seeds")
+    tn.add_argument("config", nargs="?", help="a YAML file or a Python config module")
+    tn.add_argument("overrides", nargs="*", help="overrides and search spaces, e.g. train_config.learning_rate=loguniform(1e-5,1e-3) "
+                    "seed=0,1,2 (forms: loguniform, uniform, randint, choice, grid, a,b,c)")
+    tn.add_argument("--seeds", help="shorthand for a grid over the seed key, e.g. --seeds 0,1,2")
+    tn.add_argument("--name", help="experiment name: <output_dir>/<name> holds its trials' run directories (default tune-<time>)")
+    tn.add_argument("--scheduler", default="fifo", help="fifo (default), asha or pbt")
+    tn.add_argument("--metric", default="episode/return_mean", help="a metric the runs log, for the scheduler and the table "
+                    "(default episode/return_mean)")
+    tn.add_argument("--mode", default="max", help="max (default) or min")
+    tn.add_argument("--num-samples", type=int, default=1, help="draws of the random spaces per grid point (default 1)")
+    tn.add_argument("--grace-period", type=int, help="asha: iterations before a trial can be stopped (default num_iterations/8)")
+    tn.add_argument("--perturbation-interval", type=int, help="pbt: iterations between perturbations (default num_iterations/8)")
+    tn.add_argument("--resume", metavar="EXPERIMENT_DIR", help="continue an interrupted experiment: its unfinished trials "
+                    "continue from their runs' latest checkpoints")
+    tn.add_argument("--address", help="the Ray cluster to join (default: start a local one)")
+    tn.set_defaults(func=_cmd_tune)
+
     ev = sub.add_parser("eval", help="run episodes with a trained policy; write eval.json (and videos)")
     ev.add_argument("path", metavar="RUN_DIR|CHECKPOINT", help="a run directory (its latest checkpoint) or a checkpoint directory")
     ev.add_argument("overrides", nargs="*", help="dotlist overrides of the saved config, e.g. env_config.length=500")
@@ -227,7 +256,7 @@ def entry() -> None:
     """The ``mineonline`` console script: ``main``, then, after ``run``, an exit without the
     interpreter's teardown."""
     code = main()
-    if sys.argv[1:2] == ["run"]:
+    if sys.argv[1:2] in (["run"], ["tune"]):
         # The run has stopped Ray and closed its files; unwinding the modules of torch and Ray would
         # only add seconds to the wall clock of every run (issue 16).
         sys.stdout.flush()

@@ -175,7 +175,8 @@ def _inside(path: str, directory: Path) -> bool:
 
 
 def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = None, resume: str | None = None,
-        progress: bool = True, force: bool = False, verbose: bool = False, pm: PluginManager | None = None) -> dict:  # fmt: skip
+        progress: bool = True, force: bool = False, verbose: bool = False, pm: PluginManager | None = None,
+        monitor: Callable[[dict], bool] | None = None) -> dict:  # fmt: skip
     """Validate, start everything, train to ``num_iterations`` (or until Ctrl-C), clean up.
 
     Before Ray starts: the config is validated and resolved, the run directory (and a persistent
@@ -183,6 +184,10 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     with the one it was trained with (``resume``; ``force`` accepts continuity-breaking changes).
     The console shows mineonline's own output; Ray's and the libraries' go to ``run.log`` in the run
     directory (``verbose``: to the console as well).
+
+    Inside a Ray worker (a Tune trial, ``runtime/tune.py``) the run joins that Ray and leaves it running.
+    ``monitor`` is called on this thread with the logging actor's latest metrics about once a second;
+    a True return stops the run as Ctrl-C does (final checkpoint, status "interrupted").
     """
     from mineonline_core.runtime.budget import machine_memory
     from mineonline_core.runtime.mainguard import check_generators_named, check_main_guard
@@ -213,7 +218,7 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
         result: dict = {}
         try:
             result = _run_owned(resolved, pm, overrides=plan.recorded if plan else list(overrides), address=address,
-                                progress=progress, verbose=verbose)  # fmt: skip
+                                progress=progress, verbose=verbose, monitor=monitor)  # fmt: skip
         finally:
             if plan is not None and not progressed(cfg, plan.checkpoint) and result.get("status") != "completed":
                 restore(cfg.run_dir(), records)  # a failed attempt leaves run.json and config.yaml as they were
@@ -221,7 +226,7 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
 
 
 def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str], address: str | None, progress: bool,
-               verbose: bool) -> dict:  # fmt: skip
+               verbose: bool, monitor: Callable[[dict], bool] | None = None) -> dict:  # fmt: skip
     from mineonline_core.runtime.runlog import RunLog
     from mineonline_core.runtime.supervise import note_run_dir
 
@@ -231,9 +236,9 @@ def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str]
     os.environ.setdefault("WANDB_MODE", "offline")
     pm.hook.mineonline_run_start(config=cfg, run_dir=str(run_dir))
     with RunLog(run_dir, verbose=verbose) as run_log:
-        status, result = _launch(resolved, pm, run_dir, address=address, progress=progress, run_log=run_log)
+        status, result = _launch(resolved, pm, run_dir, address=address, progress=progress, run_log=run_log, monitor=monitor)
     result["status"], result["run_dir"] = status, str(run_dir)
-    if result["summary"]:
+    if result["summary"] and monitor is None:  # a Tune trial's summary is its row of the results table
         from mineonline_core.runtime.console import print_summary
 
         # The table is printed here, on the driver, not in the logging actor whose output Ray prefixes.
@@ -245,7 +250,7 @@ def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str]
 
 
 def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address: str | None, progress: bool,
-            run_log: Any) -> tuple[str, dict]:  # fmt: skip
+            run_log: Any, monitor: Callable[[dict], bool] | None = None) -> tuple[str, dict]:  # fmt: skip
     """Start Ray and the run's actors, train, and tear everything down whatever happens."""
     import ray
 
@@ -268,7 +273,7 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
         except ray.exceptions.RayError as exc:
             raise find_user_error(exc) or RunFailedError(f"the rollout manager failed to start: {_first_line(exc)}") from exc
         check_logger_hub(hub, cfg.run_name)
-        result = _train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress)
+        result = _train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress, monitor)
         status = result.get("status", "completed")
     except KeyboardInterrupt:
         status = "interrupted"
@@ -288,7 +293,8 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
     return status, result
 
 
-def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig, progress: bool) -> dict:
+def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig, progress: bool,
+                         monitor: Callable[[dict], bool] | None = None) -> dict:
     """Run ``trainer.fit()`` in a thread; the main thread shows progress and turns Ctrl-C into a stop."""
     import ray
 
@@ -328,6 +334,9 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
                 done.wait(timeout=1.0)
                 latest = _checked(hub.latest, "logging actor (LoggerHub)")
                 display.update(latest)
+                if monitor is not None and monitor(latest) and not stopping:
+                    stopping = True  # a Tune scheduler's stop: the trainer finishes its iteration, then a final checkpoint
+                    manager.request_stop.remote()
                 _checked(manager.health, "rollout manager (RolloutManager)")
                 pending.check()
                 stalled = watchdog.stalled(latest)

@@ -33,6 +33,7 @@ DRIVER = "mineonline_core/trainer/driver.py"
 GUARANTEES = "tests/test_guarantees.py"
 EVALUATION = "mineonline_core/trainer/evaluation.py"
 EVAL_TESTS = "tests/test_eval_while_training.py"
+TRIAL = "mineonline_core/runtime/trial.py"
 PPO_TESTS = "plugins/ppo/tests/test_ppo_loss.py"
 BUFFER = "mineonline_core/rollout/buffer.py"
 COLLECTOR = "mineonline_core/rollout/collector.py"
@@ -230,6 +231,12 @@ MUTATIONS = (
     Mutation("progress-steps", "the progress bar and ETA follow num_iterations when max_env_steps ends the run",
              "mineonline_core/runtime/console.py", "        return self.num_iterations <= 0 or steps > self.iteration() / self.num_iterations",
              "        return False", ("tests/test_logging_console.py::test_progress_follows_max_env_steps_when_it_ends_the_run",)),
+    Mutation("tune-resume-fresh", "a resumed tune trial starts its run anew instead of continuing its checkpoint", TRIAL,
+             "            elif has_checkpoint:", "            elif False:",
+             ("tests/test_tune.py::test_an_interrupted_experiment_resumes",)),
+    Mutation("tune-stop-ignored", "a trial that ASHA stops goes on training to the end", TRIAL,
+             "        return self._stop.is_set()", "        return False",
+             ("tests/test_tune.py::test_asha_sweep_of_two_learning_rates_by_two_seeds",)),
 )
 
 

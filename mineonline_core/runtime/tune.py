@@ -1,0 +1,235 @@
+"""Sweeps and seeds: ``mineonline tune`` and ``tune()``, a Ray Tune experiment whose trials are runs.
+
+Everything a user can get wrong (the search-space grammar, ``runtime/sweep.py``; every end of every space
+as a config; the scheduler's metric and options) is checked before Ray starts. Then one Tune experiment
+runs on one Ray cluster (this machine's, or ``address``): each trial is a ``TrialRun``
+(``runtime/trial.py``) that reserves, as a placement group sized from its resolved config, the CPU of the
+trainer rank that runs in the trial's process and one bundle per rollout worker (and the shared inference
+server), so the cluster's CPUs and GPUs bound how many trials run at once. Ray Train ranks
+(``train_config.num_workers > 1``) and a driver-side GPU lease reserve through Ray Train's own placement
+group and the cluster, outside the trial's.
+
+Trials are ordinary runs: one run directory each, ``<output_dir>/<experiment>/<experiment>-<n>-<params>``,
+with its checkpoints, metrics and loggers (wandb's group is the experiment). The experiment's directory
+also holds Tune's state, ``tune.json`` (what ``--resume`` needs besides it) and ``results.csv``, the table
+printed at the end. Schedulers: ASHA and PBT, on ``trainer/iteration`` and any metric the runs log.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from mineonline_core.errors import ConfigError
+from mineonline_core.runtime.sweep import Space, TrialSpec, config_spaces, split_overrides, trial_name, trial_overrides, validate
+
+DEFAULT_METRIC = "episode/return_mean"
+SCHEDULERS = ("fifo", "asha", "pbt")
+TIME_ATTR = "trainer/iteration"
+SPEC_FILE, RESULTS_FILE = "tune.json", "results.csv"
+COLUMNS = ("trial", "parameters", "metric", "iterations", "status", "run_dir")
+
+
+def tune(source: Any = None, overrides: Sequence[str] = (), *, name: str | None = None, seeds: str | None = None,
+         scheduler: str = "fifo", metric: str = DEFAULT_METRIC, mode: str = "max", num_samples: int = 1,
+         grace_period: int | None = None, perturbation_interval: int | None = None, address: str | None = None,
+         resume: str | None = None) -> list[dict]:  # fmt: skip
+    """Run (or, with ``resume`` = the experiment's directory, continue) a sweep; return the results table's rows.
+
+    ``overrides`` mix plain overrides and search spaces (``runtime/sweep.py``); ``seeds`` (``"0,1,2"``) is a
+    grid over ``seed``. ``scheduler``: ``fifo`` (every trial to the end), ``asha`` (stops trials whose
+    ``metric`` trails at ``grace_period``, 2x, 4x... iterations) or ``pbt`` (every ``perturbation_interval``
+    iterations the worse trials continue from a better one's checkpoint with perturbed parameters)."""
+    if resume is not None:
+        spec, spaces, options = _load_spec(resume)
+    else:
+        spec, spaces, options = _plan(source, overrides, name=name, seeds=seeds, scheduler=scheduler, metric=metric,
+                                      mode=mode, num_samples=num_samples, grace_period=grace_period,
+                                      perturbation_interval=perturbation_interval)  # fmt: skip
+    import ray
+    from ray import tune as ray_tune
+
+    from mineonline_core.runtime.api import init_ray
+    from mineonline_core.runtime.trial import TrialRun
+
+    started_ray = not ray.is_initialized()
+    init_ray(address)
+    try:
+        trainable = ray_tune.with_resources(ray_tune.with_parameters(TrialRun, spec=spec), resources=_resources(spec))
+        exp_dir = Path(spec.experiment_dir)
+        if resume is not None:
+            tuner = ray_tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=False)
+        else:
+            tuner = ray_tune.Tuner(
+                trainable, param_space={s.key: s.to_tune() for s in spaces},
+                tune_config=ray_tune.TuneConfig(num_samples=options["num_samples"], scheduler=_scheduler(options, spaces),
+                                                metric=spec.metric, mode=options["mode"],
+                                                reuse_actors=False,
+                                                trial_dirname_creator=lambda t: trial_name(spec, t.trial_id, t.config),
+                                                trial_name_creator=lambda t: trial_name(spec, t.trial_id, t.config)),
+                run_config=ray_tune.RunConfig(name=spec.experiment, storage_path=str(exp_dir.parent), verbose=1),
+            )  # fmt: skip
+        grid = tuner.fit()
+        rows = _rows(grid, spec, options)
+    finally:
+        if started_ray:
+            ray.shutdown()
+    _write_table(rows, exp_dir / RESULTS_FILE)
+    return rows
+
+
+def _plan(source: Any, overrides: Sequence[str], *, name: str | None, seeds: str | None, scheduler: str, metric: str,
+          mode: str, num_samples: int, grace_period: int | None, perturbation_interval: int | None) -> tuple[TrialSpec, list[Space], dict]:  # fmt: skip
+    """Validate everything and write ``tune.json``; no Ray yet."""
+    if source is None:
+        raise ConfigError("mineonline tune: give a CONFIG file, or --resume EXPERIMENT_DIR to continue an experiment.")
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(f"--scheduler {scheduler!r} is not one of {', '.join(SCHEDULERS)}. Fix: choose one of them.")
+    if mode not in ("max", "min"):
+        raise ConfigError(f"--mode {mode!r}: give max (a return) or min (a loss).")
+    if num_samples < 1:
+        raise ConfigError(f"--num-samples {num_samples}: give 1 or more (draws of the random spaces per grid point).")
+    fixed, spaces = split_overrides(overrides, seeds=seeds)
+    given = {o.split("=", 1)[0].strip() for o in fixed} | {s.key for s in spaces}
+    spaces = [s for s in config_spaces(source) if s.key not in given] + spaces
+    if scheduler == "pbt" and not any(s.kind in ("loguniform", "uniform", "choice", "randint") for s in spaces):
+        raise ConfigError("--scheduler pbt perturbs the random spaces (loguniform, uniform, randint, choice), and none is "
+                          "given. Fix: sweep a key with one, e.g. train_config.learning_rate=loguniform(1e-5,1e-3).")  # fmt: skip
+    if not isinstance(source, (str, os.PathLike)):
+        raise ConfigError("tune() takes a config file's path (YAML or Python module): each trial loads it in its own process.")
+    source = str(Path(source).expanduser().absolute())
+    loaded = validate(source, fixed, spaces)
+    cfg = loaded.config
+    experiment = name or (str(cfg.run_name) if "run_name" in given else datetime.datetime.now().strftime("tune-%Y%m%d-%H%M%S"))
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.=+-]*", experiment):
+        raise ConfigError(f"--name {experiment!r}: the experiment's name starts its trials' run names, so it must be a "
+                          "folder name of letters, digits and . = + -. Fix: give e.g. --name lr-sweep.")  # fmt: skip
+    fixed = [o for o in fixed if o.split("=", 1)[0].strip() not in ("run_name", "output_dir")]
+    if "wandb" in cfg.logger_config.loggers and "group" not in (cfg.logger_config.model_extra or {}):
+        fixed.append(f"logger_config.group={experiment}")
+    iterations = cfg.train_config.num_iterations
+    for option, value in (("--grace-period", grace_period), ("--perturbation-interval", perturbation_interval)):
+        if value is not None and not 1 <= value <= iterations:
+            raise ConfigError(f"{option} {value}: give a number of iterations from 1 to train_config.num_iterations ({iterations}).")
+    exp_dir = Path(cfg.output_dir).expanduser().absolute() / experiment
+    if (exp_dir / SPEC_FILE).exists():
+        raise ConfigError(f"--name {experiment}: {exp_dir} already holds a tune experiment. Fix: continue it with "
+                          f"`mineonline tune --resume {exp_dir}`, or give another --name.")  # fmt: skip
+    spec = TrialSpec(source=source, fixed=tuple(fixed), keys=tuple(s.key for s in spaces), experiment=experiment,
+                     experiment_dir=str(exp_dir), metric=metric, cwd=os.getcwd())  # fmt: skip
+    options = {"scheduler": scheduler, "mode": mode, "num_samples": num_samples, "iterations": iterations,
+               "grace_period": grace_period or max(1, iterations // 8),
+               "perturbation_interval": perturbation_interval or max(1, iterations // 8)}  # fmt: skip
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    record = {"spec": dataclasses.asdict(spec), "spaces": [dataclasses.asdict(s) for s in spaces], "options": options}
+    (exp_dir / SPEC_FILE).write_text(json.dumps(record, indent=2))
+    return spec, spaces, options
+
+
+def _load_spec(resume: str) -> tuple[TrialSpec, list[Space], dict]:
+    path = Path(resume).expanduser().absolute() / SPEC_FILE
+    if not path.is_file():
+        raise ConfigError(f"--resume {resume}: no {SPEC_FILE} there, so it is not a mineonline tune experiment. "
+                          "Fix: give the experiment's directory, <output_dir>/<experiment>.")  # fmt: skip
+    record = json.loads(path.read_text())
+    spec = TrialSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in record["spec"].items()})
+    spaces = [Space(s["key"], s["kind"], tuple(s["values"])) for s in record["spaces"]]
+    return spec, spaces, record["options"]
+
+
+def bundles(cfg: Any) -> list[dict[str, float]]:
+    """The trial's placement group: its own process (the in-process trainer rank), then one bundle per
+    rollout worker and the shared inference server. Empty bundles are dropped; an empty head bundle
+    means the trial's process takes nothing from the group (Tune's convention)."""
+    from mineonline_core.config.checks import inference_resources
+
+    rc, tc = cfg.rollout_config, cfg.train_config
+    in_process = not (tc.use_ray_train if tc.use_ray_train is not None else tc.num_workers > 1)
+    head = {"CPU": tc.num_cpus_per_worker} if in_process and tc.num_gpus_per_worker == 0 and tc.num_cpus_per_worker > 0 else {}
+    server_cpus, server_gpus, worker_gpus = inference_resources(rc)
+    worker = {k: v for k, v in (("CPU", rc.num_cpus_per_worker), ("GPU", worker_gpus)) if v > 0}
+    server = {k: v for k, v in (("CPU", server_cpus), ("GPU", server_gpus)) if v > 0}
+    return [head, *([worker] * rc.num_rollout_workers if worker else []), *([server] if server else [])]
+
+
+def _resources(spec: TrialSpec) -> Any:
+    from ray.tune import PlacementGroupFactory
+
+    from mineonline_core.config import load_config
+
+    def for_trial(config: dict) -> PlacementGroupFactory:
+        cfg = load_config(spec.source, [*spec.fixed, *trial_overrides(spec, config)]).config
+        return PlacementGroupFactory(bundles(cfg))
+
+    return for_trial
+
+
+def _scheduler(options: dict, spaces: list[Space]) -> Any:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
+
+    if options["scheduler"] == "asha":
+        return ASHAScheduler(time_attr=TIME_ATTR, max_t=options["iterations"], grace_period=options["grace_period"],
+                             reduction_factor=2)  # fmt: skip
+    if options["scheduler"] == "pbt":
+        mutations = {s.key: s.to_tune() for s in spaces if s.kind != "grid"}
+        return PopulationBasedTraining(time_attr=TIME_ATTR, perturbation_interval=options["perturbation_interval"],
+                                       hyperparam_mutations=mutations)  # fmt: skip
+    return FIFOScheduler()
+
+
+def _rows(grid: Any, spec: TrialSpec, options: dict) -> list[dict]:
+    """One row per trial: its parameters, the metric's last value, iterations, how it ended, its run dir."""
+    from mineonline_core.trainer.checkpoint import list_checkpoints
+
+    rows = []
+    for result in grid:
+        metrics = result.metrics or {}
+        config = result.config or {}
+        run_dir = Path(result.path) if result.path else None
+        # The run's own last checkpoint: a stopped trial's run goes on to the end of its iteration.
+        saved = list_checkpoints(run_dir / "checkpoints") if run_dir is not None else []
+        iterations = saved[-1][0] if saved else int(metrics.get(TIME_ATTR, 0) or 0)
+        if result.error is not None:
+            lines = [line for line in str(result.error).strip().splitlines() if line.strip()]
+            cause = lines[-1].strip() if lines else type(result.error).__name__
+            status = "failed: " + re.sub(r"^[\w.]*RunFailedError: ", "", cause)
+        elif iterations >= options["iterations"]:
+            status = "completed"
+        elif metrics.get("done"):  # a scheduler's stop, or a goal the run reached
+            status = str(metrics.get("run_status", f"stopped early ({options['scheduler']})"))
+        else:
+            status = "interrupted" if metrics else "not started"
+        value = metrics.get(spec.metric)
+        rows.append({
+            "trial": Path(result.path).name if result.path else "?",
+            "parameters": " ".join(trial_overrides(spec, config)),
+            "metric": "" if value is None else f"{value:.4g}",
+            "iterations": iterations,
+            "status": status,
+            "run_dir": result.path or "",
+        })  # fmt: skip
+    return sorted(rows, key=lambda r: r["trial"])
+
+
+def _write_table(rows: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(format_table(rows))
+    print(f"results: {path}")
+
+
+def format_table(rows: list[dict]) -> str:
+    """The table as aligned text, the run directory last."""
+    padded = COLUMNS[:-1]
+    widths = {c: max([len(c), *(len(str(r[c])) for r in rows)]) for c in padded}
+    lines = ["  ".join([*(c.ljust(widths[c]) for c in padded), COLUMNS[-1]])]
+    lines += ["  ".join([*(str(r[c]).ljust(widths[c]) for c in padded), str(r[COLUMNS[-1]])]) for r in rows]
+    return "\n".join(lines)

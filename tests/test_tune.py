@@ -1,0 +1,167 @@
+"""``mineonline tune``: a sweep whose trials are real CartPole runs on a local Ray cluster of this machine.
+
+The ASHA test is made deterministic by its metric: ``trainer/learning_rate`` (any logged metric is
+accepted) ranks the trials by their learning rate, whatever the noise of short CartPole runs. Two trials
+fit on the 2 CPUs at once (0.5 + 0.25 each), so both 1e-2 trials have reported every iteration before
+a 1e-4 trial starts, and ASHA stops each 1e-4 trial at its first rung.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mineonline_core.cli import main
+from mineonline_core.runtime.tune import RESULTS_FILE
+
+CARTPOLE = """
+env_config: {{name: gymnasium, id: CartPole-v1}}
+policy_config: {{name: mlp, hidden_sizes: [16]}}
+rollout_config:
+  num_rollout_workers: 1
+  num_cpus_per_worker: 0.25
+  fragment_length: 16
+  worker_config: {{num_envs: 2, batch_size: 2}}
+  replay_buffer_config: {{fragments_per_chunk: 1, database_config: {{backend: memory}}}}
+train_config:
+  num_workers: 1
+  num_cpus_per_worker: 0.5
+  num_iterations: {iterations}
+  batch_size_per_gpu: 2
+  batches_per_iteration: 1
+  gradient_accumulation: 1
+  context_length: 16
+  anneal_lr_linearly: false
+  save_interval: {save}
+logger_config: {{loggers: []}}
+"""
+
+
+def _config(tmp_path: Path, *, iterations: int, save: int) -> Path:
+    path = tmp_path / "cartpole.yaml"
+    path.write_text(CARTPOLE.format(iterations=iterations, save=save))
+    return path
+
+
+def _table(exp_dir: Path) -> list[dict]:
+    with (exp_dir / RESULTS_FILE).open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def _iterations(run_dir: Path) -> list[int]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [int(r["trainer/iteration"]) for r in records if "trainer/iteration" in r]
+
+
+def test_bad_search_space_fails_before_ray_starts(tmp_path, capsys):
+    import ray
+
+    config = _config(tmp_path, iterations=4, save=2)
+    assert main(["tune", str(config), "train_config.learning_rate=logunifrom(1e-5,1e-3)"]) == 2
+    assert "unknown function 'logunifrom'. Fix: write loguniform(...)" in capsys.readouterr().err
+    assert main(["tune", str(config), "train_config.learning_rate=loguniform(0,1e-3)"]) == 2
+    assert "loguniform needs a positive low bound" in capsys.readouterr().err
+    # Every value of a grid is validated as a config: the bad one is named, with the key.
+    assert main(["tune", str(config), "train_config.learning_rate=grid(1e-3,fast)"]) == 2
+    err = capsys.readouterr().err
+    assert "train_config.learning_rate" in err and "fast" in err
+    assert main(["tune", str(config), "--seeds", "0,x"]) == 2
+    assert "--seeds" in capsys.readouterr().err
+    assert not ray.is_initialized()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_asha_sweep_of_two_learning_rates_by_two_seeds(tmp_path, monkeypatch, local_ray, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = _config(tmp_path, iterations=200, save=50)
+    code = main(["tune", str(config), "train_config.learning_rate=grid(1e-2,1e-4)", "--seeds", "0,1", "--name", "sweep",
+                 "--scheduler", "asha", "--metric", "trainer/learning_rate", "--grace-period", "1"])  # fmt: skip
+    assert code == 0
+    exp_dir = tmp_path / "runs" / "sweep"
+    rows = {r["parameters"]: r for r in _table(exp_dir)}
+    assert sorted(rows) == [f"train_config.learning_rate={lr} seed={s}" for lr in ("1e-2", "1e-4") for s in (0, 1)]
+    console = capsys.readouterr().out
+    for params, row in rows.items():
+        run_dir = Path(row["run_dir"])
+        lr, seed = (item.split("=")[1] for item in params.split())
+        assert run_dir.parent == exp_dir and run_dir.name.startswith("sweep-") and run_dir.name.endswith(f"learningrate={lr}-seed={seed}")
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert (saved["train_config"]["learning_rate"], saved["seed"], saved["run_name"]) == (float(lr), int(seed), run_dir.name)
+        assert (run_dir / "checkpoints").is_dir() and _iterations(run_dir)[0] == 1
+        assert run_dir.name in console
+        if lr == "1e-2":
+            assert (row["status"], row["iterations"]) == ("completed", "200")
+        else:  # stopped at its first rung: the run finished its iteration and left a final checkpoint
+            assert row["status"] == "stopped early (asha)", row
+            assert 1 <= int(row["iterations"]) < 200
+            assert max(_iterations(run_dir)) == int(row["iterations"])
+
+
+def test_an_interrupted_experiment_resumes(tmp_path):
+    config = _config(tmp_path, iterations=300, save=5)
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "mineonline_core.cli", "tune", str(config), "--seeds", "0", "--name", "exp"]
+    exp_dir = tmp_path / "runs" / "exp"
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(exp_dir.glob("exp-*/checkpoints/checkpoint_*/manifest.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the experiment ended"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # the tune process we started, by its pid
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    [row] = _table(exp_dir)
+    assert row["status"] == "interrupted" and int(row["iterations"]) < 300, out[-3000:]
+    stopped_at = int(row["iterations"])
+
+    resumed = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "tune", "--resume", str(exp_dir)], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    [row] = _table(exp_dir)
+    assert (row["status"], row["iterations"]) == ("completed", "300")
+    # The same run continued from its checkpoint: each iteration is in its metrics once, in order.
+    iterations = _iterations(Path(row["run_dir"]))
+    assert iterations == list(range(1, 301)) and stopped_at in iterations
+
+
+def test_the_table_reports_each_trials_end_and_a_failures_root_cause(tmp_path):
+    from ray.exceptions import RayTaskError
+    from ray.tune import Result
+
+    from mineonline_core.errors import RunFailedError
+    from mineonline_core.runtime.sweep import TrialSpec
+    from mineonline_core.runtime.tune import _rows, format_table
+
+    spec = TrialSpec(source="c.yaml", fixed=(), keys=("seed",), experiment="e", experiment_dir=str(tmp_path), metric="m", cwd=".")
+    cause = RunFailedError("ValueError: env id 'Nope-v0' is not registered")
+    error = RayTaskError("TrialRun.train", f"Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                         f"mineonline_core.errors.RunFailedError: {cause}", cause)  # fmt: skip
+    for name, iterations in (("e-00000-seed=0", 8), ("e-00001-seed=1", 3)):
+        (tmp_path / name / "checkpoints" / f"checkpoint_{iterations:06d}").mkdir(parents=True)
+        (tmp_path / name / "checkpoints" / f"checkpoint_{iterations:06d}" / "manifest.json").write_text("{}")
+    results = [
+        Result(metrics={"m": 2.0, "trainer/iteration": 8.0, "done": True, "config": {"seed": "0"}}, checkpoint=None, error=None,
+               path=str(tmp_path / "e-00000-seed=0")),
+        Result(metrics={"m": 1.0, "trainer/iteration": 2.0, "done": True, "config": {"seed": "1"}}, checkpoint=None, error=None,
+               path=str(tmp_path / "e-00001-seed=1")),
+        Result(metrics={"config": {"seed": "2"}}, checkpoint=None, error=error, path=str(tmp_path / "e-00002-seed=2")),
+    ]  # fmt: skip
+    rows = _rows(results, spec, {"iterations": 8, "scheduler": "asha"})
+    assert [(r["parameters"], r["metric"], r["iterations"], r["status"]) for r in rows] == [
+        ("seed=0", "2", 8, "completed"),
+        ("seed=1", "1", 3, "stopped early (asha)"),  # the run's own last checkpoint, past the stop
+        ("seed=2", "", 0, "failed: ValueError: env id 'Nope-v0' is not registered"),
+    ]
+    assert format_table(rows).splitlines()[0].split() == ["trial", "parameters", "metric", "iterations", "status", "run_dir"]
