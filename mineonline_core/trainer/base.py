@@ -47,7 +47,7 @@ from mineonline_core.runtime.runlog import setup_actor_logging
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.driver import DriverSide
 from mineonline_core.trainer.evaluation import Evaluating
-from mineonline_core.trainer.fetch import ChunkFetching, _Fetcher
+from mineonline_core.trainer.fetch import ChunkFetching, OrderedWorker
 from mineonline_core.trainer.goals import Goals
 from mineonline_core.trainer.publish import Publishing
 from mineonline_core.trainer.update import UpdateLoop
@@ -98,10 +98,10 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         self.reference: nn.Module | None = None
         self._reference_ref: Any = None  # the reference's weights in the object store (the broadcast thread's)
         self._reference_stale = True  # the next broadcast sends the reference's weights (trainer thread)
-        self._broadcaster: _Fetcher | None = None  # the broadcast thread (trainer/publish.py)
+        self._broadcaster: OrderedWorker | None = None  # the broadcast thread (trainer/publish.py)
         self._broadcast: tuple[int, Future] | None = None  # (version, its send) in flight
         self._snapshot: Any = None  # the weights' buffers on this rank's device, reused by every broadcast
-        self._fetcher: _Fetcher | None = None
+        self._fetcher: OrderedWorker | None = None
         self._evaluation: Any = None  # rank 0's EvaluationClient when eval_interval is on (trainer/evaluation.py)
         self.rank, self.world_size, self.device = 0, 1, torch.device("cpu")
         self.in_process = False  # True while fit() runs the loop in this process instead of Ray Train

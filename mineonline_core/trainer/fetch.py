@@ -148,13 +148,12 @@ class ChunkFetching:
 
     def _fetch_in_background(self, num_chunks: int, for_version: int, for_iteration: int) -> Future:
         if self._fetcher is None:
-            self._fetcher = _Fetcher()
+            self._fetcher = OrderedWorker()
         # The iteration is passed, not read there: the loop moves on while this fetch waits.
         return self._fetcher.submit(self.fetch_chunks, num_chunks, for_version, for_iteration)
 
 
-
-class _Fetcher:
+class OrderedWorker:
     """One long-lived thread that runs the trainer's fetches ahead (and, as ``mineonline-broadcast``,
     its weight broadcasts, ``trainer/publish.py``), in submission order: one thread per iteration
     would churn the allocator's per-thread arenas. A daemon, because at a stop it may still be

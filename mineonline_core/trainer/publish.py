@@ -30,7 +30,7 @@ import yaml
 from mineonline_core.errors import RunFailedError
 from mineonline_core.runtime.finite import require_finite, surely_finite
 from mineonline_core.trainer import checkpoint as ckpt
-from mineonline_core.trainer.fetch import _Fetcher
+from mineonline_core.trainer.fetch import OrderedWorker
 from mineonline_core.trainer.goals import BEST_DIR, replace_best
 from mineonline_core.trainer.sequence import unwrap
 
@@ -76,7 +76,7 @@ class Publishing:
             ref_state = self.reference.state_dict()
             reference, self._reference_stale = _Snapshot(ref_state).copy_from(ref_state), False
         if self._broadcaster is None:
-            self._broadcaster = _Fetcher(name="mineonline-broadcast")
+            self._broadcaster = OrderedWorker(name="mineonline-broadcast")
         self._broadcast = (self.version, self._broadcaster.submit(self._send_weights, self.version, weights, reference))
 
     def _send_weights(self, version: int, weights: _Snapshot, reference: _Snapshot | None) -> float:
