@@ -23,6 +23,7 @@ import yaml
 from mineonline_core.errors import CheckpointError
 from mineonline_core.testing.kit import mlp_policy
 from mineonline_core.trainer import checkpoint as ckpt
+from mineonline_core.testing.procs import session_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,17 +132,6 @@ def test_a_checkpoint_file_that_runs_code_is_refused_before_ray_naming_it(tmp_pa
     assert not marker.exists()
 
 
-def _session_pids(sid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                pids.append(int(entry.name))
-    return pids
 
 
 def _start_run(tmp_path: Path, data: dict, log_name: str = "driver.log") -> tuple[subprocess.Popen, Path]:
@@ -162,9 +152,9 @@ def _end_session(driver: subprocess.Popen) -> list[int]:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
     end = time.monotonic() + 30  # Ray's processes end on their own shortly after the driver
-    while _session_pids(driver.pid) and time.monotonic() < end:
+    while session_pids(driver.pid) and time.monotonic() < end:
         time.sleep(0.5)
-    leftovers = _session_pids(driver.pid)
+    leftovers = session_pids(driver.pid)
     for pid in leftovers:
         try:
             os.kill(pid, signal.SIGKILL)

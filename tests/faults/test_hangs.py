@@ -24,6 +24,7 @@ import numpy as np
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.testing import kit as tk
+from mineonline_core.testing.procs import descendants
 
 
 @contextlib.contextmanager
@@ -203,7 +204,7 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
     stopped: list[int] = []
     try:
         running("checkpoint 2", lambda: any(i >= 2 for i, _ in list_checkpoints(run_dir / "checkpoints")))
-        below = _descendants(driver.pid)
+        below = descendants(driver.pid)
         (rank,) = [pid for pid, cmd in below.items() if "RayTrainWorker" in cmd]
         (worker,) = [pid for pid, cmd in below.items() if "RolloutWorker" in cmd]
         assert "is hung" not in log_path.read_text()  # nothing named before the freeze
@@ -239,28 +240,3 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
 def pytest_fail(log_path) -> bool:
     raise AssertionError("the run ended early:\n" + log_path.read_text()[-3000:])
 
-
-def _descendants(root: int) -> dict[int, str]:
-    """Live processes below ``root`` (by parent pid), with their command lines."""
-    from pathlib import Path
-
-    parent = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parent[int(entry.name)] = int(fields[1])
-    below, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - below
-        below |= frontier
-    out = {}
-    for pid in below:
-        try:
-            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
-        except OSError:
-            continue
-    return out

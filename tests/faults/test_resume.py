@@ -22,6 +22,7 @@ import torch
 import yaml
 
 from mineonline_core.trainer.checkpoint import list_checkpoints
+from mineonline_core.testing.procs import command_line, descendants, session_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS, SAVE_INTERVAL, MORE = 100_000, 1, 2  # the first run is killed or stopped long before the end
@@ -43,25 +44,8 @@ CONFIG = {
 }  # fmt: skip
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Processes still in the session we created for the killed driver (its Ray cluster, envs)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":  # field 6 of stat: the session id
-                pids.append(int(entry.name))
-    return pids
 
 
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
-    except OSError:
-        return "?"
 
 
 def _iterations_logged(run_dir: Path, after: float = 0.0) -> list[int]:
@@ -105,11 +89,11 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     # once, but its per-node agents first try to report the raylet's death to the dead GCS, which takes
     # up to a minute of RPC timeouts on a loaded machine. Then clean up what we started, by pid.
     end = time.monotonic() + 120
-    while _session_pids(driver.pid) and time.monotonic() < end:
+    while session_pids(driver.pid) and time.monotonic() < end:
         time.sleep(0.5)
     gone_s = time.time() - killed_at
-    leftovers = _session_pids(driver.pid)
-    names = sorted(_comm(pid) for pid in leftovers)
+    leftovers = session_pids(driver.pid)
+    names = sorted(command_line(pid) for pid in leftovers)
     for pid in leftovers:  # only processes of the session this test created, by pid
         try:
             os.kill(pid, signal.SIGKILL)
@@ -178,9 +162,9 @@ def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(tmp_path: Path, sig
     assert len(checkpoints) == 1 and checkpoints[0][0] >= 2
     assert checkpoints[0][0] == max(_iterations_logged(run_dir))  # the iteration it had reached
     end = time.monotonic() + 30
-    while _session_pids(driver.pid) and time.monotonic() < end:
+    while session_pids(driver.pid) and time.monotonic() < end:
         time.sleep(0.5)
-    leftovers = _session_pids(driver.pid)
+    leftovers = session_pids(driver.pid)
     for pid in leftovers:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -191,22 +175,6 @@ def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(tmp_path: Path, sig
           f"0 processes left")
 
 
-def _descendants(root: int) -> dict[int, str]:
-    """Live processes below ``root`` (by parent pid), with their command lines."""
-    parent = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parent[int(entry.name)] = int(fields[1])
-    below, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - below
-        below |= frontier
-    return {pid: _comm(pid) for pid in below}
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -236,7 +204,7 @@ def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Pat
 
     try:
         wait_for(lambda: any(i >= 2 for i, _ in list_checkpoints(run_dir / "checkpoints")), "checkpoint 2")
-        (rank,) = [pid for pid, cmd in _descendants(driver.pid).items() if "RayTrainWorker" in cmd]
+        (rank,) = [pid for pid, cmd in descendants(driver.pid).items() if "RayTrainWorker" in cmd]
         os.kill(rank, signal.SIGKILL)
         killed_at = time.monotonic()
         recovered_s = wait_for(lambda: restarted_iterations(), "an iteration after the restart") - killed_at

@@ -1,0 +1,51 @@
+"""The processes a fault test started, read from ``/proc`` (Linux), so a test ends only its own.
+
+A killed driver leaves its Ray cluster, env processes and Ray Train ranks behind unless the run
+cleans up; the tests find them by the session they created for the driver (``session_pids``) or by
+descent from its pid (``descendants``), never by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _stat(pid_dir: Path) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, pgrp, session, ...)."""
+    try:
+        return (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None  # gone meanwhile
+
+
+def _live() -> dict[int, list[str]]:
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(entry)
+            if fields is not None and fields[0] != "Z":
+                out[int(entry.name)] = fields
+    return out
+
+
+def command_line(pid: int, width: int = 120) -> str:
+    """The start of ``pid``'s command line, or ``"?"`` when it has gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:width]
+    except OSError:
+        return "?"
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (a driver started with ``start_new_session=True`` leads one)."""
+    return [pid for pid, fields in _live().items() if int(fields[3]) == sid]
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Live processes below ``root`` (by parent pid), with their command lines."""
+    parent = {pid: int(fields[1]) for pid, fields in _live().items()}
+    below, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - below
+        below |= frontier
+    return {pid: command_line(pid) for pid in below}
