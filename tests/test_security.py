@@ -89,7 +89,9 @@ def test_every_torch_load_is_weights_only() -> None:
         source = path.read_text(errors="replace")
         for match in TORCH_LOAD.finditer(source):
             call = _call_text(source, match.start())
-            if not re.search(r"weights_only\s*=\s*True", call):
+            # A test that shows what a malicious file would do loads it unsafely on purpose, and says so.
+            deliberate = "tests" in path.relative_to(ROOT).parts and "# unsafe on purpose" in source[match.start():match.start() + len(call) + 40]
+            if not re.search(r"weights_only\s*=\s*True", call) and not deliberate:
                 line = source.count("\n", 0, match.start()) + 1
                 bad.append(f"{path.relative_to(ROOT)}:{line}: {call[:120]}")
     assert bad == []

@@ -81,7 +81,7 @@ def test_a_write_names_its_temporary_directory_after_its_process_and_host(tmp_pa
 
 
 class _Payload:
-    """Unpickled by a plain ``pickle``/``torch.load(weights_only=False)``, it creates ``marker``."""
+    """Unpickled by plain pickle (torch's loader without weights_only), it creates ``marker``."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker
@@ -115,7 +115,7 @@ def test_a_checkpoint_file_that_runs_code_is_refused_before_ray_naming_it(tmp_pa
     _swap_for_payload(checkpoint, name, marker)
     probe = tmp_path / "probe.pt"  # the payload is real: an unsafe load of the same bytes runs it
     probe.write_bytes((checkpoint / name).read_bytes())
-    torch.load(probe, weights_only=False)
+    torch.load(probe, weights_only=False)  # unsafe on purpose: the payload is real
     assert marker.exists()
     marker.unlink()
 
