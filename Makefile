@@ -29,7 +29,7 @@ demo: install
 	$(VENV)/bin/mineonline run examples/crafter.py $(DEMO_OVERRIDES)
 
 test: install
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" --durations=25
 	$(PY) tests/mutations/run_mutations.py
 
 # Reintroduce each known defect (tests/mutations/run_mutations.py) and check the tests catch it.

@@ -307,7 +307,7 @@ def test_joining_a_cluster_presents_the_token(monkeypatch: pytest.MonkeyPatch, t
     """``mineonline run --address host:port``: Ray itself turns token mode on only for "auto"."""
     import ray
 
-    from mineonline_core.runtime import api
+    from mineonline_core.runtime import api, lifecycle
 
     (tmp_path / "token").write_text("t" * 32)
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
@@ -316,6 +316,7 @@ def test_joining_a_cluster_presents_the_token(monkeypatch: pytest.MonkeyPatch, t
     calls = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append((kwargs, os.environ.get("RAY_AUTH_MODE"))))
+    monkeypatch.setattr(lifecycle, "check_token", lambda address: None)  # no cluster at that address to ask
     api.init_ray("10.0.0.1:6379")
     (kwargs, mode), = calls
     assert kwargs["address"] == "10.0.0.1:6379" and mode == "token"

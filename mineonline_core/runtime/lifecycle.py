@@ -82,8 +82,14 @@ def check_token(address: str, timeout: float = 10.0) -> None:
         from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
     except ImportError:  # a Ray without token authentication
         return
+    # Ray's loader caches the token for the process: read it fresh (the environment may have changed) and
+    # leave no cache behind, or a local cluster started later here would be asked for this token.
     loader = AuthenticationTokenLoader.instance()
-    metadata = tuple(loader.get_token_for_http_header().items()) if loader.has_token() else ()
+    loader.reset_cache()
+    try:
+        metadata = tuple(loader.get_token_for_http_header().items()) if loader.has_token() else ()
+    finally:
+        loader.reset_cache()
     with grpc.insecure_channel(address) as channel:
         try:
             gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
