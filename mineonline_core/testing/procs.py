@@ -49,3 +49,22 @@ def descendants(root: int) -> dict[int, str]:
         frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - below
         below |= frontier
     return {pid: command_line(pid) for pid in below}
+
+
+def reap_session(sid: int, *, grace_s: float) -> dict[int, str]:
+    """Wait up to ``grace_s`` for session ``sid``'s processes to end on their own, then SIGKILL (by pid)
+    those left; return them with their command lines (a test asserts there were none)."""
+    import os
+    import signal
+    import time
+
+    end = time.monotonic() + grace_s
+    while session_pids(sid) and time.monotonic() < end:
+        time.sleep(0.5)
+    left = {pid: command_line(pid) for pid in session_pids(sid)}
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left

@@ -23,7 +23,7 @@ import yaml
 from mineonline_core.errors import CheckpointError
 from mineonline_core.testing.kit import mlp_policy
 from mineonline_core.trainer import checkpoint as ckpt
-from mineonline_core.testing.procs import session_pids
+from mineonline_core.testing.procs import reap_session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,16 +151,7 @@ def _end_session(driver: subprocess.Popen) -> list[int]:
     if driver.poll() is None:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
-    end = time.monotonic() + 30  # Ray's processes end on their own shortly after the driver
-    while session_pids(driver.pid) and time.monotonic() < end:
-        time.sleep(0.5)
-    leftovers = session_pids(driver.pid)
-    for pid in leftovers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return leftovers
+    return list(reap_session(driver.pid, grace_s=30))  # Ray's processes end on their own shortly after the driver
 
 
 RUN = {

@@ -22,7 +22,7 @@ import torch
 import yaml
 
 from mineonline_core.trainer.checkpoint import list_checkpoints
-from mineonline_core.testing.procs import command_line, descendants, session_pids
+from mineonline_core.testing.procs import descendants, reap_session
 
 ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS, SAVE_INTERVAL, MORE = 100_000, 1, 2  # the first run is killed or stopped long before the end
@@ -88,18 +88,9 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     # Ray ends the killed driver's local cluster by itself: its raylet and GCS share the driver's fate at
     # once, but its per-node agents first try to report the raylet's death to the dead GCS, which takes
     # up to a minute of RPC timeouts on a loaded machine. Then clean up what we started, by pid.
-    end = time.monotonic() + 120
-    while session_pids(driver.pid) and time.monotonic() < end:
-        time.sleep(0.5)
+    leftovers = reap_session(driver.pid, grace_s=120)  # only processes of the session this test created
     gone_s = time.time() - killed_at
-    leftovers = session_pids(driver.pid)
-    names = sorted(command_line(pid) for pid in leftovers)
-    for pid in leftovers:  # only processes of the session this test created, by pid
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert leftovers == [], f"{len(leftovers)} processes of the killed driver's session outlived it by 120 s: {names}"
+    assert not leftovers, f"{len(leftovers)} processes of the killed driver's session outlived it by 120 s: {sorted(leftovers.values())}"
 
     checkpoint_iteration = list_checkpoints(run_dir / "checkpoints")[-1][0]
     reached = max(_iterations_logged(run_dir), default=0)
@@ -161,16 +152,7 @@ def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(tmp_path: Path, sig
     checkpoints = list_checkpoints(run_dir / "checkpoints")
     assert len(checkpoints) == 1 and checkpoints[0][0] >= 2
     assert checkpoints[0][0] == max(_iterations_logged(run_dir))  # the iteration it had reached
-    end = time.monotonic() + 30
-    while session_pids(driver.pid) and time.monotonic() < end:
-        time.sleep(0.5)
-    leftovers = session_pids(driver.pid)
-    for pid in leftovers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert leftovers == []
+    assert reap_session(driver.pid, grace_s=30) == {}
     print(f"FIGURE {signal.Signals(signum).name}: exited 0 after {exit_s:.1f}s, final checkpoint at iteration {checkpoints[0][0]}, "
           f"0 processes left")
 
