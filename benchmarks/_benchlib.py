@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mineonline_core.builtin.envs import CrafterEnv, GymnasiumEnv, adapted  # noqa: E402
+from mineonline_core.contracts.envs import adapted  # noqa: E402
+from mineonline_core.builtin.envs import CrafterEnv, GymnasiumEnv  # noqa: E402
 from mineonline_core.contracts.envs import env_generator_from_config  # noqa: E402
 from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy  # noqa: E402
 from mineonline_core.contracts.policy import prepare_policy  # noqa: E402
@@ -249,7 +250,7 @@ def ppo_settings(workload: str) -> dict:
 
 def online_overrides(workload: str, *, iterations: int, run_name: str, output_dir: str, num_envs: int | None = None,
                      batch_size: int | None = None, extra: dict | None = None, inline: bool = False) -> list[str]:  # fmt: skip
-    """OmegaConf dotlist for ``mineonline_core.runtime.api.run`` with ``PPO_SETTINGS[workload]``."""
+    """OmegaConf dotlist for ``mineonline_core.driver.api.run`` with ``PPO_SETTINGS[workload]``."""
     s = ppo_settings(workload)
     num_envs = num_envs or s["num_envs"]
     values = {

@@ -90,10 +90,10 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
     import ray
 
     from mineonline_core.config import load_config
-    from mineonline_core.builtin.envs import adapted
+    from mineonline_core.contracts.envs import adapted
     from mineonline_core.registry import get_plugin_manager
     from mineonline_core.contracts.policy import prepare_policy
-    from mineonline_core.runtime.resolve import resolve
+    from mineonline_core.driver.resolve import resolve
     from mineonline_core.rollout.manager import launch_rollout_manager
 
     with tempfile.TemporaryDirectory(prefix="bench-collection-") as tmp:

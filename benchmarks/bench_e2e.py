@@ -84,7 +84,7 @@ def summarise_run(records: list[dict], *, chunk_steps: int, epochs: int) -> dict
 
 
 def run_mineonline(workload: str, iterations: int, num_envs: int | None, inline: bool) -> dict:
-    from mineonline_core.runtime.api import run
+    from mineonline_core.driver.api import run
 
     s = bl.ppo_settings(workload)
     chunk_steps = s["batch_size_per_gpu"] * s["batches_per_iteration"] * s["fragment_length"]

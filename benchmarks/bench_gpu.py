@@ -9,7 +9,7 @@ JSON line ``{"bench": "gpu", "part": ...}``, or the parent prints one with the p
 * ``machine``: torch, CUDA, the GPU, the commit measured;
 * ``trainer``: the project's ``PPOTrainer`` built from the flagship config in this process
   (``resolve`` + ``setup_rank(local=True, device=...)``, on the GPU), ``estimate`` (the GAE pass) and
-  ``train`` on version-0 chunks per precision (``runtime/precision.py``'s decision): ``fp32`` (TF32
+  ``train`` on version-0 chunks per precision (``config/precision.py``'s decision): ``fp32`` (TF32
   off, the project's default), ``tf32`` (``allow_tf32: true``), ``amp`` (``use_amp: true``, bf16)
   and ``amp_2x`` (the same with micro-batches of twice the chunks); trained frames/s, estimate ms per
   iteration, peak GPU memory of each;
@@ -132,7 +132,7 @@ def build_trainer(overrides: list[str], run_dir: str, device: torch.device) -> A
     """The flagship's trainer, built as the in-process rank builds it (``setup_rank(local=True)`` on ``device``)."""
     from mineonline_core.config import load_config
     from mineonline_core.registry import get_plugin_manager
-    from mineonline_core.runtime.resolve import resolve
+    from mineonline_core.driver.resolve import resolve
 
     resolved = resolve(load_config(str(CONFIG), overrides), get_plugin_manager())
     trainer = resolved.trainer_cls(rollout_manager=None, policy_generator=resolved.policy_generator,
@@ -144,8 +144,8 @@ def build_trainer(overrides: list[str], run_dir: str, device: torch.device) -> A
 
 def set_precision(trainer: Any, *, amp: bool, tf32: bool, amp_dtype: str = "auto") -> Any:
     """Set ``use_amp``, ``amp_dtype`` and ``allow_tf32`` and apply them as a rank does (the project's one
-    precision decision, ``runtime/precision.py``: TF32 switches, scaler); returns that decision."""
-    from mineonline_core.runtime.precision import PrecisionChoice
+    precision decision, ``config/precision.py``: TF32 switches, scaler); returns that decision."""
+    from mineonline_core.config.precision import PrecisionChoice
 
     tc = trainer.train_config
     tc.use_amp, tc.amp_dtype, tc.allow_tf32 = amp, amp_dtype, tf32

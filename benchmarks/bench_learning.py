@@ -1,4 +1,4 @@
-"""Learning benchmark: the full loop (``mineonline_core.runtime.api.run``) on CartPole-v1 or Crafter.
+"""Learning benchmark: the full loop (``mineonline_core.driver.api.run``) on CartPole-v1 or Crafter.
 
 CartPole: for each seed, the env steps needed until the 20-episode mean return reaches 475, within
 a 150k env-step budget, and the wall time. Crafter: after ``--steps`` env steps, the mean episode
@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
-from mineonline_core.runtime.names import LOGGER_HUB, NAMESPACE, ROLLOUT_MANAGER, actor_name  # noqa: E402
+from mineonline_core.services.names import LOGGER_HUB, NAMESPACE, ROLLOUT_MANAGER, actor_name  # noqa: E402
 
 
 def _monitor(run_name: str, *, target: float | None, budget: int, min_episodes: int, done: threading.Event, seen: dict,
@@ -99,7 +99,7 @@ def _last_metric(run_dir: Path, key: str) -> float | None:
 
 def run_one(source: str, seed: int, out: str, *, target: float | None, budget: int, overrides: list[str],
             memory_interval: float | None = None, minutes: float | None = None) -> dict:
-    from mineonline_core.runtime.api import run
+    from mineonline_core.driver.api import run
 
     run_name = f"bench-{Path(source).stem}-seed{seed}-{os.getpid()}"
     done, seen = threading.Event(), {}
@@ -143,7 +143,7 @@ def _read_records(metrics_path: Path) -> list[dict]:
 
 
 def _score_within(records: list[dict], budget: int) -> dict | None:
-    from mineonline_core.rollout.stats import CRAFTER_ACHIEVEMENTS, crafter_score
+    from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS, crafter_score
 
     record = None
     for candidate in records:

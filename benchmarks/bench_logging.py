@@ -105,8 +105,8 @@ def measure(hub, payload: Payload, *, pattern: str, iterations: int, step) -> di
 
 
 def start_hub(run_dir: str, with_wandb: bool, iterations: int):
-    from mineonline_core.runtime.console import ConsoleLogger, ConsoleOptions
-    from mineonline_core.runtime.loggerhub import start_logger_hub
+    from mineonline_core.builtin.console import ConsoleLogger, ConsoleOptions
+    from mineonline_core.services.loggerhub import start_logger_hub
 
     loggers = [(ConsoleLogger, ConsoleOptions())]
     if with_wandb:

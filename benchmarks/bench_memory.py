@@ -1,6 +1,6 @@
 """Memory: peak RSS of every process of a ``mineonline run``, and whether replay memory stays flat.
 
-Starts a Crafter PPO run (``mineonline_core.runtime.api.run``, LMDB store) in a thread of this process (so
+Starts a Crafter PPO run (``mineonline_core.driver.api.run``, LMDB store) in a thread of this process (so
 this process is the driver), samples the RSS of every process of the run every ``--interval``
 seconds from ``/proc`` (Ray's worker processes are titled ``ray::<ActorClass>``; the env processes
 are their children), and after ``--minutes`` asks the run to stop (``RolloutManager.request_stop``,
@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 
 import _benchlib as bl  # noqa: E402
 
-from mineonline_core.runtime.names import NAMESPACE, ROLLOUT_MANAGER, actor_name  # noqa: E402
+from mineonline_core.services.names import NAMESPACE, ROLLOUT_MANAGER, actor_name  # noqa: E402
 
 # Ray titles each actor process "ray::<Class>" (or "ray::<Class>.<method>" while it runs one).
 ROLES = {
@@ -134,7 +134,7 @@ def main() -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
     import ray
 
-    from mineonline_core.runtime.api import run
+    from mineonline_core.driver.api import run
 
     outcome: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:

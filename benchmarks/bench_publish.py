@@ -65,7 +65,7 @@ def sync_publish(trainer) -> None:
     """The trainer's broadcast before issue 24 (``_publish_weights`` at 7b69085), on its own thread."""
     import ray
 
-    from mineonline_core.runtime.finite import _nonfinite_count
+    from mineonline_core.services.finite import _nonfinite_count
     from mineonline_core.trainer.sequence import unwrap
 
     weights = {k: v.detach().cpu().numpy() for k, v in unwrap(trainer.model).state_dict().items()}

@@ -44,7 +44,8 @@ import time
 
 import gymnasium as gym
 
-from mineonline_core.builtin.envs import CrafterEnv, GymnasiumEnv, adapt_env
+from mineonline_core.contracts.envs import adapt_env
+from mineonline_core.builtin.envs import CrafterEnv, GymnasiumEnv
 from mineonline_core.contracts.envs import env_generator_from_config
 
 STAMP = {stamp!r}

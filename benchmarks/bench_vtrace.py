@@ -90,7 +90,7 @@ def _stopper(run_name: str, *, started: float, wall: float, budget: int, target:
 
 
 def run_one(env: str, trainer: str, seed: int, out: str, *, wall: float, budget: int, staleness: int) -> dict:
-    from mineonline_core.runtime.api import run
+    from mineonline_core.driver.api import run
 
     run_name = f"bench-vtrace-{env}-{trainer}-seed{seed}-{os.getpid()}"
     target = TARGET if env == "cartpole" else None

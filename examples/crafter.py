@@ -35,7 +35,8 @@ def env_generator():
     # Crafter's old-gym 4-tuple API is adapted by the core (terminated = death, truncated = time limit).
     import crafter
 
-    from mineonline_core.builtin.envs import CrafterAchievements, adapt_env
+    from mineonline_core.contracts.envs import adapt_env
+    from mineonline_core.builtin.envs import CrafterAchievements
 
     return CrafterAchievements(adapt_env(crafter.Env(size=(64, 64), length=10000)))
 

@@ -18,17 +18,19 @@ __version__ = "0.1.0"
 _LAZY = {
     "BaseTrainer": "mineonline_core.trainer.base",
     "TrainerOptions": "mineonline_core.trainer.base",
+    "setting": "mineonline_core.config",  # a trainer option with its help text and bounds
+    "unwrap": "mineonline_core.trainer.sequence",  # a policy inside DDP or torch.compile
     "Policy": "mineonline_core.contracts.policy",  # imports torch: not for processes that never build a network
     "EnvFactory": "mineonline_core.contracts.envs",
     "load_config": "mineonline_core.config",
     "OnlineConfig": "mineonline_core.config",
     "get_plugin_manager": "mineonline_core.registry",
-    "start_rolloutmanager": "mineonline_core.runtime.api",
-    "start_trainer": "mineonline_core.runtime.api",
-    "run": "mineonline_core.runtime.api",
-    "tune": "mineonline_core.runtime.tune",
-    "load_policy": "mineonline_core.runtime.evaluate",
-    "evaluate": "mineonline_core.runtime.evaluate",
+    "start_rolloutmanager": "mineonline_core.driver.api",
+    "start_trainer": "mineonline_core.driver.api",
+    "run": "mineonline_core.driver.api",
+    "tune": "mineonline_core.driver.tune",
+    "load_policy": "mineonline_core.driver.evaluate",
+    "evaluate": "mineonline_core.driver.evaluate",
 }
 
 __all__ = [

@@ -16,7 +16,7 @@ from mineonline_core.errors import MineOnlineError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from mineonline_core.runtime.api import run
+    from mineonline_core.driver.api import run
 
     if args.config is None and args.resume is None:
         raise MineOnlineError("mineonline run: give a CONFIG file, or --resume RUN_DIR to continue a run.")
@@ -29,7 +29,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from mineonline_core.runtime.tune import tune
+    from mineonline_core.driver.tune import tune
 
     if args.resume is not None and args.config is not None:
         raise MineOnlineError("mineonline tune --resume EXPERIMENT_DIR continues an experiment as it was planned: give no CONFIG or overrides.")
@@ -40,7 +40,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from mineonline_core.runtime.evaluate import EVAL_FILE, evaluate
+    from mineonline_core.driver.evaluate import EVAL_FILE, evaluate
 
     result = evaluate(args.path, episodes=args.episodes, video=args.video, deterministic=args.deterministic,
                       overrides=args.overrides, output=args.output, seed=args.seed, progress=not args.no_progress)  # fmt: skip
@@ -57,13 +57,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from mineonline_core.config import load_config
     from mineonline_core.config.secrets import public_config
     from mineonline_core.registry import get_plugin_manager
-    from mineonline_core.runtime.resolve import resolve
+    from mineonline_core.driver.resolve import resolve
 
     # isolate: the env is built, reset and stepped once in a subprocess, as a rollout worker would.
     resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager(), isolate=True)
     print(yaml.safe_dump(public_config(resolved.config), sort_keys=False), end="")  # secrets redacted, ${oc.env:..} kept
     if resolved.memory is not None:
-        from mineonline_core.runtime.budget import machine_memory
+        from mineonline_core.driver.budget import machine_memory
 
         available, where = machine_memory()
         print(f"# memory on one machine: {resolved.memory.describe()}", file=sys.stderr)
@@ -109,10 +109,10 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from mineonline_core.runtime.report import RETURN_KEY, write_report
+    from mineonline_core.driver.report import RETURN_KEY, write_report
 
     if len(args.run_dir) > 1 or args.output or args.metric:
-        from mineonline_core.runtime.compare import write_comparison
+        from mineonline_core.driver.compare import write_comparison
 
         for path in write_comparison(args.run_dir, output=args.output, keys=tuple(args.metric or [RETURN_KEY])):
             print(path)
@@ -126,13 +126,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from mineonline_core.runtime.lifecycle import print_status
+    from mineonline_core.driver.lifecycle import print_status
 
     return print_status(address=args.address)
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    from mineonline_core.runtime.lifecycle import stop_runs
+    from mineonline_core.driver.lifecycle import stop_runs
 
     if args.grace < 0:
         print(f"error: --grace={args.grace} is negative. Fix: give the seconds to wait for the run's driver "
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    from mineonline_core.runtime import supervise
+    from mineonline_core.driver import supervise
 
     if args.command == "run" and args.address and not os.environ.get(supervise.OUTCOME_VAR):
         # A driver on a cluster can be ended by Ray from C++ (the head lost): a parent says why.
@@ -243,7 +243,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except MineOnlineError as exc:
-        from mineonline_core.runtime.runlog import console_error
+        from mineonline_core.services.runlog import console_error
 
         print(f"error: {console_error(exc)}", file=sys.stderr)
         return 2

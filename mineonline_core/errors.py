@@ -14,6 +14,17 @@ from typing import TypeVar
 E = TypeVar("E", bound=BaseException)
 
 
+def last_line(error: BaseException | str, *, limit: int | None = None) -> str:
+    """The informative line of an error: the last non-blank line of its text (a traceback's ``Type:
+    message``, the cause at the end of a Ray error), cut to ``limit`` characters; the exception's type
+    name when it has no text."""
+    text = error if isinstance(error, str) else str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return "unknown error" if isinstance(error, str) else type(error).__name__
+    return lines[-1][:limit]
+
+
 class MineOnlineError(Exception):
     """Base class of every error mineonline raises on purpose."""
 
@@ -81,3 +92,11 @@ def iter_causes(exc: BaseException) -> Iterator[BaseException]:
                 todo.append(value)
             elif isinstance(value, dict):
                 todo += [v for v in value.values() if isinstance(v, BaseException)]
+
+
+class SampleTimeout(MineOnlineError):
+    """``sample`` found too few eligible chunks within its timeout; the message says why."""
+
+
+class SampleStopped(MineOnlineError):
+    """``sample`` was waiting for chunks when the run was asked to stop (``stop_waiting``)."""

@@ -1,6 +1,15 @@
-"""The package's shape, checked from the source: the core never imports a plugin, the contracts a plugin
-author implements do not depend on the runtime, and no two core modules import each other at module
-level (an import cycle is an import-order bug waiting for the first refactoring)."""
+"""The package's shape, checked from the source.
+
+The core is a house of floors (``docs/architecture.md``), each importing only from the floors below it:
+
+    errors < contracts < builtin < registry < config < services < rollout | trainer < driver < cli, testing
+
+``rollout`` and ``trainer`` share a floor and never import each other: what both need (the fragment's
+checksum, the sampling errors) lives below them. No import runs up a floor, whether at module level, in a
+function or under ``TYPE_CHECKING``; no two core modules import each other at module level (an import
+cycle is an import-order bug waiting for the first refactoring); the core never imports a plugin; a
+plugin's own modules import only what ``mineonline_core``, ``mineonline_core.errors`` and
+``mineonline_core.contracts`` export."""
 
 from __future__ import annotations
 
@@ -30,6 +39,11 @@ def core_modules() -> dict[str, Path]:
 
 MODULES = {module_name(p) for p in CORE.rglob("*.py")}
 
+#: Bottom to top; the package ``mineonline_core`` itself (its public API) is on the top floor.
+FLOORS = (("errors",), ("contracts",), ("builtin",), ("registry",), ("config",), ("services",),
+          ("rollout", "trainer"), ("driver",), ("cli", "testing", ""))  # fmt: skip
+PLUGIN_API = ("mineonline_core", "mineonline_core.errors", "mineonline_core.contracts")
+
 
 def imports(path: Path, *, top_level_only: bool) -> Iterator[str]:
     """Absolute module names imported by ``path`` (``from a import b``: ``a.b`` if it is a module, else ``a``).
@@ -55,6 +69,74 @@ def imports(path: Path, *, top_level_only: bool) -> Iterator[str]:
                 yield f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
 
 
+def room(module: str) -> str:
+    """``mineonline_core.rollout.worker`` -> ``rollout``; the package itself -> ``""``."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def floor(module: str) -> int:
+    return next(i for i, rooms in enumerate(FLOORS) if room(module) in rooms)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``a imports b`` for each import of ``graph`` from a floor to a higher one, or between two rooms of
+    one floor."""
+    return [
+        f"{name} imports {imported}"
+        for name, imported_set in sorted(graph.items())
+        for imported in sorted(imported_set)
+        if floor(imported) > floor(name) or (floor(imported) == floor(name) and room(imported) != room(name))
+    ]
+
+
+def core_graph(*, top_level_only: bool) -> dict[str, set[str]]:
+    """Core module -> the core modules it imports."""
+    modules = core_modules()
+    return {
+        name: {imported for imported in imports(path, top_level_only=top_level_only) if imported in modules and imported != name}
+        for name, path in modules.items()
+    }
+
+
+def test_every_core_package_has_a_floor():
+    rooms = {room(name) for name in MODULES}
+    assert rooms <= {r for rooms in FLOORS for r in rooms}, rooms - {r for rooms in FLOORS for r in rooms}
+
+
+def test_no_import_runs_up_a_floor():
+    assert upward_imports(core_graph(top_level_only=False)) == []
+
+
+@pytest.mark.parametrize("graph, found", [
+    ({"mineonline_core.rollout.worker": {"mineonline_core.driver.api"}}, True),          # up a floor
+    ({"mineonline_core.trainer.fetch": {"mineonline_core.rollout.buffer"}}, True),       # across a floor
+    ({"mineonline_core.services.runlog": {"mineonline_core.cli"}}, True),                # to the top
+    ({"mineonline_core.driver.api": {"mineonline_core.rollout.manager", "mineonline_core.errors"}}, False),
+    ({"mineonline_core.rollout.worker": {"mineonline_core.rollout.fragbuild"}}, False),  # one room
+])  # fmt: skip
+def test_the_floor_check_finds_upward_imports(graph, found):
+    assert bool(upward_imports(graph)) == found
+
+
+def plugin_sources() -> list[Path]:
+    """The plugins' and examples' own modules, without their tests."""
+    paths = [*(ROOT / "plugins").glob("*/mineonline_*.py"), *(ROOT / "plugins").glob("*/mineonline_*/*.py"),
+             *(ROOT / "examples").glob("*/mineonline_*.py")]  # fmt: skip
+    return sorted(p for p in paths if "tests" not in p.parts)
+
+
+def test_plugins_import_only_the_public_api():
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {imported}"
+        for path in plugin_sources()
+        for imported in imports(path, top_level_only=False)
+        if imported.split(".")[0] == "mineonline_core"
+        and not any(imported == api or imported.startswith(api + ".") for api in PLUGIN_API[1:])
+        and imported != PLUGIN_API[0]
+    ]
+    assert plugin_sources() and offenders == []
+
+
 def test_plugin_modules_are_found():
     assert {"mineonline_ppo", "mineonline_lmdb", "mineonline_wandb", "mineonline_vpt"} <= set(PLUGIN_MODULES)
 
@@ -65,19 +147,6 @@ def test_the_core_never_imports_a_plugin():
         for name, path in core_modules().items()
         for imported in imports(path, top_level_only=False)
         if imported.split(".")[0] in PLUGIN_MODULES
-    ]
-    assert offenders == []
-
-
-def test_contracts_do_not_depend_on_the_runtime():
-    """What a plugin author reads (``contracts``) stands on its own: no runtime, rollout or trainer."""
-    runtime = ("mineonline_core.runtime", "mineonline_core.rollout", "mineonline_core.trainer", "mineonline_core.builtin")
-    offenders = [
-        f"{name} imports {imported}"
-        for name, path in core_modules().items()
-        if name.startswith("mineonline_core.contracts")
-        for imported in imports(path, top_level_only=False)
-        if imported.startswith(runtime)
     ]
     assert offenders == []
 
@@ -106,11 +175,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycles_in_the_core():
-    modules = core_modules()
-    graph = {
-        name: {imported for imported in imports(path, top_level_only=True) if imported in modules and imported != name}
-        for name, path in modules.items()
-    }
+    graph = core_graph(top_level_only=True)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 

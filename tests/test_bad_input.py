@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from mineonline_core.config import LoadedConfig, check_resources, load_config
-from mineonline_core.errors import CheckpointError, ConfigError, MineOnlineError, UnknownComponentError
+from mineonline_core.errors import CheckpointError, ConfigError, UnknownComponentError
 from mineonline_core.registry import get_plugin_manager
-from mineonline_core.runtime.resolve import resolve
+from mineonline_core.driver.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {
@@ -64,7 +64,7 @@ def test_config_mistakes_name_key_and_value(override: str, key: str, value: str,
 
 
 def test_run_rejects_a_bad_value_before_ray_starts(tmp_path: Path) -> None:
-    from mineonline_core.runtime.api import run
+    from mineonline_core.driver.api import run
 
     with pytest.raises(ConfigError, match=r"train_config\.ppo_clip"):
         run(BASE, ["train_config.ppo_clip=0", f"output_dir={tmp_path}"], progress=False)
@@ -205,7 +205,7 @@ def test_checkpoint_from_an_incompatible_model(checkpoint: Path) -> None:
 
 
 def test_unwritable_save_path(tmp_path: Path) -> None:
-    from mineonline_core.runtime.api import _prepare_run_dir
+    from mineonline_core.driver.api import _prepare_run_dir
 
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")  # works as root too, unlike chmod
@@ -373,8 +373,8 @@ def test_a_huge_network_is_refused_before_it_is_allocated(tmp_path: Path) -> Non
 
 
 def test_a_run_that_cannot_fit_the_machine_is_refused_before_ray(tmp_path: Path) -> None:
-    from mineonline_core.runtime.api import run
-    from mineonline_core.runtime.budget import machine_memory
+    from mineonline_core.driver.api import run
+    from mineonline_core.driver.budget import machine_memory
 
     overrides = [f"output_dir={tmp_path}", "rollout_config.replay_buffer_config.database_config.backend=memory",
                  "rollout_config.replay_buffer_config.max_chunks=100000000", "rollout_config.fragment_length=512",
@@ -389,7 +389,7 @@ def test_a_run_that_cannot_fit_the_machine_is_refused_before_ray(tmp_path: Path)
 def test_the_memory_estimate_counts_what_a_real_build_allocates() -> None:
     """The meta-device build counts exactly the real policy's parameters and bytes; the in-memory replay
     part is max_chunks x fragments_per_chunk x fragment_length steps of observation, action and columns."""
-    from mineonline_core.runtime.budget import STEP_COLUMNS_BYTES
+    from mineonline_core.driver.budget import STEP_COLUMNS_BYTES
 
     overrides = ["policy_config.hidden_sizes=[48,40]", "rollout_config.replay_buffer_config.database_config.backend=memory",
                  "rollout_config.replay_buffer_config.max_chunks=100", "rollout_config.replay_buffer_config.fragments_per_chunk=2",
@@ -409,7 +409,7 @@ def test_the_memory_estimate_counts_the_reference_state_of_every_fragment() -> N
     """A KL reference adds its recurrent state (``ref_state_in``) to every stored fragment, and its
     weights to every rank and rollout worker: the estimate with and without one differs by exactly that,
     computed from the real policy's ``initial_state(1)`` (a tiny VPT; VPT-2x carries 8 MiB of each)."""
-    from mineonline_core.runtime.budget import ESTIMATE_COLUMNS_BYTES
+    from mineonline_core.driver.budget import ESTIMATE_COLUMNS_BYTES
 
     vpt = {"env_config": {"name": "crafter", "size": 32}, "trainer_name": "PPOTrainer",
            "policy_config": {"name": "vpt", "hidsize": 32, "impala_chans": [8, 8, 8], "n_recurrence_layers": 2,
@@ -444,7 +444,7 @@ def test_the_flagship_estimate_counts_8_mib_of_state_per_fragment_and_8_more_for
     """Issue 24's figure from the VPT-2x shapes (4 blocks of a bool mask and two float32 (memory, hidsize)
     key/value tensors, memory = attention_memory_size - timesteps): the policy is built on the meta device
     only (nothing allocated), and the env is not built (no observation bytes: the states are the point)."""
-    from mineonline_core.runtime.budget import STEP_COLUMNS_BYTES, estimate_memory
+    from mineonline_core.driver.budget import STEP_COLUMNS_BYTES, estimate_memory
 
     loaded = load_config(str(ROOT / "examples" / "flagship_vpt2x.yaml"), [])
     resolved = resolve(loaded, get_plugin_manager(), probe=False)

@@ -11,7 +11,7 @@ import pytest
 from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import ConfigError
 from mineonline_core.rollout.buffer import ReplayBuffer
-from mineonline_core.rollout.worker import fragment_meta
+from mineonline_core.contracts.fragment import fragment_meta
 from mineonline_core.contracts.store import MemoryStore
 
 
@@ -309,7 +309,7 @@ def test_rebuild_from_store_restores_chunks_and_drops_stale_and_partial_data() -
 
 
 def test_sample_times_out_and_says_why_no_chunk_is_eligible() -> None:
-    from mineonline_core.rollout.buffer import SampleTimeout
+    from mineonline_core.errors import SampleTimeout
 
     async def go():
         h = Harness(max_staleness=1, fragments_per_chunk=2)

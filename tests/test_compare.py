@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mineonline_core.runtime.api import run
-from mineonline_core.runtime.compare import aggregate, group_runs, load_run, t975, write_comparison
-from mineonline_core.runtime.report import RETURN_KEY, read_metrics
+from mineonline_core.driver.api import run
+from mineonline_core.driver.compare import aggregate, group_runs, load_run, t975, write_comparison
+from mineonline_core.driver.report import RETURN_KEY, read_metrics
 from tests.test_report import load_png
 
 ROOT = Path(__file__).resolve().parents[1]

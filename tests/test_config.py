@@ -226,7 +226,7 @@ def test_module_object_and_module_errors(tmp_path):
 def _trainer_error(data: dict, overrides=()) -> str:
     """The error ``resolve()`` raises for the selected trainer's own train_config keys (its first check)."""
     from mineonline_core.registry import get_plugin_manager
-    from mineonline_core.runtime.resolve import resolve
+    from mineonline_core.driver.resolve import resolve
 
     with pytest.raises(ConfigError) as info:
         resolve(load_config(data, overrides), get_plugin_manager(), probe=False)

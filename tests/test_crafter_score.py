@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mineonline_core.rollout.stats import CRAFTER_ACHIEVEMENTS, EpisodeStatistics
+from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS
+from mineonline_core.rollout.stats import EpisodeStatistics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_learning  # noqa: E402
@@ -56,7 +57,8 @@ def test_episodes_without_crafter_achievements_are_not_crafter_episodes() -> Non
 
 def test_real_crafter_episodes_give_the_rates_crafter_reports() -> None:
     crafter = pytest.importorskip("crafter")
-    from mineonline_core.builtin.envs import CrafterAchievements, adapt_env
+    from mineonline_core.contracts.envs import adapt_env
+    from mineonline_core.builtin.envs import CrafterAchievements
 
     env = CrafterAchievements(adapt_env(crafter.Env(size=(32, 32), length=150, seed=3)))
     rng, stats, ends = np.random.default_rng(0), EpisodeStatistics(window=2, report_every=100), []

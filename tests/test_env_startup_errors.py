@@ -18,8 +18,8 @@ import pytest
 from minestudio.simulator import MinecraftSim
 from minestudio.simulator.callbacks import MinecraftCallback
 
-from mineonline_core.runtime.envcheck import probe_env
-from mineonline_core.builtin.envs import adapted
+from mineonline_core.driver.envcheck import probe_env
+from mineonline_core.contracts.envs import adapted
 from mineonline_core.errors import ConfigError, RunFailedError
 from mineonline_core.testing import kit as tk
 from mineonline_core.testing.kit import cartpole
@@ -85,7 +85,7 @@ def test_check_reports_the_envs_own_exception_in_seconds(tmp_path: Path) -> None
 def test_run_fails_before_ray_starts(tmp_path: Path) -> None:
     import ray
 
-    from mineonline_core.runtime.api import run
+    from mineonline_core.driver.api import run
 
     config = tmp_path / "broken_cow.py"
     config.write_text(BROKEN)

@@ -20,9 +20,9 @@ import torch
 from mineonline_core.config import load_config
 from mineonline_core.config.checks import required_resources
 from mineonline_core.errors import ConfigError
-from mineonline_core.runtime.api import run
-from mineonline_core.runtime.evaluate import evaluate
-from mineonline_core.runtime.evaluator import EVAL_SEED_OFFSET
+from mineonline_core.driver.api import run
+from mineonline_core.driver.evaluate import evaluate
+from mineonline_core.services.evaluator import EVAL_SEED_OFFSET
 from mineonline_core.trainer import checkpoint as ckpt
 
 ITERATIONS = 4
@@ -171,8 +171,8 @@ def test_a_failed_evaluation_is_counted_and_a_dead_evaluator_replaced(local_ray,
     import ray
 
     from mineonline_core.config import OnlineConfig
-    from mineonline_core.runtime.evaluator import start_evaluator
-    from mineonline_core.runtime.names import NAMESPACE
+    from mineonline_core.services.evaluator import start_evaluator
+    from mineonline_core.services.names import NAMESPACE
     from mineonline_core.testing.kit import TinyMLPPolicy, faulty_counting
     from mineonline_core.trainer.evaluation import EvaluationClient
 

@@ -18,19 +18,19 @@ import pytest
 import torch
 import yaml
 
-from mineonline_core.runtime import api
+from mineonline_core.driver import api
 from mineonline_core.config import load_config
 from mineonline_core.errors import CheckpointError, ConfigError
-from mineonline_core.runtime.evaluate import evaluate, load_policy
+from mineonline_core.driver.evaluate import evaluate, load_policy
 from mineonline_core.registry import get_plugin_manager
-from mineonline_core.runtime.resolve import resolve
+from mineonline_core.driver.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
 PY_CONFIG = '''
 import gymnasium as gym
 
-from mineonline_core.builtin.envs import adapt_env
+from mineonline_core.contracts.envs import adapt_env
 from mineonline_core.builtin.models import MLPPolicy
 
 
@@ -139,8 +139,8 @@ def test_minestudio_reward_events_are_counted(tmp_path: Path) -> None:
     from minestudio.simulator import MinecraftSim
     from minestudio.simulator.callbacks import CommandsCallback, JudgeResetCallback, RewardsCallback, SummonMobsCallback
 
-    from mineonline_core.builtin.envs import adapt_env
-    from mineonline_core.runtime.evaluate import run_episode, summarize
+    from mineonline_core.contracts.envs import adapt_env
+    from mineonline_core.services.episodes import run_episode, summarize
     from mineonline_core.testing.minecraft import fake_engine
 
     class Scripted:

@@ -12,7 +12,7 @@ import torch
 from mineonline_core.contracts import fragment as F
 from mineonline_core.config import OnlineConfig
 from mineonline_core.errors import RunFailedError
-from mineonline_core.runtime.finite import env_answer_problem, nonfinite_leaves
+from mineonline_core.services.finite import env_answer_problem, nonfinite_leaves
 from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout_fragments
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
@@ -47,7 +47,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run_after_k(tmp_path, 
     clean = trainer.train(make_batch(trainer, nan_reward=False))
     assert trainer.update_guard.skipped_total == 0 and math.isfinite(clean["trainer/policy_loss"])
     before = params(trainer)
-    with caplog.at_level("WARNING", logger="mineonline_core.runtime.finite"):
+    with caplog.at_level("WARNING", logger="mineonline_core.services.finite"):
         trainer.train(make_batch(trainer, nan_reward=True))  # two optimiser steps, both non-finite
     after = params(trainer)
     assert all(torch.equal(before[k], after[k]) for k in before), "a non-finite step changed the weights"

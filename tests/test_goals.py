@@ -9,7 +9,7 @@ import pytest
 from mineonline_core.config import OnlineConfig
 from mineonline_core.errors import ConfigError
 from mineonline_core.config import load_config
-from mineonline_core.runtime.evaluate import load_policy
+from mineonline_core.driver.evaluate import load_policy
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.goals import Goals
 

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from mineonline_core.runtime.console import ConsoleLogger, Progress, format_eta, summary_table
+from mineonline_core.builtin.console import ConsoleLogger
+from mineonline_core.driver.progress import Progress, format_eta, summary_table
 
 
 def read_jsonl(path):

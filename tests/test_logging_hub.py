@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from mineonline_core.runtime.console import ConsoleLogger, ConsoleOptions
+from mineonline_core.builtin.console import ConsoleLogger, ConsoleOptions
 from mineonline_core.contracts.logger import Logger, LoggerOptions
-from mineonline_core.runtime.loggerhub import LoggerHub, video_filename
+from mineonline_core.services.loggerhub import LoggerHub, video_filename
 
 
 class RecordingLogger(Logger):
@@ -176,7 +176,7 @@ def test_hub_without_videos_finishes(tmp_path):
 
 def test_hub_as_named_ray_actor(tmp_path):
     ray = pytest.importorskip("ray")
-    from mineonline_core.runtime.loggerhub import get_logger_hub, start_logger_hub
+    from mineonline_core.services.loggerhub import get_logger_hub, start_logger_hub
 
     ray.init(num_cpus=2, address="local", include_dashboard=False, namespace="mineonline")
     try:

@@ -18,13 +18,13 @@ from minestudio.simulator import MinecraftSim
 from minestudio.simulator.callbacks import CommandsCallback, JudgeResetCallback, RewardsCallback, SummonMobsCallback
 
 from mineonline_core.config import load_config
-from mineonline_core.builtin.envs import MinecraftAdapter, adapt_env, adapted
+from mineonline_core.contracts.envs import MinecraftAdapter, adapt_env, adapted
 from mineonline_core.errors import ConfigError
 from mineonline_core.registry import get_plugin_manager
-from mineonline_core.runtime.resolve import resolve
+from mineonline_core.driver.resolve import resolve
 from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.envproc import EnvProcess, InlineEnv
-from mineonline_core.testing.minecraft import fake_engine, with_fake_engine
+from mineonline_core.testing.minecraft import with_fake_engine
 from mineonline_core.contracts.tree import tree_map
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from mineonline_core.builtin.models import CNNPolicy, ImpalaResNetPolicy
 from mineonline_core.config import load_config
 from mineonline_core.errors import ConfigError
 from mineonline_core.registry import PluginManager, get_plugin_manager
-from mineonline_core.runtime.resolve import resolve
+from mineonline_core.driver.resolve import resolve
 from mineonline_core.testing.policy_conformance import PolicyConformance
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from mineonline_core.runtime.envcheck import probe_env
+from mineonline_core.driver.envcheck import probe_env
 from mineonline_core.errors import ConfigError, RunFailedError
 from mineonline_core.testing import kit as tk
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import importlib_metadata
 import pytest
-from pydantic import BaseModel
 
 from mineonline_core import hookimpl
 from mineonline_core.contracts import hookspecs

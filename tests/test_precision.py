@@ -1,4 +1,4 @@
-"""The precision policy (``runtime/precision.py``): one decision for rollout and training numerics.
+"""The precision policy (``config/precision.py``): one decision for rollout and training numerics.
 
 The CUDA branches are pure functions of the device type and its bfloat16 support, tested here
 without a GPU; the CPU branches run for real: rollout inference in the training dtype (the
@@ -19,9 +19,9 @@ from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.tree import to_torch
 from mineonline_core.errors import ConfigError
 from mineonline_core.registry import get_plugin_manager
-from mineonline_core.runtime import precision as P
-from mineonline_core.runtime.precision import PrecisionChoice, float16_problem
-from mineonline_core.runtime.resolve import resolve
+from mineonline_core.config import precision as P
+from mineonline_core.config.precision import PrecisionChoice, float16_problem
+from mineonline_core.driver.resolve import resolve
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer
 from mineonline_vpt import VPTPolicy
@@ -169,7 +169,7 @@ def test_ppo_trains_vpt_under_autocast(tmp_path, tf32_on, amp_dtype: str) -> Non
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == getattr(torch, amp_dtype)
     # The scaler follows the policy: float16 on CPU trains unscaled, on CUDA it would be scaled.
     assert trainer.scaler.is_enabled() is PrecisionChoice.from_config(trainer.train_config).on(trainer.device).grad_scaler is False
-    with trainer.autocast():  # what the rollout worker does (runtime/precision.py)
+    with trainer.autocast():  # what the rollout worker does (config/precision.py)
         streams = tk.rollout_fragments(trainer.policy, lambda i: tk.TinyImageEnv(seed=i), num_envs=2, fragment_length=8, fragments_per_env=4)
     batch = estimate_advantages(trainer.model, assemble_chunks(tk.chunks_of(streams, 2)), version=0, context_length=8,
                                 discount=0.99, gae_lambda=0.95)  # fmt: skip

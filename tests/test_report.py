@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from mineonline_core.runtime.console import ConsoleLogger
+from mineonline_core.builtin.console import ConsoleLogger
 from mineonline_core.errors import MineOnlineError
-from mineonline_core.runtime.report import read_metrics, write_report
-from mineonline_core.rollout.stats import CRAFTER_ACHIEVEMENTS
+from mineonline_core.driver.report import read_metrics, write_report
+from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS
 
 TAB_BLUE = np.array([31, 119, 180])  # matplotlib's first line colour
 

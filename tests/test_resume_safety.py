@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from mineonline_core.runtime.api import run
+from mineonline_core.driver.api import run
 from mineonline_core.errors import CheckpointError, ConfigError
-from mineonline_core.runtime.console import format_value
-from mineonline_core.runtime.continuity import resume_point
+from mineonline_core.driver.progress import format_value
+from mineonline_core.driver.continuity import resume_point
 from mineonline_core.trainer import checkpoint as ckpt
 
 CONFIG = {

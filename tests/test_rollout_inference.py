@@ -240,7 +240,7 @@ def test_unknown_inference_mode_is_refused(tmp_path) -> None:
 def test_a_run_trains_through_the_shared_inference_server(local_ray, tmp_path, monkeypatch) -> None:
     """CartPole, 2 rollout workers x 2 envs, KL-PPO in the driver's process: the server holds the
     policy and the KL reference, and the run trains its iterations with the server's versions."""
-    from mineonline_core.runtime.api import run
+    from mineonline_core.driver.api import run
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     config = {

@@ -12,7 +12,8 @@ import pytest
 from mineonline_core.contracts import fragment as F
 from mineonline_core.config import load_config
 from mineonline_core.testing import kit as tk
-from mineonline_core.rollout.worker import RolloutWorker, fragment_checksum
+from mineonline_core.contracts.fragment import fragment_checksum
+from mineonline_core.rollout.worker import RolloutWorker
 from mineonline_core.contracts.store import MemoryStore
 
 POLICY = functools.partial(tk.TinyMLPPolicy, 4, 2)
@@ -112,7 +113,7 @@ class GatedStore(MemoryStore):
 def test_full_send_queue_blocks_collection(local_ray) -> None:
     ray = local_ray
     from mineonline_core.rollout.buffer import ReplayBuffer
-    from mineonline_core.runtime.storehost import StoreClient, start_store_host
+    from mineonline_core.services.storehost import StoreClient, start_store_host
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     client = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
@@ -221,7 +222,7 @@ def test_worker_records_the_reference_policys_own_state_at_each_fragment_start(l
     import torch
 
     from mineonline_core.rollout.buffer import ReplayBuffer
-    from mineonline_core.runtime.storehost import StoreClient, start_store_host
+    from mineonline_core.services.storehost import StoreClient, start_store_host
     from mineonline_core.contracts.tree import tree_stack
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
@@ -270,7 +271,7 @@ def test_minestudio_start_rolloutmanager_starts_the_run_and_claims_its_directory
 
     import mineonline_core
     from mineonline_core.rollout.manager import get_rollout_manager
-    from mineonline_core.runtime.names import LOGGER_HUB, NAMESPACE, actor_name
+    from mineonline_core.services.names import LOGGER_HUB, NAMESPACE, actor_name
 
     data = online_dict(tmp_path, num_rollout_workers=1)
     data["run_name"] = "public-entry"
@@ -284,7 +285,7 @@ def test_minestudio_start_rolloutmanager_starts_the_run_and_claims_its_directory
             [sys.executable, "-c", "import json, sys\n"
              "from mineonline_core.config import load_config\n"
              "from mineonline_core.registry import get_plugin_manager\n"
-             "from mineonline_core.runtime.rundir import claim_run\n"
+             "from mineonline_core.driver.rundir import claim_run\n"
              "claim_run(load_config(json.loads(sys.argv[1])).config, get_plugin_manager())", json.dumps(data)],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from mineonline_core.runtime.runlog import LOG_FILE, MARK, RunLog
+from mineonline_core.services.runlog import LOG_FILE, MARK, RunLog
 
 # The noise of issue 16, seen on the console of healthy runs before: Ray Train's controller and
 # placement-group cleaner, C++ log lines of actor processes, Ray's prefix of streamed actor output.
@@ -79,7 +79,7 @@ class BrokenEnv(gym.Wrapper):
 
 
 def env_generator():
-    from mineonline_core.builtin.envs import DictObservation
+    from mineonline_core.contracts.envs import DictObservation
 
     return DictObservation(BrokenEnv(gym.make("CartPole-v1")))
 
@@ -146,7 +146,7 @@ class OneNaNReward(gym.Wrapper):
 
 
 def env_generator():
-    from mineonline_core.builtin.envs import DictObservation
+    from mineonline_core.contracts.envs import DictObservation
 
     return DictObservation(OneNaNReward(gym.make("CartPole-v1")))
 
@@ -180,7 +180,7 @@ def test_a_user_error_raised_in_an_actor_is_said_once():
     from ray.exceptions import RayTaskError
 
     from mineonline_core.errors import MineOnlineError, find_user_error
-    from mineonline_core.runtime.runlog import console_error
+    from mineonline_core.services.runlog import console_error
 
     message = "The replay store under database_config.path='/r' is damaged: remove '/r/shard-000'."
     try:

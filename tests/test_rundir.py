@@ -1,4 +1,4 @@
-"""One owner per run directory and per replay store (``mineonline_core.runtime.rundir``).
+"""One owner per run directory and per replay store (``mineonline_core.driver.rundir``).
 
 The owner here is a real second process that takes the locks exactly as ``mineonline run`` does
 (``rundir.claim_run``) and, for the store test, fills a real LMDB store. ``run`` in this process must then
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mineonline_core.runtime.api import run
-from mineonline_core.runtime.rundir import LOCK_NAME, RunInUseError, claim
+from mineonline_core.driver.api import run
+from mineonline_core.driver.rundir import LOCK_NAME, RunInUseError, claim
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {
@@ -36,7 +36,7 @@ BASE = {
 OWNER = """
 import json, sys
 import numpy as np
-from mineonline_core.runtime.rundir import claim_run
+from mineonline_core.driver.rundir import claim_run
 from mineonline_core.config import load_config
 from mineonline_core.registry import get_plugin_manager
 

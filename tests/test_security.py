@@ -68,7 +68,7 @@ def _call_text(source: str, start: int) -> str:
 
 def test_the_scan_sees_the_project() -> None:
     names = {p.relative_to(ROOT).as_posix() for p in PY}
-    assert "mineonline_core/runtime/api.py" in names and "mineonline_core/runtime/lifecycle.py" in names
+    assert "mineonline_core/driver/api.py" in names and "mineonline_core/driver/lifecycle.py" in names
     assert len(PY) >= 40
 
 
@@ -112,7 +112,7 @@ def test_ray_token_authentication_is_never_turned_off() -> None:
 def test_dashboard_binds_to_localhost(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
 
-    from mineonline_core.runtime import api
+    from mineonline_core.driver import api
 
     calls = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
@@ -161,10 +161,10 @@ def vault_pm():
 def test_no_secret_reaches_the_run_directory(tmp_path: Path, vault_pm) -> None:
     import yaml
 
-    from mineonline_core.runtime import api
+    from mineonline_core.driver import api
     from mineonline_core.config import load_config
     from mineonline_core.config.secrets import public_config
-    from mineonline_core.runtime.resolve import resolve
+    from mineonline_core.driver.resolve import resolve
 
     source = tmp_path / "cfg.yaml"
     source.write_text(yaml.safe_dump({
@@ -189,9 +189,9 @@ def test_no_secret_reaches_checkpoints(tmp_path: Path, vault_pm) -> None:
     """Checkpoints keep the resolved config and the config file as written: both scrubbed."""
     import yaml
 
-    from mineonline_core.runtime import api
+    from mineonline_core.driver import api
     from mineonline_core.config import load_config
-    from mineonline_core.runtime.resolve import resolve
+    from mineonline_core.driver.resolve import resolve
     from mineonline_core.trainer import checkpoint as ckpt
     from mineonline_ppo import PPOTrainer
 
@@ -217,11 +217,11 @@ def test_environment_variables_are_saved_as_the_expression(tmp_path: Path, monke
     ``mineonline check``'s output never copy the environment."""
     import yaml
 
-    from mineonline_core.runtime import api
+    from mineonline_core.driver import api
     from mineonline_core.config import load_config
     from mineonline_core.config.secrets import public_config
     from mineonline_core.registry import get_plugin_manager
-    from mineonline_core.runtime.resolve import resolve
+    from mineonline_core.driver.resolve import resolve
 
     monkeypatch.setenv("MINEONLINE_TEST_PRIVATE", "private-value-from-env")
     source = tmp_path / "cfg.yaml"
@@ -255,7 +255,7 @@ def test_config_errors_never_echo_a_secret(override: str) -> None:
     from mineonline_core.config import load_config
     from mineonline_core.errors import ConfigError
     from mineonline_core.registry import get_plugin_manager
-    from mineonline_core.runtime.resolve import resolve
+    from mineonline_core.driver.resolve import resolve
 
     data = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
             "logger_config": {"loggers": ["wandb"]}}  # fmt: skip
@@ -270,7 +270,7 @@ def test_wandb_settings_are_an_allow_list(key: str) -> None:
     from mineonline_core.config import load_config
     from mineonline_core.errors import ConfigError
     from mineonline_core.registry import get_plugin_manager
-    from mineonline_core.runtime.resolve import resolve
+    from mineonline_core.driver.resolve import resolve
 
     data = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
             "logger_config": {"loggers": ["wandb"], "settings": {"console": "wrap", key: "https://attacker.example"}}}  # fmt: skip
@@ -285,10 +285,10 @@ def test_wandb_settings_are_an_allow_list(key: str) -> None:
 def test_a_secret_override_is_not_replayed_by_resume(tmp_path: Path, vault_pm, caplog: pytest.LogCaptureFixture) -> None:
     """run.json keeps ``key=<redacted>``; ``--resume`` drops it with a warning instead of setting the
     credential to the placeholder."""
-    from mineonline_core.runtime import api
+    from mineonline_core.driver import api
     from mineonline_core.config import load_config
-    from mineonline_core.runtime.resolve import resolve
-    from mineonline_core.runtime.resume import plan_resume
+    from mineonline_core.driver.resolve import resolve
+    from mineonline_core.driver.resume import plan_resume
     from mineonline_core.trainer import checkpoint as ckpt
 
     data = {"run_name": "r", "output_dir": str(tmp_path), "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
@@ -307,7 +307,7 @@ def test_joining_a_cluster_presents_the_token(monkeypatch: pytest.MonkeyPatch, t
     """``mineonline run --address host:port``: Ray itself turns token mode on only for "auto"."""
     import ray
 
-    from mineonline_core.runtime import api, lifecycle
+    from mineonline_core.driver import api, lifecycle
 
     (tmp_path / "token").write_text("t" * 32)
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))

@@ -8,10 +8,10 @@ import pickle
 import subprocess
 import sys
 
-from mineonline_core.runtime.resolve import Deferred
+from mineonline_core.config.generators import Deferred
 
 BOOKKEEPING = ("mineonline_core.rollout.manager", "mineonline_core.rollout.buffer", "mineonline_core.rollout.stats",
-               "mineonline_core.runtime.storehost", "mineonline_core.runtime.gpulease", "mineonline_core.runtime.loggerhub", "mineonline_core.runtime.console", "mineonline_lmdb.store")  # fmt: skip
+               "mineonline_core.services.storehost", "mineonline_core.services.gpulease", "mineonline_core.services.loggerhub", "mineonline_core.driver.progress", "mineonline_lmdb.store")  # fmt: skip
 
 
 def _fresh_python(code: str) -> str:

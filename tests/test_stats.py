@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from mineonline_core.contracts.logger import Logger, LoggerOptions
-from mineonline_core.runtime.loggerhub import LoggerHub
-from mineonline_core.rollout.stats import CRAFTER_ACHIEVEMENTS, EpisodeStatistics, crafter_score
+from mineonline_core.services.loggerhub import LoggerHub
+from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS, crafter_score
+from mineonline_core.rollout.stats import EpisodeStatistics
 
 
 def episode(ret, length=10, task=None, achievements=None, truncated=False, disc=None):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import ray
 
-from mineonline_core.runtime.storehost import StoreClient, start_store_host
+from mineonline_core.services.storehost import StoreClient, start_store_host
 from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.testing.store_conformance import assert_tree_equal, sample_payload
 

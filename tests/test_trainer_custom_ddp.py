@@ -24,7 +24,7 @@ COMMON = {"learning_rate": 1e-2, "adam_eps": 1.0, "max_grad_norm": 0.5, "batches
 @pytest.fixture(scope="module")
 def ray_with_example():
     previous = os.environ.get("PYTHONPATH")
-    # A local cluster's processes inherit the driver's environment (runtime/api.py, init_ray).
+    # A local cluster's processes inherit the driver's environment (driver/api.py, init_ray).
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLE_DIR), previous]))
     ray.init(num_cpus=2, address="local", include_dashboard=False)
     yield

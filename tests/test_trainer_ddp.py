@@ -22,8 +22,8 @@ from mineonline_core.config import OnlineConfig
 from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.rollout.buffer import ReplayBuffer
-from mineonline_core.rollout.worker import fragment_meta
-from mineonline_core.runtime.storehost import StoreClient, start_store_host
+from mineonline_core.contracts.fragment import fragment_meta
+from mineonline_core.services.storehost import StoreClient, start_store_host
 from mineonline_core.testing.kit import cartpole, chunks_of, ddp_fit, ddp_run, ddp_train_step, mlp_policy, rollout_fragments
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 

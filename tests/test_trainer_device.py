@@ -14,10 +14,10 @@ import torch
 from mineonline_core.config import load_config
 from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import ConfigError
-from mineonline_core.runtime.names import NAMESPACE
+from mineonline_core.services.names import NAMESPACE
 from mineonline_core.testing.kit import cartpole, mlp_policy
 from mineonline_core.trainer import checkpoint as ckpt
-from mineonline_core.runtime.gpulease import lease_gpu
+from mineonline_core.services.gpulease import lease_gpu
 from mineonline_core.trainer.device import rank_device
 from mineonline_ppo import PPOTrainer
 

@@ -11,7 +11,7 @@ import pytest
 import ray
 import yaml
 
-from mineonline_core.runtime.api import run
+from mineonline_core.driver.api import run
 from mineonline_core.trainer import checkpoint as ckpt
 
 CONFIG = {

@@ -12,7 +12,7 @@ from mineonline_core.config import load_config
 from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.base import BaseTrainer
-from mineonline_core.rollout.worker import fragment_meta
+from mineonline_core.contracts.fragment import fragment_meta
 
 pytest_plugins = ["mineonline_core.testing.fixtures"]
 
@@ -37,7 +37,7 @@ def fragment(stream: str, index: int, version: int) -> dict:
 def setup(ray, tmp_path, *, max_staleness: int = 0, max_reuse: int = 1, **train):
     """A trainer reading from a real ``ReplayBuffer`` actor and store; returns it, ``add`` and the store."""
     from mineonline_core.rollout.buffer import ReplayBuffer
-    from mineonline_core.runtime.storehost import StoreClient, start_store_host
+    from mineonline_core.services.storehost import StoreClient, start_store_host
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
@@ -168,7 +168,7 @@ def test_a_trainer_waiting_for_chunks_fails_after_progress_timeout_saying_why(lo
     ray = local_ray
     from mineonline_core.errors import RunFailedError
     from mineonline_core.rollout.buffer import ReplayBuffer
-    from mineonline_core.runtime.storehost import StoreClient, start_store_host
+    from mineonline_core.services.storehost import StoreClient, start_store_host
     from mineonline_core.trainer import fetch
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)

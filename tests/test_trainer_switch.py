@@ -11,7 +11,7 @@ import pytest
 from mineonline_core.config import load_config
 from mineonline_core.errors import ConfigError
 from mineonline_core.registry import Origin, get_plugin_manager
-from mineonline_core.runtime.resolve import resolve_trainer
+from mineonline_core.driver.resolve import resolve_trainer
 from tests.test_trainer_custom import _load_example
 
 CARTPOLE = "examples/cartpole.yaml"
@@ -28,7 +28,7 @@ def pm():
 
 def test_other_trainers_keys_are_set_aside_with_one_warning(pm, caplog):
     loaded = load_config(CARTPOLE, ["trainer_name=ReinforceTrainer", "train_config.vf_coef=0.25"])
-    with caplog.at_level(logging.WARNING, logger="mineonline_core.runtime.resolve"):
+    with caplog.at_level(logging.WARNING, logger="mineonline_core.driver.resolve"):
         cls, options = resolve_trainer(loaded, pm)
     assert cls.name == "ReinforceTrainer" and options.vf_coef == 0.25
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

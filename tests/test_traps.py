@@ -43,7 +43,7 @@ def test_script_calling_run_without_main_guard_is_told_so(tmp_path: Path) -> Non
 
 def test_guarded_script_and_functions_pass_the_check(tmp_path: Path) -> None:
     done = _script(tmp_path, textwrap.dedent("""\
-        from mineonline_core.runtime.mainguard import unguarded_call_site
+        from mineonline_core.driver.mainguard import unguarded_call_site
 
         def main():
             return unguarded_call_site()

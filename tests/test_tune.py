@@ -17,11 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from mineonline_core.cli import main
-from mineonline_core.runtime.tune import RESULTS_FILE
+from mineonline_core.driver.tune import RESULTS_FILE
 
 CARTPOLE = """
 env_config: {{name: gymnasium, id: CartPole-v1}}
@@ -141,8 +140,8 @@ def test_the_table_reports_each_trials_end_and_a_failures_root_cause(tmp_path):
     from ray.tune import Result
 
     from mineonline_core.errors import RunFailedError
-    from mineonline_core.runtime.sweep import TrialSpec
-    from mineonline_core.runtime.tune import _rows, format_table
+    from mineonline_core.driver.sweep import TrialSpec
+    from mineonline_core.driver.tune import _rows, format_table
 
     spec = TrialSpec(source="c.yaml", fixed=(), keys=("seed",), experiment="e", experiment_dir=str(tmp_path), metric="m", cwd=".")
     cause = RunFailedError("ValueError: env id 'Nope-v0' is not registered")

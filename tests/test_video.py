@@ -8,7 +8,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from mineonline_core.runtime.video import compose_frames, encode_episode_video, format_number
+from mineonline_core.services.video import compose_frames, encode_episode_video, format_number
 
 
 def decode(mp4: bytes) -> tuple[list[np.ndarray], dict]:

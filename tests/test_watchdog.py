@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from mineonline_core.runtime.watchdog import ProgressWatchdog, RestartBudget, sigterm_as_ctrl_c
+from mineonline_core.driver.watchdog import ProgressWatchdog, sigterm_as_ctrl_c
+from mineonline_core.services.restarts import RestartBudget
 
 
 class Clock:

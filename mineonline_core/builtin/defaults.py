@@ -14,7 +14,7 @@ def mineonline_register_replay_stores(register: Register) -> None:
 
 @hookimpl
 def mineonline_register_loggers(register: Register) -> None:
-    from mineonline_core.runtime.console import ConsoleLogger
+    from mineonline_core.builtin.console import ConsoleLogger
 
     register(ConsoleLogger)
 

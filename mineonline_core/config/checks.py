@@ -70,7 +70,7 @@ def check_consistency(cfg: OnlineConfig) -> None:
 
 def _hang_problems(cfg: OnlineConfig) -> list[str]:
     """``hang_timeout`` must let a busy process report (workers every 2 s, ranks every quarter of it)
-    and must act before ``progress_timeout`` blames the wrong side (``runtime/heartbeat.py``)."""
+    and must act before ``progress_timeout`` blames the wrong side (``services/heartbeat.py``)."""
     hang, progress = cfg.hang_timeout, cfg.progress_timeout
     if hang and hang < MIN_HANG_TIMEOUT:
         return [f"hang_timeout is {hang:g}s, shorter than {MIN_HANG_TIMEOUT:g}s: a rollout worker or trainer rank "
@@ -124,7 +124,7 @@ def _precision_problems(cfg: OnlineConfig) -> list[str]:
         return []
     import torch  # only for a GPU run with mixed precision: config loading stays torch-free otherwise
 
-    from mineonline_core.runtime.precision import PrecisionChoice, bf16_supported
+    from mineonline_core.config.precision import PrecisionChoice, bf16_supported
 
     if not torch.cuda.is_available():
         return []

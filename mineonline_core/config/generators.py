@@ -2,7 +2,8 @@
 
 A spec is ``package.module:function`` (an importable module) or ``path/to/file.py:function`` (a
 Python config module, imported from its file). ``generator_spec`` names a function that way when it
-can; ``import_generator`` turns a spec back into the function.
+can; ``import_generator`` turns a spec back into the function. ``Deferred`` carries a generator to the
+process that calls it without importing what it needs on the way.
 """
 
 from __future__ import annotations
@@ -74,3 +75,22 @@ def import_generator(spec: str, *, key: str) -> Callable[[], Any]:
     if not callable(obj):
         raise ConfigError(f"{key}: {target!r} defines no function {attr!r}. Fix: name a function taking no arguments.")
     return obj
+
+
+class Deferred:
+    """A generator carried as cloudpickle bytes, unpickled only by the process that calls it.
+
+    The rollout manager hands the policy and env generators to its workers without calling them:
+    deferred, it never imports what they need (torch, the env's package), which would add seconds
+    to every run's start-up before the workers even exist.
+    """
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        from ray import cloudpickle
+
+        self._payload = cloudpickle.dumps(fn)
+
+    def __call__(self) -> Any:
+        from ray import cloudpickle
+
+        return cloudpickle.loads(self._payload)()

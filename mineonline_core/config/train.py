@@ -1,6 +1,6 @@
 """``train_config``: the optimisation side the core runs (Ray Train workers, the update loop,
 checkpoints). The selected trainer's own keys (PPO's clip, coefficients, KL ...) sit in the same
-section; they are the extra keys, validated against that trainer's ``Config`` (``runtime/resolve.py``)."""
+section; they are the extra keys, validated against that trainer's ``Config`` (``driver/resolve.py``)."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ class TrainConfig(OpenSection):
         "window) or eval/return_mean (the evaluation's mean return, with eval_interval on; the "
         "checkpoint kept is the one of the iteration whose weights were evaluated).",
     )
-    # --- evaluation while training (mineonline_core/runtime/evaluator.py) ----------------------
+    # --- evaluation while training (mineonline_core/services/evaluator.py) ----------------------
     eval_interval: int = setting(
         0,
         "Iterations between evaluations of the current weights, run by their own actor while rollout "
@@ -178,7 +178,7 @@ class TrainConfig(OpenSection):
         "of this run, before the run fails; 0 fails at the first death.",
         ge=0,
     )
-    # --- numerics (mineonline_core/runtime/precision.py decides for rollout and training together) ---
+    # --- numerics (mineonline_core/config/precision.py decides for rollout and training together) ---
     use_amp: bool = Field(
         False,
         description="Mixed precision: rollout inference and the training forwards autocast to amp_dtype, "

@@ -31,6 +31,12 @@ buffer serves and what the trainer trains on as one sequence.
 
 from __future__ import annotations
 
+import zlib
+
+import numpy as np
+
+from mineonline_core.contracts.store import payload_nbytes
+
 OBS = "obs"
 NEXT_OBS = "next_obs"
 ACTION = "action"
@@ -70,3 +76,24 @@ OLD_VPRED = "old_vpred"
 def fragment_key(stream: str, index: int) -> str:
     """The store key of a fragment: sortable within a stream."""
     return f"{stream}.{index:09d}"
+
+
+def fragment_checksum(key: str, fragment: dict) -> int:
+    """crc32 of the key, rewards and behaviour log-probs: enough to detect a swapped or torn payload."""
+    crc = zlib.crc32(key.encode())
+    crc = zlib.crc32(np.ascontiguousarray(fragment[REWARD], np.float32).tobytes(), crc)
+    return zlib.crc32(np.ascontiguousarray(fragment[LOGPROB], np.float32).tobytes(), crc)
+
+
+def fragment_meta(fragment: dict) -> dict:
+    """What a rollout worker tells the replay buffer of a fragment it stored (the payload stays in the store)."""
+    key = fragment_key(fragment[STREAM], fragment[INDEX])
+    return {
+        "key": key,
+        "stream": fragment[STREAM],
+        "index": int(fragment[INDEX]),
+        "version": int(np.min(fragment[VERSION])),
+        "steps": int(len(fragment[REWARD])),
+        "checksum": fragment_checksum(key, fragment),
+        "nbytes": payload_nbytes(fragment),
+    }

@@ -6,15 +6,26 @@ from a background thread. All metrics share one step axis: total env steps.
 
 A logger's ``Config`` lists the ``logger_config`` keys it consumes. ``logger_config.loggers`` selects
 loggers by name; every other ``logger_config`` key must be consumed by at least one selected logger.
+
+A logger that keeps a run of its own (wandb's) stores that run's id in the run directory
+(``keep_run_id``) and, when the run resumes from a checkpoint, continues it (``resumed_run_id``):
+one curve across a resume.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+
+
+#: The run directory's file of logger run ids, ``{logger name: run id}``.
+RUN_IDS = "logger_runs.json"
 
 
 class LoggerOptions(BaseModel):
@@ -47,3 +58,24 @@ class Logger(ABC):
 
     def finish(self) -> None:
         """Flush and close; called once at the end of the run."""
+
+    def resumed_run_id(self) -> str | None:
+        """The id this logger kept (``keep_run_id``) when this run resumes from a checkpoint, else None."""
+        if not (self.config.get("train_config") or {}).get("resume"):
+            return None
+        try:
+            return json.loads((Path(self.run_dir) / RUN_IDS).read_text()).get(self.name)
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def keep_run_id(self, run_id: Any) -> None:
+        """Remember this logger's own run id in the run directory, for a resumed run to continue."""
+        path = Path(self.run_dir) / RUN_IDS
+        try:
+            ids = json.loads(path.read_text())
+        except (OSError, ValueError):
+            ids = {}
+        ids[self.name] = str(run_id)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(ids, indent=1))
+        os.replace(tmp, path)

@@ -30,18 +30,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from mineonline_core.errors import ConfigError, MineOnlineError
-from mineonline_core.runtime.runlog import setup_actor_logging
+from mineonline_core.errors import ConfigError, SampleStopped, SampleTimeout
+from mineonline_core.services.runlog import setup_actor_logging
 
 log = logging.getLogger(__name__)
-
-
-class SampleTimeout(MineOnlineError):
-    """``sample`` found too few eligible chunks within its timeout; the message says why."""
-
-
-class SampleStopped(MineOnlineError):
-    """``sample`` was waiting for chunks when the run was asked to stop (``stop_waiting``)."""
 
 
 @dataclass
@@ -283,7 +275,7 @@ class ReplayBuffer:
         Versions and checksums are read from the payloads themselves (the keys carry only stream
         and index). Returns the number of chunks rebuilt.
         """
-        from mineonline_core.rollout.worker import fragment_checksum
+        from mineonline_core.contracts.fragment import fragment_checksum
 
         keys = await asyncio.to_thread(self._store.keys)
         by_stream: dict[str, list[tuple[int, str]]] = {}

@@ -19,7 +19,7 @@ Episode ends, the three ways (DESIGN §5.2, §5.5):
   failed, the step is kept as it happened (its reward, ``terminated`` and final observation) and
   then the env is rebuilt.
 * the env answered a NaN or infinite reward or observation: the same, except that the env is
-  reset instead of rebuilt (``mineonline_core.runtime.finite``); the bad values never enter a fragment.
+  reset instead of rebuilt (``mineonline_core.services.finite``); the bad values never enter a fragment.
 
 After any episode end the env's recurrent state is replaced by ``policy.initial_state(1)`` and the
 next step carries ``first=True`` (the policy resets there too, so training reproduces rollout).
@@ -50,14 +50,14 @@ from typing import Any, Callable
 import torch
 
 from mineonline_core.config.rollout import RolloutConfig
-from mineonline_core.errors import RunFailedError
-from mineonline_core.runtime.finite import env_answer_problem
-from mineonline_core.runtime.precision import PrecisionChoice
+from mineonline_core.errors import RunFailedError, last_line
+from mineonline_core.services.finite import env_answer_problem
+from mineonline_core.config.precision import PrecisionChoice
 from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, InlineEnv, default_context
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
 from mineonline_core.rollout.inference import policy_step
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map, tree_stack
-from mineonline_core.runtime.watchdog import RestartBudget
+from mineonline_core.services.restarts import RestartBudget
 
 log = logging.getLogger(__name__)
 
@@ -353,9 +353,8 @@ class FragmentCollector:
     def _check_startup(self, slot: _Slot, exc: EnvFailure) -> None:
         """An env that never started and raises the same exception ``STARTUP_ATTEMPTS`` times in a row
         will not start: stop with its own error now, not at the warm-up timeout minutes later."""
-        from mineonline_core.runtime.envcheck import exception_line
 
-        error = exception_line(exc.detail)
+        error = last_line(exc.detail)
         slot.same_startup_errors = slot.same_startup_errors + 1 if error == slot.startup_error else 1
         slot.startup_error = error
         if slot.same_startup_errors >= STARTUP_ATTEMPTS:

@@ -33,8 +33,8 @@ from typing import Any, Callable
 from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_cat, tree_map
 from mineonline_core.errors import RunFailedError
-from mineonline_core.runtime.runlog import setup_actor_logging
-from mineonline_core.runtime.precision import PrecisionChoice
+from mineonline_core.services.runlog import setup_actor_logging
+from mineonline_core.config.precision import PrecisionChoice
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class InferenceServer:
 
         setup_actor_logging()
         self.device = torch.device("cuda" if config.num_gpus_per_worker > 0 else "cpu")
-        # The same numerics as a local worker's forwards and the training forwards (runtime/precision.py).
+        # The same numerics as a local worker's forwards and the training forwards (config/precision.py).
         self.precision = precision.on(self.device.type)
         self.precision.apply_tf32()
         self.policy = policy_generator().to(self.device).eval().requires_grad_(False)

@@ -1,14 +1,14 @@
 """``RolloutManager``: the named actor that owns a run's rollout side.
 
-It starts the store host (``mineonline_core.runtime.storehost``), the ``ReplayBuffer`` and
+It starts the store host (``mineonline_core.services.storehost``), the ``ReplayBuffer`` and
 ``EpisodeStatistics`` actors (``num_cpus=0``: bookkeeping must never take a CPU slot from rollout
-or training; pinned with the manager to the driver's node, ``runtime/placement.py``) and ``num_rollout_workers`` ``RolloutWorker`` actors. Ray restarts a killed worker
+or training; pinned with the manager to the driver's node, ``driver/placement.py``) and ``num_rollout_workers`` ``RolloutWorker`` actors. Ray restarts a killed worker
 (``max_restarts=-1``); the restarted worker registers again and receives the latest weights, which
 the manager keeps for that reason. A monitor thread aggregates the workers' counters into
 ``rollout/*`` and ``perf/*`` metrics and checks that every actor is alive: a worker whose thread
 failed, or a dead buffer or statistics actor, fails the run through ``health()`` with the cause.
 A worker's answer to ``report()`` is its heartbeat: one silent past ``hang_timeout`` is named (pid,
-node, last report) and killed, and Ray restarts it (``runtime/heartbeat.py``); the buffer is told which
+node, last report) and killed, and Ray restarts it (``services/heartbeat.py``); the buffer is told which
 workers are hung or dead, so that a trainer waiting for chunks says so (``ReplayBuffer.explain``).
 
 With ``rollout_config.inference: shared`` it also starts the run's ``InferenceServer`` (restarted by
@@ -28,14 +28,14 @@ import time
 from typing import Any, Callable
 
 from mineonline_core.config.checks import inference_resources
-from mineonline_core.errors import RunFailedError, find_user_error
-from mineonline_core.runtime import names
-from mineonline_core.runtime.names import NAMESPACE, actor_name
-from mineonline_core.runtime.placement import on_node
-from mineonline_core.runtime.heartbeat import Heartbeats, hung_message
-from mineonline_core.runtime.precision import PrecisionChoice
-from mineonline_core.runtime.watchdog import RestartBudget
-from mineonline_core.runtime.runlog import setup_actor_logging
+from mineonline_core.errors import RunFailedError, find_user_error, last_line
+from mineonline_core.services import names
+from mineonline_core.services.names import NAMESPACE, actor_name
+from mineonline_core.services.names import on_node
+from mineonline_core.services.heartbeat import Heartbeats, hung_message
+from mineonline_core.config.precision import PrecisionChoice
+from mineonline_core.services.restarts import RestartBudget
+from mineonline_core.services.runlog import setup_actor_logging
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class RolloutManager:
         from mineonline_core.rollout.buffer import ReplayBuffer
         from mineonline_core.rollout.stats import EpisodeStatistics
         from mineonline_core.rollout.worker import RolloutWorker
-        from mineonline_core.runtime.storehost import StoreClient, start_store_host
+        from mineonline_core.services.storehost import StoreClient, start_store_host
 
         self.config, self.run_name = config, str(config.run_name)
         rc = config.rollout_config
@@ -292,7 +292,7 @@ class RolloutManager:
                 state = f"life {s['incarnation']}, {s['env_steps']} env steps, {s['fragments_sent']} fragments sent, ready={s['ready']}"
                 error = s["error"] or self._last_errors.get(i)
             except Exception as exc:  # noqa: BLE001 - dead or restarting: say so
-                state, error = f"not answering ({type(exc).__name__})", self._last_errors.get(i) or _first_line(exc)
+                state, error = f"not answering ({type(exc).__name__})", self._last_errors.get(i) or last_line(exc, limit=300)
             lines.append(f"rollout worker {i}: {state}; last error: {error or 'none'}")
         return lines
 
@@ -391,7 +391,7 @@ class RolloutManager:
             try:
                 report = ray.get(ref)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-                self._last_errors[i] = _first_line(exc)
+                self._last_errors[i] = last_line(exc, limit=300)
                 if life == self._incarnations.get(i, -1):  # not a life that registered since the call
                     self._beats.forget(i)  # being restarted by Ray; it re-registers and gets the latest weights
                     self._set_missing(i, f"rollout worker {i} died and is being restarted ({self._last_errors[i]})")
@@ -437,7 +437,7 @@ class RolloutManager:
         try:
             return ray.get(self._server.metrics.remote(), timeout=30)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as exc:
-            log.warning("the inference server did not report (%s); Ray restarts a dead one", _first_line(exc))
+            log.warning("the inference server did not report (%s); Ray restarts a dead one", last_line(exc, limit=300))
         except Exception as exc:  # noqa: BLE001 - one of its threads failed: the run cannot collect
             self._fail(exc, "the rollout inference server failed")
         return {}
@@ -502,10 +502,6 @@ def first_free_incarnations(keys: list[str]) -> dict[int, int]:
     return out
 
 
-def _first_line(exc: BaseException) -> str:
-    """The informative line of a Ray error (its last non-empty one), at most 300 characters."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:300]
 
 
 def launch_rollout_manager(

@@ -23,41 +23,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from mineonline_core.runtime.runlog import setup_actor_logging
-
-CRAFTER_ACHIEVEMENTS = (
-    "collect_coal",
-    "collect_diamond",
-    "collect_drink",
-    "collect_iron",
-    "collect_sapling",
-    "collect_stone",
-    "collect_wood",
-    "defeat_skeleton",
-    "defeat_zombie",
-    "eat_cow",
-    "eat_plant",
-    "make_iron_pickaxe",
-    "make_iron_sword",
-    "make_stone_pickaxe",
-    "make_stone_sword",
-    "make_wood_pickaxe",
-    "make_wood_sword",
-    "place_furnace",
-    "place_plant",
-    "place_stone",
-    "place_table",
-    "wake_up",
-)
-
-
-def crafter_score(success_rates_percent: Iterable[float]) -> float:
-    """The Crafter score: ``exp(mean_i ln(1 + s_i)) - 1`` for success rates ``s_i`` in percent."""
-    rates = np.asarray(list(success_rates_percent), dtype=np.float64)
-    if rates.size == 0:
-        return float("nan")
-    return float(np.exp(np.mean(np.log1p(rates))) - 1.0)
-
+from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS, crafter_score
+from mineonline_core.services.runlog import setup_actor_logging
 
 def _metric_name(task: str) -> str:
     # Task names become one path segment of a metric key.

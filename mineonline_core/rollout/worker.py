@@ -27,40 +27,17 @@ import logging
 import os
 import threading
 import time
-import zlib
 from typing import Any, Callable
 
-import numpy as np
 
 from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import MineOnlineError, RunFailedError
 from mineonline_core.rollout.fragbuild import Timers
-from mineonline_core.contracts.store import payload_nbytes
-from mineonline_core.runtime.precision import PrecisionChoice
-from mineonline_core.runtime.runlog import setup_actor_logging
+from mineonline_core.config.precision import PrecisionChoice
+from mineonline_core.services.runlog import setup_actor_logging
 
 log = logging.getLogger(__name__)
-
-
-def fragment_checksum(key: str, fragment: dict) -> int:
-    """crc32 of the key, rewards and behaviour log-probs: enough to detect a swapped or torn payload."""
-    crc = zlib.crc32(key.encode())
-    crc = zlib.crc32(np.ascontiguousarray(fragment[F.REWARD], np.float32).tobytes(), crc)
-    return zlib.crc32(np.ascontiguousarray(fragment[F.LOGPROB], np.float32).tobytes(), crc)
-
-
-def fragment_meta(fragment: dict) -> dict:
-    key = F.fragment_key(fragment[F.STREAM], fragment[F.INDEX])
-    return {
-        "key": key,
-        "stream": fragment[F.STREAM],
-        "index": int(fragment[F.INDEX]),
-        "version": int(np.min(fragment[F.VERSION])),
-        "steps": int(len(fragment[F.REWARD])),
-        "checksum": fragment_checksum(key, fragment),
-        "nbytes": payload_nbytes(fragment),
-    }
 
 
 def as_run_failure(exc: BaseException, what: str) -> MineOnlineError:
@@ -130,7 +107,7 @@ class RolloutWorker:
     ) -> None:
         """``config`` is the run's ``rollout_config``; ``discount`` (``train_config.discount``) weighs
         the episodes' discounted returns in the statistics; ``precision`` (``train_config``'s) is the
-        numerics of inference, those of the training forwards (``runtime/precision.py``);
+        numerics of inference, those of the training forwards (``config/precision.py``);
         ``inference_server`` is the run's ``InferenceServer`` when ``config.inference`` is ``shared``."""
         setup_actor_logging()  # its records reach the console marked (runlog.py)
         self.worker_id, self.config = worker_id, config
@@ -248,7 +225,7 @@ class RolloutWorker:
         if self._manager is not None:
             # The manager numbers each life of this worker (stream names stay unique across
             # restarts) and returns the latest weights, so a restarted worker rejoins at once.
-            # pid and node: what the manager names when this life stops answering (runtime/heartbeat.py).
+            # pid and node: what the manager names when this life stops answering (services/heartbeat.py).
             where = {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
             self.incarnation, latest = ray.get(self._manager.register_worker.remote(self.worker_id, **where))
             if latest is not None and self._server is None:
@@ -296,7 +273,7 @@ class RolloutWorker:
             if not frags:
                 continue
             t0 = time.perf_counter()
-            metas = [fragment_meta(frag) for frag in frags]
+            metas = [F.fragment_meta(frag) for frag in frags]
             self._store.put_many([(meta["key"], frag) for meta, frag in zip(metas, frags)])
             t1 = time.perf_counter()
             # The steps behind these fragments reach the env-step axis before the trainer can train on
@@ -367,7 +344,7 @@ class RolloutWorker:
     def _send_video(self, video: dict) -> None:
         if self._hub is None:
             return
-        from mineonline_core.runtime.video import encode_episode_video
+        from mineonline_core.services.video import encode_episode_video
 
         wc = self.config.worker_config
         mp4 = encode_episode_video(video["frames"], fps=wc.video_fps, returns=video["returns"], values=video["values"],

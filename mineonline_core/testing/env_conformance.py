@@ -171,7 +171,7 @@ class EnvConformance:
 
     def test_the_generator_builds_resets_and_steps_in_an_env_subprocess(self) -> None:
         from mineonline_core.errors import ConfigError
-        from mineonline_core.runtime.envcheck import probe_env
+        from mineonline_core.driver.envcheck import probe_env
 
         try:
             observation_space, action_space = probe_env(self.make_generator(), startup_timeout=120.0, step_timeout=60.0)

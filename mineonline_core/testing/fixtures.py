@@ -38,7 +38,7 @@ def local_ray() -> Iterator[Any]:
     """A local Ray cluster with 2 CPUs, never attached to another cluster on the machine."""
     import ray
 
-    from mineonline_core.runtime.names import NAMESPACE
+    from mineonline_core.services.names import NAMESPACE
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     try:

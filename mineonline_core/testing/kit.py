@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mineonline_core.builtin.envs import DictObservation
+from mineonline_core.contracts.envs import DictObservation
 from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy
 from mineonline_core.config.rollout import RolloutConfig, WorkerConfig
 from mineonline_core.contracts import fragment as F

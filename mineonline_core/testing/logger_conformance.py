@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mineonline_core.contracts.logger import Logger
-from mineonline_core.runtime.loggerhub import LoggerHub
+from mineonline_core.services.loggerhub import LoggerHub
 
 Scalars = dict[str, list[tuple[int, float]]]
 
@@ -44,7 +44,7 @@ class LoggerConformance:
         return LoggerHub(run_dir=str(run_dir), loggers=[(self.logger_cls, options)], config=config, num_iterations=10, video_dir="videos")
 
     def video_bytes(self) -> bytes:
-        from mineonline_core.runtime.video import encode_episode_video
+        from mineonline_core.services.video import encode_episode_video
 
         frames = [np.full((16, 16, 3), 40 * t, np.uint8) for t in range(4)]
         return encode_episode_video(frames, fps=4, returns=[0.0, 1.0, 1.0, 2.0], values=[0.1] * 4)

@@ -38,12 +38,11 @@ from torch import nn
 from mineonline_core.config._fields import Section
 from mineonline_core.config.messages import validate_trainer_options
 from mineonline_core.config.secrets import public_config, redact_text
-from mineonline_core.errors import ConfigError
-from mineonline_core.rollout.buffer import SampleStopped
-from mineonline_core.runtime.finite import UpdateGuard
-from mineonline_core.runtime.precision import PrecisionChoice, float16_problem
+from mineonline_core.errors import ConfigError, SampleStopped
+from mineonline_core.services.finite import UpdateGuard
+from mineonline_core.config.precision import PrecisionChoice, float16_problem
 from mineonline_core.trainer import checkpoint as ckpt
-from mineonline_core.runtime.runlog import setup_actor_logging
+from mineonline_core.services.runlog import setup_actor_logging
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.driver import DriverSide
 from mineonline_core.trainer.evaluation import Evaluating

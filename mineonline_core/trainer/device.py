@@ -3,7 +3,7 @@
 One rank trains in the driver's process (``DriverSide.fit``), a GPU rank too: no Ray Train
 controller, worker group or NCCL group for a world of one. The driver is not a Ray actor, so Ray has
 reserved nothing for it and set no ``CUDA_VISIBLE_DEVICES``. A GPU rank therefore first leases its
-share: a ``GpuLease`` actor (``runtime/gpulease.py``) with ``train_config.num_gpus_per_worker`` GPUs
+share: a ``GpuLease`` actor (``services/gpulease.py``) with ``train_config.num_gpus_per_worker`` GPUs
 and no CPU, pinned to the driver's node, holds the share until training ends, so that rollout
 workers' ``num_gpus_per_worker`` are never booked onto it, and reports which GPU Ray gave it;
 ``rank_device`` maps that GPU to this process's CUDA device. Ray Train runs the rank instead, with a

@@ -4,7 +4,7 @@
 rank dies, see ``recovery.py``) or, for one rank, in the driver's own process: on its CPU, or on the
 GPU share it leases from Ray (``trainer/device.py``; Ray Train takes over, saying why, when the
 driver's process cannot use that GPU). Ray Train ranks send heartbeats; one silent past
-``hang_timeout`` is named and killed, and so restarted like a dead rank (``runtime/heartbeat.py``).
+``hang_timeout`` is named and killed, and so restarted like a dead rank (``services/heartbeat.py``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 import ray
 import torch
 
-from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
-from mineonline_core.runtime.gpulease import lease_gpu
-from mineonline_core.runtime.heartbeat import HeartbeatBoard, RankBeat, RankWatch
+from mineonline_core.errors import ConfigError, RunFailedError, find_user_error, last_line
+from mineonline_core.services.gpulease import lease_gpu
+from mineonline_core.services.heartbeat import HeartbeatBoard, RankBeat, RankWatch
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.device import rank_device
@@ -97,7 +97,7 @@ class DriverSide:
                 if user_error is not None:
                     raise user_error from exc
                 # A rank killed as hung is the cause, whatever Ray Train says of its death.
-                cause = watch.hung if watch is not None and watch.hung else str(exc).strip().splitlines()[-1][:200]
+                cause = watch.hung if watch is not None and watch.hung else last_line(exc, limit=200)
                 if not recovery.is_rank_death(exc) or self.restarts >= tc.max_trainer_restarts:
                     limit = f" after {self.restarts} restart(s) (train_config.max_trainer_restarts={tc.max_trainer_restarts})"
                     hung = f" {watch.hung}" if watch is not None and watch.hung else ""

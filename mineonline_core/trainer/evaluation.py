@@ -1,7 +1,7 @@
 """Rank 0's side of evaluation while training: when to evaluate, on which weights, and the best checkpoint.
 
 Every ``eval_interval`` iterations rank 0 hands the weights of that iteration to the ``Evaluator``
-actor (``runtime/evaluator.py``) and goes on training: it never waits for an evaluation. The
+actor (``services/evaluator.py``) and goes on training: it never waits for an evaluation. The
 weights are the object the broadcast thread already put for the rollout workers (``weights_sent``;
 an iteration that publishes no version, such as PPO's value warm-up, puts its own). At most one
 evaluation runs at a time; one that comes due while another runs is skipped, logged and counted
@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 import ray
 
-from mineonline_core.runtime.names import EVALUATOR, NAMESPACE, actor_name
+from mineonline_core.errors import last_line
+from mineonline_core.services.names import EVALUATOR, NAMESPACE, actor_name
 from mineonline_core.trainer.goals import BEST_DIR, replace_best
 from mineonline_core.trainer.sequence import unwrap
 
@@ -106,7 +107,7 @@ class EvaluationClient:
             return [(request, ray.get(ref))]
         except (ray.exceptions.RayError, TimeoutError) as exc:
             self.failed += 1
-            cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            cause = last_line(exc)
             log.warning("evaluation of iteration %d failed: %s (eval/failed: %d); training goes on", request["iteration"], cause, self.failed)
             self._log({"eval/failed": float(self.failed)}, request["env_steps"])
             if isinstance(exc, ray.exceptions.RayActorError):  # its process died: the next evaluation gets a new one
@@ -133,8 +134,8 @@ class Evaluating:
         """Rank 0, before the first broadcast: start the evaluator actor when ``eval_interval`` is on."""
         if not self.train_config.eval_interval or self.rank != 0:
             return
-        from mineonline_core.runtime.evaluator import start_evaluator
-        from mineonline_core.runtime.resolve import Deferred
+        from mineonline_core.services.evaluator import start_evaluator
+        from mineonline_core.config.generators import Deferred
 
         shutil.rmtree(self.save_dir / CANDIDATE_DIR, ignore_errors=True)  # a crashed run's candidate
         kwargs = {"name": actor_name(str(self.config.run_name), EVALUATOR, self.restarts), "namespace": NAMESPACE,

@@ -19,9 +19,8 @@ from typing import Any, Callable
 import ray
 
 from mineonline_core.contracts import fragment as F
-from mineonline_core.errors import RunFailedError
-from mineonline_core.rollout.buffer import SampleStopped
-from mineonline_core.rollout.worker import fragment_checksum
+from mineonline_core.errors import RunFailedError, SampleStopped, SampleTimeout
+from mineonline_core.contracts.fragment import fragment_checksum
 from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs, estimate_advantages
 
 log = logging.getLogger(__name__)
@@ -115,8 +114,6 @@ class ChunkFetching:
     def _sample(self, num_chunks: int, for_version: int | None, round_id: int) -> list[dict]:
         """``buffer.sample`` in slices of ``SAMPLE_WAIT_S``: between slices the wait is logged with
         the buffer's reason and the rollout side's health checked; after ``progress_timeout`` it fails."""
-        from mineonline_core.rollout.buffer import SampleTimeout
-
         limit = float(getattr(self.config, "progress_timeout", 0.0) or 0.0)
         waited = 0.0
         while True:

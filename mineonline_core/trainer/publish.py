@@ -28,7 +28,7 @@ import torch
 import yaml
 
 from mineonline_core.errors import RunFailedError
-from mineonline_core.runtime.finite import require_finite, surely_finite
+from mineonline_core.services.finite import require_finite, surely_finite
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.fetch import OrderedWorker
 from mineonline_core.trainer.goals import BEST_DIR, replace_best

@@ -64,9 +64,9 @@ class UpdateLoop:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The numerics of every training-side forward (the update's and the estimate pass's)."""
-        from mineonline_core.runtime.precision import PrecisionChoice
+        from mineonline_core.config.precision import PrecisionChoice
 
-        # One decision for rollout and training (runtime/precision.py): rollout infers in the same dtype.
+        # One decision for rollout and training (config/precision.py): rollout infers in the same dtype.
         return PrecisionChoice.from_config(self.train_config).on(self.device).autocast()
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -48,11 +48,10 @@ from pydantic import Field
 from torch import nn
 
 import mineonline_core
-from mineonline_core.config import setting
+from mineonline_core import BaseTrainer, TrainerOptions, setting
 from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.policy import zero_value_head
 from mineonline_core.errors import ConfigError, RunFailedError
-from mineonline_core.trainer.base import BaseTrainer, TrainerOptions
 
 log = logging.getLogger("mineonline")
 

@@ -21,9 +21,8 @@ from pydantic import Field
 from torch import nn
 
 import mineonline_core
+from mineonline_core import BaseTrainer, TrainerOptions, unwrap
 from mineonline_core.contracts import fragment as F
-from mineonline_core.trainer.base import BaseTrainer, TrainerOptions
-from mineonline_core.trainer.sequence import unwrap
 
 # Batch columns added by VTraceTrainer.estimate, (N, L): the truncated importance weight rho_s of the
 # network before the update, and r_s + gamma v_{s+1} - V(x_s) of the policy gradient.

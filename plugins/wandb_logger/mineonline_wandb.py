@@ -34,7 +34,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import mineonline_core
-from mineonline_core.runtime.continuity import is_resume, store_run_id, stored_run_id
 from mineonline_core.contracts.logger import Logger
 
 log = logging.getLogger(__name__)
@@ -158,7 +157,7 @@ class WandbLogger(Logger):
         kwargs["dir"] = directory if os.path.isabs(directory) else os.path.join(run_dir, directory)
         os.makedirs(kwargs["dir"], exist_ok=True)
         kwargs.setdefault("name", os.path.basename(os.path.normpath(run_dir)))
-        previous = stored_run_id(run_dir, self.name) if is_resume(self.config) else None
+        previous = self.resumed_run_id()
         if previous is not None and "id" not in kwargs:  # a resumed run continues its wandb run: one curve
             kwargs.update(id=previous, resume=kwargs.get("resume", "allow"))
         self.run = wandb.init(
@@ -167,7 +166,7 @@ class WandbLogger(Logger):
             settings=wandb.Settings(**settings),
             reinit="create_new",  # several runs per process (tests, a restarted hub) stay apart
         )
-        store_run_id(run_dir, self.name, self.run.id)
+        self.keep_run_id(self.run.id)
         self.run.define_metric(STEP_METRIC)
         self.run.define_metric("*", step_metric=STEP_METRIC)
         self._row: dict[str, Any] = {}  # the row being merged, sent when the next item cannot join it

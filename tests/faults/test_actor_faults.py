@@ -17,7 +17,7 @@ import time
 import pytest
 
 from mineonline_core.contracts import fragment as F
-from mineonline_core.runtime.names import NAMESPACE, actor_name
+from mineonline_core.services.names import NAMESPACE, actor_name
 from mineonline_core.testing import kit as tk
 from mineonline_core.testing.faults import stream_report
 
@@ -46,7 +46,7 @@ def _start(tmp_path, run_name: str, env_fn=None, **rollout):
     import ray
     from mineonline_lmdb.store import LMDBStore
 
-    from mineonline_core.builtin.envs import adapted
+    from mineonline_core.contracts.envs import adapted
     from mineonline_core.rollout.manager import launch_rollout_manager
 
     cfg = _config(tmp_path, run_name, **rollout)

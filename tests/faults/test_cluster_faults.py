@@ -199,7 +199,7 @@ def test_an_actor_no_node_can_hold_is_named_after_the_bound(cluster) -> None:
     import ray
 
     from mineonline_core.errors import RunFailedError
-    from mineonline_core.runtime.placement import PendingWatch
+    from mineonline_core.driver.placement import PendingWatch
 
     watch = PendingWatch(bound=3600.0, interval=0.0)
     big = ray.remote(num_cpus=3)(type("Wide", (), {})).options(name="wide").remote()
@@ -270,7 +270,7 @@ def test_a_driver_that_died_without_a_word_is_explained(tmp_path: Path) -> None:
     each with the resume command; a child that noted its exit keeps its status and prints nothing more."""
     import socket
 
-    from mineonline_core.runtime import supervise
+    from mineonline_core.driver import supervise
 
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mineonline_core.errors import MineOnlineError, RunFailedError
-from mineonline_core.runtime.names import NAMESPACE, ROLLOUT_MANAGER, actor_name
+from mineonline_core.services.names import NAMESPACE, ROLLOUT_MANAGER, actor_name
 
 
 class BlockingTrainer:
@@ -28,8 +28,8 @@ class BlockingTrainer:
 
 
 def _actors(ray, run: str, tmp_path):
-    from mineonline_core.runtime.console import ConsoleLogger
-    from mineonline_core.runtime.loggerhub import start_logger_hub
+    from mineonline_core.builtin.console import ConsoleLogger
+    from mineonline_core.services.loggerhub import start_logger_hub
 
     @ray.remote(num_cpus=0)
     class Manager:
@@ -69,7 +69,7 @@ def _config(run: str, progress_timeout: float = 900.0):
 def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
     import ray
 
-    from mineonline_core.runtime.api import _train_with_progress
+    from mineonline_core.driver.api import _train_with_progress
 
     run = f"driver-{fault.replace('_', '-')}"
     hub, manager = _actors(ray, run, tmp_path)

@@ -93,7 +93,7 @@ def test_exceptions_at_a_rate(tmp_path) -> None:
     checksum its worker computed, and no stream has a gap."""
     from mineonline_lmdb import LMDBStore
 
-    from mineonline_core.rollout.worker import fragment_checksum, fragment_meta
+    from mineonline_core.contracts.fragment import fragment_checksum, fragment_meta
 
     faulty = FaultyEnvFactory(counting(0.0), step_error_rate=0.01, seed=2, state_dir=str(tmp_path / "faults"))
     collector, frags, records, _ = run(faulty, fragments=120, faulty_fragments=60, step_timeout=30.0)

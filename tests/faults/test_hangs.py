@@ -106,7 +106,7 @@ def _config(tmp_path, run_name: str, **train):
 def _launch(cfg):
     import ray
 
-    from mineonline_core.builtin.envs import adapted
+    from mineonline_core.contracts.envs import adapted
     from mineonline_core.rollout.manager import launch_rollout_manager
 
     env_fn = adapted(functools.partial(tk.CountingEnv, tag=3.0, episode_len=1000))

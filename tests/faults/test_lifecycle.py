@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from mineonline_core.errors import MineOnlineError
-from mineonline_core.runtime.lifecycle import stop_runs
+from mineonline_core.driver.lifecycle import stop_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 
 DRIVER_1 = textwrap.dedent(
     """
     import sys, ray
-    from mineonline_core.runtime.lifecycle import attach
+    from mineonline_core.driver.lifecycle import attach
 
     assert attach(sys.argv[1])
 
@@ -119,7 +119,7 @@ def test_second_driver_sees_and_stops_detached_run(ray_cluster: str) -> None:
 
 
 def test_auth_mode_is_set_only_when_a_token_exists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from mineonline_core.runtime import lifecycle
+    from mineonline_core.driver import lifecycle
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)

@@ -97,7 +97,7 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     lost = reached - checkpoint_iteration
     assert 0 <= lost <= SAVE_INTERVAL
 
-    from mineonline_core.runtime.api import run
+    from mineonline_core.driver.api import run
 
     started, started_wall = time.monotonic(), time.time()  # the killed run's logging actor is gone by now
     final = checkpoint_iteration + MORE  # the resumed run trains MORE iterations, then ends

@@ -33,7 +33,7 @@ DRIVER = "mineonline_core/trainer/driver.py"
 GUARANTEES = "tests/test_guarantees.py"
 EVALUATION = "mineonline_core/trainer/evaluation.py"
 EVAL_TESTS = "tests/test_eval_while_training.py"
-TRIAL = "mineonline_core/runtime/trial.py"
+TRIAL = "mineonline_core/driver/trial.py"
 PPO_TESTS = "plugins/ppo/tests/test_ppo_loss.py"
 BUFFER = "mineonline_core/rollout/buffer.py"
 COLLECTOR = "mineonline_core/rollout/collector.py"
@@ -126,8 +126,8 @@ MUTATIONS = (
     Mutation("chunk-staleness", "a chunk's staleness is judged by its newest fragment", BUFFER,
              "version=min(int(m[\"version\"]) for m in metas),", "version=max(int(m[\"version\"]) for m in metas),",
              (f"{BUFFER_TESTS}::test_a_chunk_is_as_old_as_its_oldest_fragment",)),
-    Mutation("frag-staleness", "a fragment's staleness is judged by its newest step", "mineonline_core/rollout/worker.py",
-             "\"version\": int(np.min(fragment[F.VERSION])),", "\"version\": int(np.max(fragment[F.VERSION])),",
+    Mutation("frag-staleness", "a fragment's staleness is judged by its newest step", "mineonline_core/contracts/fragment.py",
+             "\"version\": int(np.min(fragment[VERSION])),", "\"version\": int(np.max(fragment[VERSION])),",
              (f"{BUFFER_TESTS}::test_a_fragment_is_as_old_as_its_oldest_step",)),
     Mutation("gae-trunc-zero", "GAE treats a truncation as a terminal (bootstraps nothing)", GAE,
              "following = torch.where(terminated, torch.zeros_like(following), following)",
@@ -195,7 +195,7 @@ MUTATIONS = (
              "        return tc.num_workers > 1\n", "        return tc.num_workers > 1 or tc.num_gpus_per_worker > 0\n",
              ("tests/test_trainer_device.py::test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train",)),
     Mutation("ckpt-unsafe-resume", "a checkpoint file that runs code is not refused before Ray (weights_only check left out)",
-             "mineonline_core/runtime/resume.py", "        ckpt.check_loads_safely(verified)  # a file", "        pass  # a file",
+             "mineonline_core/driver/resume.py", "        ckpt.check_loads_safely(verified)  # a file", "        pass  # a file",
              ("tests/faults/test_checkpoint_faults.py::test_a_checkpoint_file_that_runs_code_is_refused_before_ray_naming_it[model.pt]",)),
     Mutation("ckpt-stale-live", "the stale-temporary cleanup deletes a live writer's checkpoint in progress",
              "mineonline_core/trainer/checkpoint.py", "        if not _alive(int(match.group(1))):", "        if True:",
@@ -209,7 +209,7 @@ MUTATIONS = (
              'if isinstance(getattr(err, "health_check_failure", None), ray.exceptions.RayActorError):', "if False:",
              ("tests/faults/test_cluster_faults.py::test_a_rank_lost_with_its_node_counts_as_a_dead_rank",)),
     Mutation("placement-per-node", "only the cluster's sum is checked: a rank that fits no node waits (issue 28)",
-             "mineonline_core/runtime/api.py", "        check_placement(cfg, ray.nodes(), address)", "        pass",
+             "mineonline_core/driver/api.py", "        check_placement(cfg, ray.nodes(), address)", "        pass",
              ("tests/faults/test_cluster_faults.py::test_a_rank_that_fits_no_node_is_refused_before_training",)),
     Mutation("hang-batch", "a late (frozen) env holds its worker's whole batch until step_timeout", COLLECTOR,
              "punctual = [s.sent_at + late_after for s in busy if s.sent_at + late_after > now]",
@@ -225,11 +225,11 @@ MUTATIONS = (
              EVALUATION, "        os.replace(candidate, kept)\n", "        kept = self._write_checkpoint(root, keep_interval=None)\n",
              (f"{EVAL_TESTS}::test_evaluation_never_blocks_training",)),
     Mutation("trainer-switch", "another installed trainer's train_config keys are not set aside (trainer_name=... fails)",
-             "mineonline_core/runtime/resolve.py",
+             "mineonline_core/driver/resolve.py",
              "    warning = set_aside_foreign_keys(trainer_cls, loaded.config.train_config, trainers)", "    warning = None",
              ("tests/test_trainer_switch.py",)),
     Mutation("progress-steps", "the progress bar and ETA follow num_iterations when max_env_steps ends the run",
-             "mineonline_core/runtime/console.py", "        return self.num_iterations <= 0 or steps > self.iteration() / self.num_iterations",
+             "mineonline_core/driver/progress.py", "        return self.num_iterations <= 0 or steps > self.iteration() / self.num_iterations",
              "        return False", ("tests/test_logging_console.py::test_progress_follows_max_env_steps_when_it_ends_the_run",)),
     Mutation("tune-resume-fresh", "a resumed tune trial starts its run anew instead of continuing its checkpoint", TRIAL,
              "            elif has_checkpoint:", "            elif False:",
@@ -237,6 +237,14 @@ MUTATIONS = (
     Mutation("tune-stop-ignored", "a trial that ASHA stops goes on training to the end", TRIAL,
              "        return self._stop.is_set()", "        return False",
              ("tests/test_tune.py::test_asha_sweep_of_two_learning_rates_by_two_seeds",)),
+    Mutation("arch-upward", "a rollout module imports the driver (an import up a floor)",
+             "mineonline_core/rollout/worker.py", "from mineonline_core.rollout.fragbuild import Timers\n",
+             "from mineonline_core.rollout.fragbuild import Timers\nfrom mineonline_core.driver import rundir\n",
+             ("tests/test_architecture.py::test_no_import_runs_up_a_floor",)),
+    Mutation("arch-cycle", "two rollout modules import each other at module level",
+             "mineonline_core/rollout/fragbuild.py", "from mineonline_core.contracts.tree import tree_map\n",
+             "from mineonline_core.contracts.tree import tree_map\nfrom mineonline_core.rollout import worker\n",
+             ("tests/test_architecture.py::test_no_import_cycles_in_the_core",)),
 )
 
 

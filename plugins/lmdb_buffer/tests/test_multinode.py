@@ -11,7 +11,7 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from mineonline_core.runtime.storehost import StoreClient, start_store_host
+from mineonline_core.services.storehost import StoreClient, start_store_host
 from mineonline_lmdb import LMDBStore
 
 PLUGIN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

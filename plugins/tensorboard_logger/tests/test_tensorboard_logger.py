@@ -33,7 +33,7 @@ class TestTensorBoardLogger(LoggerConformance):
 def test_selected_by_name_with_its_own_keys() -> None:
     from mineonline_core.config import load_config
     from mineonline_core.registry import get_plugin_manager
-    from mineonline_core.runtime.resolve import resolve
+    from mineonline_core.driver.resolve import resolve
 
     plugin_manager = get_plugin_manager()
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import ray
 
-from mineonline_core.runtime.api import run
+from mineonline_core.driver.api import run
 
 CONFIG = {
     "run_name": "vtrace",

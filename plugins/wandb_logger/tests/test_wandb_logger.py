@@ -17,9 +17,9 @@ except ImportError:  # the plugin is not pip-installed: import it from its sourc
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import mineonline_wandb
 
-from mineonline_core.runtime.console import ConsoleLogger, ConsoleOptions
-from mineonline_core.runtime.loggerhub import LoggerHub
-from mineonline_core.runtime.video import encode_episode_video
+from mineonline_core.builtin.console import ConsoleLogger, ConsoleOptions
+from mineonline_core.services.loggerhub import LoggerHub
+from mineonline_core.services.video import encode_episode_video
 from mineonline_wandb import WandbLogger, WandbOptions, has_api_key, resolve_mode, scrub_secrets
 
 wandb = pytest.importorskip("wandb")
@@ -176,8 +176,8 @@ def test_items_of_one_step_merge_into_one_row():
 def test_short_run_through_the_ray_hub_leaves_metrics_video_and_report(offline_env, monkeypatch):
     """The "done when" check: hub actor + console + wandb, a video, then the report."""
     ray = pytest.importorskip("ray")
-    from mineonline_core.runtime.loggerhub import start_logger_hub
-    from mineonline_core.runtime.report import write_report
+    from mineonline_core.services.loggerhub import start_logger_hub
+    from mineonline_core.driver.report import write_report
 
     plugin_dir = str(Path(mineonline_wandb.__file__).resolve().parent)
     root = str(Path(__file__).resolve().parents[3])

@@ -80,7 +80,7 @@ def supervised(argv: Sequence[str], address: str) -> int:
     report = abrupt_end_report(address, code, run_dirs[-1] if run_dirs else None)
     print(f"error: {report}", file=sys.stderr, flush=True)
     if run_dirs:
-        from mineonline_core.runtime.runlog import LOG_FILE
+        from mineonline_core.services.runlog import LOG_FILE
 
         try:
             with open(Path(run_dirs[-1]) / LOG_FILE, "a", encoding="utf-8") as f:
@@ -103,7 +103,7 @@ def _stop_with_parent() -> None:
 
 def abrupt_end_report(address: str, code: int, run_dir: str | None) -> str:
     """The message for a driver that ended without a word: the lost cluster, or its own death."""
-    from mineonline_core.runtime.lifecycle import _listening
+    from mineonline_core.driver.lifecycle import _listening
 
     from mineonline_core.errors import MineOnlineError
 

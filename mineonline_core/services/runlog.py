@@ -37,7 +37,7 @@ from typing import Any, TextIO
 LOG_FILE = "run.log"
 MARK = "[mineonline] "
 #: Passed to ``ray.init(runtime_env=...)`` when joining a cluster, so that every process marks mineonline's records.
-SETUP_HOOK = "mineonline_core.runtime.runlog.setup_actor_logging"
+SETUP_HOOK = "mineonline_core.services.runlog.setup_actor_logging"
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

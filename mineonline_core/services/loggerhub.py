@@ -24,9 +24,10 @@ import numpy as np
 import ray
 from pydantic import BaseModel
 
+from mineonline_core.errors import last_line
 from mineonline_core.contracts.logger import Logger
-from mineonline_core.runtime.runlog import setup_actor_logging
-from mineonline_core.runtime.names import LOGGER_HUB, NAMESPACE, actor_name
+from mineonline_core.services.runlog import setup_actor_logging
+from mineonline_core.services.names import LOGGER_HUB, NAMESPACE, actor_name
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +262,7 @@ class LoggerHub:
 
     def _record_failure(self, name: str, method: str, tb: str) -> None:
         log.error("LoggerHub: logger %r failed in %s and is disabled for the rest of the run:\n%s", name, method, tb)
-        last = tb.strip().splitlines()[-1] if tb.strip() else "unknown error"
+        last = last_line(tb)
         with self._lock:
             self._errors.append(f"{name}.{method}: {last}")
 
@@ -278,10 +279,10 @@ def start_logger_hub(*, run_name: str, namespace: str = NAMESPACE, lifetime: str
     ``kwargs`` are ``LoggerHub``'s constructor arguments. ``lifetime="detached"`` keeps the hub
     alive after the driver exits (used with ``detach_rollout_manager``).
     """
-    from mineonline_core.runtime.placement import on_node
+    from mineonline_core.services.names import on_node
 
     actor_cls = ray.remote(**ACTOR_OPTIONS)(LoggerHub)
-    # On the driver's node with the other bookkeeping actors (runtime/placement.py).
+    # On the driver's node with the other bookkeeping actors (driver/placement.py).
     hub = actor_cls.options(name=actor_name(run_name, LOGGER_HUB), namespace=namespace, lifetime=lifetime,
                             scheduling_strategy=on_node()).remote(**kwargs)  # fmt: skip
     if wait:

@@ -1,9 +1,5 @@
-"""Watchdogs: a run that cannot make progress fails, saying why, instead of waiting forever.
+"""The driver's watchdogs: a run that cannot make progress fails, saying why, instead of waiting forever.
 
-* ``RestartBudget``: restarts counted over a sliding window (RLlib's ``max_num_env_runner_restarts``,
-  per time window). The rollout manager holds one for worker restarts
-  (``rollout_config.max_worker_restarts``), each collector one for env rebuilds
-  (``worker_config.max_env_rebuilds``), both over ``rollout_config.restart_window``.
 * ``ProgressWatchdog``: the driver's; no new env step or no new training iteration for
   ``progress_timeout`` seconds fails the run with ``stall_report``: the last error of every rollout
   worker and the replay buffer's account of why no chunk is eligible.
@@ -18,36 +14,12 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections import deque
 from typing import Any, Callable
 
 from mineonline_core.errors import RunFailedError
 
 # What the driver watches in the logging actor's latest metrics, and how a stall of each reads.
 WATCHED = {"env_steps": "no new env step", "trainer/iteration": "no new training iteration"}
-
-
-class RestartBudget:
-    """At most ``cap`` events within any ``window`` seconds; ``add`` says whether this one is over."""
-
-    def __init__(self, *, cap: int, window: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.cap, self.window, self._clock = cap, window, clock
-        self._times: deque[float] = deque()
-
-    def add(self) -> bool:
-        """Record one event; True when the window now holds more than ``cap`` events."""
-        now = self._clock()
-        self._times.append(now)
-        while self._times and now - self._times[0] > self.window:
-            self._times.popleft()
-        return len(self._times) > self.cap
-
-    def count(self) -> int:
-        return len(self._times)
-
-    def span(self) -> float:
-        """Seconds between the oldest and the newest event in the window."""
-        return self._times[-1] - self._times[0] if self._times else 0.0
 
 
 class ProgressWatchdog:

@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from mineonline_core.errors import MineOnlineError
-from mineonline_core.runtime.console import METRICS_FILE
-from mineonline_core.runtime.report import RETURN_KEY, Series, _save, read_metrics
+from mineonline_core.builtin.console import METRICS_FILE
+from mineonline_core.driver.report import RETURN_KEY, Series, _save, read_metrics
 
 # Keys that differ between the seeds of one experiment and say nothing about its settings.
 RUN_ONLY_KEYS = (("seed",), ("run_name",), ("output_dir",), ("logger_config", "name"), ("train_config", "resume"))

@@ -45,25 +45,6 @@ class ResolvedRun:
     trainer_options: BaseModel | None = None  # the trainer's own train_config keys, validated
 
 
-class Deferred:
-    """A generator carried as cloudpickle bytes, unpickled only by the process that calls it.
-
-    The rollout manager hands the policy and env generators to its workers without calling them:
-    deferred, it never imports what they need (torch, the env's package), which would add seconds
-    to every run's start-up before the workers even exist.
-    """
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        from ray import cloudpickle
-
-        self._payload = cloudpickle.dumps(fn)
-
-    def __call__(self) -> Any:
-        from ray import cloudpickle
-
-        return cloudpickle.loads(self._payload)()
-
-
 def _options(cls: type, data: dict[str, Any], key: str) -> BaseModel:
     try:
         return cls.Config(**data)
@@ -205,7 +186,7 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
 
     observation_space = action_space = None
     if probe and isolate:
-        from mineonline_core.runtime.envcheck import probe_env
+        from mineonline_core.driver.envcheck import probe_env
 
         wc = cfg.rollout_config.worker_config
         # The policy is built next, which imports torch (most of a second): import it while the env probes.
@@ -214,7 +195,7 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
             meanwhile=lambda: importlib.import_module("torch"),
         )
     elif probe:
-        from mineonline_core.builtin.envs import adapt_env
+        from mineonline_core.contracts.envs import adapt_env
 
         env = adapt_env(_call(env_generator, "env_generator()"))
         observation_space, action_space = env.observation_space, env.action_space
@@ -240,11 +221,11 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
     _picklable(policy_generator, "policy_generator")
     memory = None
     if probe:
-        from mineonline_core.runtime.budget import estimate_memory
+        from mineonline_core.driver.budget import estimate_memory
 
         memory = estimate_memory(cfg, policy_generator, observation_space, action_space, store_cls, reference=reference)
         memory.check_policy_fits()  # measured on the meta device: a huge network is refused, not allocated
-        from mineonline_core.runtime.precision import PrecisionChoice, float16_problem
+        from mineonline_core.config.precision import PrecisionChoice, float16_problem
 
         problem = float16_problem(PrecisionChoice.from_config(cfg.train_config), _call(policy_generator, "policy_generator()"))
         if problem:  # before Ray: a float16 overflow would otherwise surface at the first training step

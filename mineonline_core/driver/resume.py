@@ -25,7 +25,7 @@ import yaml
 
 from mineonline_core.config.secrets import is_redacted_override, public_config
 from mineonline_core.errors import CheckpointError, ConfigError
-from mineonline_core.runtime.rundir import RUN_FILE
+from mineonline_core.driver.rundir import RUN_FILE
 from mineonline_core.trainer import checkpoint as ckpt
 
 log = logging.getLogger("mineonline")

@@ -14,7 +14,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from mineonline_core.runtime.console import METRICS_FILE
+from mineonline_core.builtin.console import METRICS_FILE
 from mineonline_core.errors import MineOnlineError
 
 Series = dict[str, tuple[list[float], list[float]]]

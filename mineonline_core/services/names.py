@@ -1,4 +1,4 @@
-"""The Ray names of a run's actors: built here and nowhere else.
+"""The Ray names of a run's actors, built here and nowhere else, and the node its bookkeeping actors are pinned to.
 
 Every actor of a run lives in the namespace ``mineonline`` under ``{run_name}/{role}``, so that
 ``mineonline status`` and ``mineonline stop`` (a second driver) can find a run's actors by name,
@@ -6,6 +6,8 @@ and two runs on one cluster never collide.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 NAMESPACE = "mineonline"
 
@@ -28,3 +30,12 @@ def split_name(name: str) -> tuple[str, str] | None:
     """``(run_name, role)`` of an actor name built by ``actor_name``; None for any other actor's name."""
     run, sep, role = name.rpartition("/")
     return (run, role) if sep and run and role else None
+
+
+def on_node(node_id: str | None = None) -> Any:
+    """The scheduling strategy of a bookkeeping actor: ``node_id`` (default: this process's node),
+    hard affinity."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=node_id or ray.get_runtime_context().get_node_id(), soft=False)

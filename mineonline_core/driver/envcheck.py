@@ -14,7 +14,7 @@ import traceback
 from multiprocessing import connection
 from typing import Any, Callable
 
-from mineonline_core.errors import ConfigError, MineOnlineError
+from mineonline_core.errors import ConfigError, MineOnlineError, last_line
 
 def _child(conn: connection.Connection, env_fn_bytes: bytes, seed: int) -> None:
     import cloudpickle
@@ -72,12 +72,6 @@ _STDIN_HINT = (" The env read standard input, which its process does not have: M
                "the env take its answer from its config.")
 
 
-def exception_line(trace: str) -> str:
-    """``Type: message`` from a formatted traceback (its last non-blank line)."""
-    lines = [line for line in trace.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "unknown error"
-
-
 def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_timeout: float, seed: int = 0,
               meanwhile: Callable[[], Any] | None = None) -> tuple[Any, Any]:  # fmt: skip
     """The adapted env's ``(observation_space, action_space)``; raises ``ConfigError`` naming the env's
@@ -85,7 +79,7 @@ def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_
     ``meanwhile`` runs here while the subprocess starts and probes (the two use different cores)."""
     import cloudpickle
 
-    from mineonline_core.builtin.envs import adapted
+    from mineonline_core.contracts.envs import adapted
     from mineonline_core.rollout.envproc import default_context
 
     ctx = default_context()
@@ -124,10 +118,10 @@ def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_
                 _, failed, trace = message
                 hint = (" Env factories are pickled into a fresh process: define env_generator in an importable module "
                         "or a Python config file.") if failed == "unpickled" else ""  # fmt: skip
-                if exception_line(trace).startswith("EOFError"):
+                if last_line(trace).startswith("EOFError"):
                     hint += _STDIN_HINT
                 raise ConfigError(
-                    f"env_generator: the env raised {exception_line(trace)} while being {failed} in a subprocess, as a "
+                    f"env_generator: the env raised {last_line(trace)} while being {failed} in a subprocess, as a "
                     f"rollout worker would build, reset and step it. Every env would fail the same way.{hint}\n{trace}"
                 )
             else:

@@ -11,18 +11,17 @@ import json
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from mineonline_core.config import LoadedConfig, OnlineConfig, check_resources, load_config
 from mineonline_core.config.secrets import public_config, redact_override, redact_text
-from mineonline_core.errors import ConfigError, RunFailedError, find_user_error
+from mineonline_core.errors import ConfigError, RunFailedError, find_user_error, last_line
 from mineonline_core.registry import PluginManager, get_plugin_manager
-from mineonline_core.runtime.names import LOGGER_HUB, NAMESPACE, ROLLOUT_MANAGER, actor_name
-from mineonline_core.runtime.resolve import ResolvedRun, resolve, resolve_trainer
-from mineonline_core.runtime.rundir import RUN_FILE, Ownership, claim_run, refuse_existing_run, restore, snapshot
-from mineonline_core.runtime.watchdog import sigterm_as_ctrl_c
+from mineonline_core.services.names import LOGGER_HUB, NAMESPACE, ROLLOUT_MANAGER, actor_name
+from mineonline_core.driver.resolve import ResolvedRun, resolve, resolve_trainer
+from mineonline_core.driver.rundir import RUN_FILE, Ownership, claim_run, refuse_existing_run, restore, snapshot
+from mineonline_core.driver.watchdog import sigterm_as_ctrl_c
 
 log = logging.getLogger("mineonline")
 
@@ -35,8 +34,8 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         return
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": True}
     if address:
-        from mineonline_core.runtime.lifecycle import check_token, prepare_auth_env
-        from mineonline_core.runtime.runlog import SETUP_HOOK
+        from mineonline_core.driver.lifecycle import check_token, prepare_auth_env
+        from mineonline_core.services.runlog import SETUP_HOOK
 
         prepare_auth_env()  # Ray presents the cluster's token by itself only for "auto", not for host:port
         if address != "auto" and not address.startswith("ray://"):
@@ -76,9 +75,9 @@ def _handles(cfg: OnlineConfig) -> tuple[Any, Any]:
 def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> Any:
     import ray
 
-    from mineonline_core.runtime.console import METRICS_FILE
-    from mineonline_core.runtime.continuity import resume_point, truncate_metrics
-    from mineonline_core.runtime.loggerhub import start_logger_hub
+    from mineonline_core.builtin.console import METRICS_FILE
+    from mineonline_core.driver.continuity import resume_point, truncate_metrics
+    from mineonline_core.services.loggerhub import start_logger_hub
 
     cfg = resolved.config
     point = resume_point(cfg.train_config.resume) if cfg.train_config.resume else None
@@ -98,9 +97,9 @@ def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> Any:
 
 
 def _start_manager(resolved: ResolvedRun, hub: Any) -> Any:
-    from mineonline_core.builtin.envs import adapted
+    from mineonline_core.contracts.envs import adapted
     from mineonline_core.rollout.manager import launch_rollout_manager
-    from mineonline_core.runtime.resolve import Deferred
+    from mineonline_core.config.generators import Deferred
 
     return launch_rollout_manager(
         policy_generator=Deferred(resolved.policy_generator), env_generator=Deferred(adapted(resolved.env_generator)),
@@ -185,13 +184,13 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
     The console shows mineonline's own output; Ray's and the libraries' go to ``run.log`` in the run
     directory (``verbose``: to the console as well).
 
-    Inside a Ray worker (a Tune trial, ``runtime/tune.py``) the run joins that Ray and leaves it running.
+    Inside a Ray worker (a Tune trial, ``driver/tune.py``) the run joins that Ray and leaves it running.
     ``monitor`` is called on this thread with the logging actor's latest metrics about once a second;
     a True return stops the run as Ctrl-C does (final checkpoint, status "interrupted").
     """
-    from mineonline_core.runtime.budget import machine_memory
-    from mineonline_core.runtime.mainguard import check_generators_named, check_main_guard
-    from mineonline_core.runtime.resume import check_continuity, check_model, plan_resume, progressed, verified_resume
+    from mineonline_core.driver.budget import machine_memory
+    from mineonline_core.driver.mainguard import check_generators_named, check_main_guard
+    from mineonline_core.driver.resume import check_continuity, check_model, plan_resume, progressed, verified_resume
 
     check_main_guard()  # a script without `if __name__ == "__main__":` would die in its env processes
     plan = plan_resume(resume, overrides) if resume is not None else None
@@ -227,19 +226,19 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
 
 def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str], address: str | None, progress: bool,
                verbose: bool, monitor: Callable[[dict], bool] | None = None) -> dict:  # fmt: skip
-    from mineonline_core.runtime.runlog import RunLog
-    from mineonline_core.runtime.supervise import note_run_dir
+    from mineonline_core.services.runlog import RunLog
+    from mineonline_core.driver.supervise import note_run_dir
 
     cfg = resolved.config
     run_dir = _prepare_run_dir(resolved, overrides=overrides)
-    note_run_dir(run_dir)  # for the resume command, should Ray end this process (runtime/supervise.py)
+    note_run_dir(run_dir)  # for the resume command, should Ray end this process (driver/supervise.py)
     os.environ.setdefault("WANDB_MODE", "offline")
     pm.hook.mineonline_run_start(config=cfg, run_dir=str(run_dir))
     with RunLog(run_dir, verbose=verbose) as run_log:
         status, result = _launch(resolved, pm, run_dir, address=address, progress=progress, run_log=run_log, monitor=monitor)
     result["status"], result["run_dir"] = status, str(run_dir)
     if result["summary"] and monitor is None:  # a Tune trial's summary is its row of the results table
-        from mineonline_core.runtime.console import print_summary
+        from mineonline_core.driver.progress import print_summary
 
         # The table is printed here, on the driver, not in the logging actor whose output Ray prefixes.
         # One env_steps row: the hub's count, continued from the checkpoint on a resume.
@@ -254,8 +253,8 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
     """Start Ray and the run's actors, train, and tear everything down whatever happens."""
     import ray
 
-    from mineonline_core.runtime.loggerhub import check_logger_hub
-    from mineonline_core.runtime.placement import check_placement
+    from mineonline_core.services.loggerhub import check_logger_hub
+    from mineonline_core.driver.placement import check_placement
 
     cfg = resolved.config
     started_ray = not ray.is_initialized()
@@ -271,7 +270,7 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
         try:
             manager = _start_manager(resolved, hub)
         except ray.exceptions.RayError as exc:
-            raise find_user_error(exc) or RunFailedError(f"the rollout manager failed to start: {_first_line(exc)}") from exc
+            raise find_user_error(exc) or RunFailedError(f"the rollout manager failed to start: {last_line(exc)}") from exc
         check_logger_hub(hub, cfg.run_name)
         result = _train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress, monitor)
         status = result.get("status", "completed")
@@ -296,11 +295,10 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
 def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig, progress: bool,
                          monitor: Callable[[dict], bool] | None = None) -> dict:
     """Run ``trainer.fit()`` in a thread; the main thread shows progress and turns Ctrl-C into a stop."""
-    import ray
 
-    from mineonline_core.runtime.console import Progress
-    from mineonline_core.runtime.placement import PendingWatch
-    from mineonline_core.runtime.watchdog import ProgressWatchdog, stall_report
+    from mineonline_core.driver.progress import Progress
+    from mineonline_core.driver.placement import PendingWatch
+    from mineonline_core.driver.watchdog import ProgressWatchdog, stall_report
 
     outcome: dict[str, Any] = {}
     # Not thread.join/is_alive: on Python < 3.12 a KeyboardInterrupt inside join() marks the thread as
@@ -372,12 +370,7 @@ def _checked(method: Any, what: str) -> Any:
         user_error = find_user_error(exc)
         if user_error is not None:
             raise user_error from None
-        raise RunFailedError(f"the run's {what} failed or died, so the run stops: {type(exc).__name__}: {_first_line(exc)}") from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else repr(exc)
+        raise RunFailedError(f"the run's {what} failed or died, so the run stops: {type(exc).__name__}: {last_line(exc)}") from exc
 
 
 def _stop_was_requested(manager: Any) -> bool:
@@ -409,7 +402,7 @@ def _shutdown(manager: Any, hub: Any, cfg: OnlineConfig) -> dict:
 
 
 def _write_report(run_dir: Path) -> None:
-    from mineonline_core.runtime.report import write_report
+    from mineonline_core.driver.report import write_report
 
     if (run_dir / "metrics.jsonl").exists():
         try:

@@ -3,7 +3,7 @@
 ``TrialRun`` is a class trainable (not a function one) because a scheduler's stop must end the run the
 way Ctrl-C does: ``cleanup`` asks the run to stop and waits for its final checkpoint, report and actor
 teardown, where a function trainable's thread would be cut off mid-iteration. The run itself (``run``,
-``runtime/api.py``) goes on a thread of the actor; it joins the actor's Ray and never stops it, and its
+``driver/api.py``) goes on a thread of the actor; it joins the actor's Ray and never stops it, and its
 rollout workers land in the trial's placement group (Tune captures the trial's child actors).
 
 The run's driver loop calls ``_on_latest`` about once a second; it reads the records the run's logging
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from ray.tune import Trainable
 
-from mineonline_core.errors import RunFailedError
-from mineonline_core.runtime.sweep import TrialSpec, trial_overrides
+from mineonline_core.errors import RunFailedError, last_line
+from mineonline_core.driver.sweep import TrialSpec, trial_overrides
 
 log = logging.getLogger("mineonline")
 
@@ -94,7 +94,7 @@ class TrialRun(Trainable):
 
     def _on_latest(self, latest: dict) -> bool:
         """The run's monitor: queue a result per new iteration; True (stop the run) once Tune stopped the trial."""
-        from mineonline_core.runtime.console import METRICS_FILE
+        from mineonline_core.builtin.console import METRICS_FILE
 
         path = self.run_dir / METRICS_FILE
         if path.is_file():
@@ -116,8 +116,8 @@ class TrialRun(Trainable):
         return self._stop.is_set()
 
     def _run(self) -> None:
-        from mineonline_core.runtime.api import run
-        from mineonline_core.runtime.rundir import RUN_FILE
+        from mineonline_core.driver.api import run
+        from mineonline_core.driver.rundir import RUN_FILE
 
         spec, own = self.spec, trial_overrides(self.spec, self.config)
         plumbing = [f"run_name={self.name}", f"output_dir={spec.experiment_dir}"]
@@ -139,7 +139,7 @@ class TrialRun(Trainable):
             self._events.put(("end", result))
         except BaseException as exc:  # noqa: BLE001 - becomes the trial's error, raised by step() on Tune's thread
             log.error("trial %s failed: %s: %s", self.name, type(exc).__name__, exc)
-            self._events.put(("error", RunFailedError(f"{type(exc).__name__}: {_last_line(exc)}")))
+            self._events.put(("error", RunFailedError(f"{type(exc).__name__}: {last_line(exc)}")))
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -147,8 +147,3 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)  # checkpoint files are written once, never modified in place
     except OSError:
         shutil.copy2(src, dst)
-
-
-def _last_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else repr(exc)

@@ -33,15 +33,6 @@ PENDING_BOUND_S = 30.0
 _EPS = 1e-9
 
 
-def on_node(node_id: str | None = None) -> Any:
-    """The scheduling strategy of a bookkeeping actor: ``node_id`` (default: this process's node),
-    hard affinity."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return NodeAffinitySchedulingStrategy(node_id=node_id or ray.get_runtime_context().get_node_id(), soft=False)
-
-
 def _shape(resources: Mapping[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in resources.items() if v}
 

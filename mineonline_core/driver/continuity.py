@@ -5,7 +5,7 @@ resumes from it, the driver first drops what the previous process logged *after*
 (iterations that will be trained again, so the file never holds one iteration twice), then starts
 the logging actor and sets its env-step counter to the checkpoint's, so the next point continues the
 axis instead of restarting at 0. Loggers that keep a run of their own (wandb) store its id in the run
-directory (``RUN_IDS``) and reopen it on resume.
+directory (``Logger.keep_run_id``, ``contracts/logger.py``) and reopen it on resume.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
-
-RUN_IDS = "logger_runs.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,30 +61,3 @@ def truncate_metrics(path: str | os.PathLike[str], point: ResumePoint) -> int:
         tmp.write_text("".join(kept), encoding="utf-8")
         os.replace(tmp, path)
     return dropped
-
-
-def stored_run_id(run_dir: str | os.PathLike[str], logger: str) -> str | None:
-    """The id ``logger`` stored for this run directory, if any."""
-    path = Path(run_dir) / RUN_IDS
-    try:
-        return json.loads(path.read_text()).get(logger)
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def store_run_id(run_dir: str | os.PathLike[str], logger: str, run_id: Any) -> None:
-    """Remember ``logger``'s run id in the run directory, for the resumed run to reopen."""
-    path = Path(run_dir) / RUN_IDS
-    try:
-        ids = json.loads(path.read_text())
-    except (OSError, ValueError):
-        ids = {}
-    ids[logger] = str(run_id)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(ids, indent=1))
-    os.replace(tmp, path)
-
-
-def is_resume(config: dict[str, Any]) -> bool:
-    """Whether the resolved config a logger receives continues a run from a checkpoint."""
-    return bool((config.get("train_config") or {}).get("resume"))

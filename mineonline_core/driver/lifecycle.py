@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mineonline_core.errors import MineOnlineError
-from mineonline_core.runtime.names import NAMESPACE, ROLLOUT_MANAGER, actor_name, split_name
+from mineonline_core.services.names import NAMESPACE, ROLLOUT_MANAGER, actor_name, split_name
 
 AUTH_MODE_VAR = "RAY_AUTH_MODE"
 

@@ -4,7 +4,7 @@
 (``{run}/evaluator_{restart}``, reserving ``eval_num_cpus`` and ``eval_num_gpus``, counted in the
 run's resource check) and, every ``eval_interval`` iterations, hands it the weights of that
 iteration (``trainer/evaluation.py``). The actor does what ``mineonline eval`` does for a checkpoint
-(``runtime/evaluate.py``): ``eval_episodes`` whole episodes in the run's env, adapted as in
+(``driver/evaluate.py``): ``eval_episodes`` whole episodes in the run's env, adapted as in
 rollout, with the most likely action (``eval_deterministic``) or sampled ones, in float32, with
 Crafter's score and MineStudio's reward events. Episode ``i`` resets with seed
 ``seed + EVAL_SEED_OFFSET + i`` at every evaluation: held-out starts, the same for every iteration,
@@ -24,8 +24,8 @@ from typing import Any, Callable
 import ray
 import torch
 
-from mineonline_core.runtime.evaluate import LoadedPolicy, run_episode, summarize
-from mineonline_core.runtime.runlog import setup_actor_logging
+from mineonline_core.services.episodes import LoadedPolicy, run_episode, summarize
+from mineonline_core.services.runlog import setup_actor_logging
 
 EVAL_SEED_OFFSET = 1_000_000
 _SUMMARY_KEYS = ("return_mean", "return_std", "return_min", "return_max", "length_mean", "episodes")

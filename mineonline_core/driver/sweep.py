@@ -208,7 +208,7 @@ def validate(source: Any, fixed: Sequence[str], spaces: Sequence[Space]) -> Any:
     first combination's ``LoadedConfig``. Raises the config's own error, naming the key, before Ray."""
     from mineonline_core.config import load_config
     from mineonline_core.registry import get_plugin_manager
-    from mineonline_core.runtime.resolve import resolve_trainer
+    from mineonline_core.driver.resolve import resolve_trainer
 
     pm = get_plugin_manager()
     base = {s.key: s.ends()[0] for s in spaces}

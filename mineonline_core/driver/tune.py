@@ -1,9 +1,9 @@
 """Sweeps and seeds: ``mineonline tune`` and ``tune()``, a Ray Tune experiment whose trials are runs.
 
-Everything a user can get wrong (the search-space grammar, ``runtime/sweep.py``; every end of every space
+Everything a user can get wrong (the search-space grammar, ``driver/sweep.py``; every end of every space
 as a config; the scheduler's metric and options) is checked before Ray starts. Then one Tune experiment
 runs on one Ray cluster (this machine's, or ``address``): each trial is a ``TrialRun``
-(``runtime/trial.py``) that reserves, as a placement group sized from its resolved config, the CPU of the
+(``driver/trial.py``) that reserves, as a placement group sized from its resolved config, the CPU of the
 trainer rank that runs in the trial's process and one bundle per rollout worker (and the shared inference
 server), so the cluster's CPUs and GPUs bound how many trials run at once. Ray Train ranks
 (``train_config.num_workers > 1``) and a driver-side GPU lease reserve through Ray Train's own placement
@@ -26,8 +26,8 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from mineonline_core.errors import ConfigError
-from mineonline_core.runtime.sweep import Space, TrialSpec, config_spaces, split_overrides, trial_name, trial_overrides, validate
+from mineonline_core.errors import ConfigError, last_line
+from mineonline_core.driver.sweep import Space, TrialSpec, config_spaces, split_overrides, trial_name, trial_overrides, validate
 
 DEFAULT_METRIC = "episode/return_mean"
 SCHEDULERS = ("fifo", "asha", "pbt")
@@ -42,7 +42,7 @@ def tune(source: Any = None, overrides: Sequence[str] = (), *, name: str | None 
          resume: str | None = None) -> list[dict]:  # fmt: skip
     """Run (or, with ``resume`` = the experiment's directory, continue) a sweep; return the results table's rows.
 
-    ``overrides`` mix plain overrides and search spaces (``runtime/sweep.py``); ``seeds`` (``"0,1,2"``) is a
+    ``overrides`` mix plain overrides and search spaces (``driver/sweep.py``); ``seeds`` (``"0,1,2"``) is a
     grid over ``seed``. ``scheduler``: ``fifo`` (every trial to the end), ``asha`` (stops trials whose
     ``metric`` trails at ``grace_period``, 2x, 4x... iterations) or ``pbt`` (every ``perturbation_interval``
     iterations the worse trials continue from a better one's checkpoint with perturbed parameters)."""
@@ -55,8 +55,8 @@ def tune(source: Any = None, overrides: Sequence[str] = (), *, name: str | None 
     import ray
     from ray import tune as ray_tune
 
-    from mineonline_core.runtime.api import init_ray
-    from mineonline_core.runtime.trial import TrialRun
+    from mineonline_core.driver.api import init_ray
+    from mineonline_core.driver.trial import TrialRun
 
     started_ray = not ray.is_initialized()
     init_ray(address)
@@ -196,8 +196,7 @@ def _rows(grid: Any, spec: TrialSpec, options: dict) -> list[dict]:
         saved = list_checkpoints(run_dir / "checkpoints") if run_dir is not None else []
         iterations = saved[-1][0] if saved else int(metrics.get(TIME_ATTR, 0) or 0)
         if result.error is not None:
-            lines = [line for line in str(result.error).strip().splitlines() if line.strip()]
-            cause = lines[-1].strip() if lines else type(result.error).__name__
+            cause = last_line(result.error)
             status = "failed: " + re.sub(r"^[\w.]*RunFailedError: ", "", cause)
         elif iterations >= options["iterations"]:
             status = "completed"

@@ -23,8 +23,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from mineonline_core.contracts.store import FragmentStore
-from mineonline_core.runtime.runlog import setup_actor_logging
-from mineonline_core.runtime.names import NAMESPACE
+from mineonline_core.services.runlog import setup_actor_logging
+from mineonline_core.services.names import NAMESPACE
 
 # Threads of the host actor: enough for every rollout worker and trainer reader to be served at once.
 HOST_MAX_CONCURRENCY = 32
