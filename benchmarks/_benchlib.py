@@ -78,9 +78,11 @@ def make_vector_env(workload: str, num_envs: int, *, inline: bool = False) -> An
     if inline:
         return gym.vector.SyncVectorEnv([fn] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     return gym.vector.AsyncVectorEnv(
-        [fn] * num_envs, shared_memory=True, context="forkserver",
+        [fn] * num_envs,
+        shared_memory=True,
+        context="forkserver",
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )  # fmt: skip
+    )
 
 
 class BatchedActor:
@@ -131,8 +133,13 @@ def ceiling_steps_per_s(workload: str, *, num_envs: int, seconds: float, warmup_
     finally:
         envs.close()
     # CPU of this (the stepping) process per env step: stable under load, unlike the rate.
-    return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed,
-            "inference_ms_per_batch": 1e3 * infer_s / max(steps / num_envs, 1), "cpu_ms_per_step": 1e3 * cpu / steps}  # fmt: skip
+    return {
+        "steps_per_s": steps / elapsed,
+        "steps": steps,
+        "seconds": elapsed,
+        "inference_ms_per_batch": 1e3 * infer_s / max(steps / num_envs, 1),
+        "cpu_ms_per_step": 1e3 * cpu / steps,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,8 +226,14 @@ def init_local_ray(num_cpus: int | None = None) -> None:
     if not ray.is_initialized():
         env_vars = {k: os.environ[k] for k in ("PYTHONPATH", "WANDB_MODE") if k in os.environ}
         env_vars["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env_vars.get("PYTHONPATH")]))
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                 namespace="mineonline", log_to_driver=False, runtime_env={"env_vars": env_vars})  # fmt: skip
+        ray.init(
+            address="local",
+            num_cpus=num_cpus or os.cpu_count(),
+            include_dashboard=False,
+            namespace="mineonline",
+            log_to_driver=False,
+            runtime_env={"env_vars": env_vars},
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,32 +243,64 @@ def init_local_ray(num_cpus: int | None = None) -> None:
 PPO_SETTINGS = {
     # One iteration = num_envs x fragment_length env steps = chunks_per_iteration chunks.
     "cartpole": {
-        "num_envs": 8, "fragment_length": 128, "batch_size_per_gpu": 2, "batches_per_iteration": 4,
-        "epochs_per_iteration": 4, "learning_rate": 2.5e-4, "discount": 0.99, "gae_lambda": 0.95,
-        "ppo_clip": 0.2, "ppo_vf_coef": 0.5, "entropy_bonus_coef": 0.0, "max_grad_norm": 0.5,
-        "weight_decay": 0.0, "adam_eps": 1e-5,
+        "num_envs": 8,
+        "fragment_length": 128,
+        "batch_size_per_gpu": 2,
+        "batches_per_iteration": 4,
+        "epochs_per_iteration": 4,
+        "learning_rate": 2.5e-4,
+        "discount": 0.99,
+        "gae_lambda": 0.95,
+        "ppo_clip": 0.2,
+        "ppo_vf_coef": 0.5,
+        "entropy_bonus_coef": 0.0,
+        "max_grad_norm": 0.5,
+        "weight_decay": 0.0,
+        "adam_eps": 1e-5,
     },
     "crafter": {
-        "num_envs": 8, "fragment_length": 64, "batch_size_per_gpu": 4, "batches_per_iteration": 2,
-        "epochs_per_iteration": 3, "learning_rate": 3e-4, "discount": 0.99, "gae_lambda": 0.95,
-        "ppo_clip": 0.2, "ppo_vf_coef": 0.5, "entropy_bonus_coef": 0.01, "max_grad_norm": 0.5,
-        "weight_decay": 0.0, "adam_eps": 1e-5,
+        "num_envs": 8,
+        "fragment_length": 64,
+        "batch_size_per_gpu": 4,
+        "batches_per_iteration": 2,
+        "epochs_per_iteration": 3,
+        "learning_rate": 3e-4,
+        "discount": 0.99,
+        "gae_lambda": 0.95,
+        "ppo_clip": 0.2,
+        "ppo_vf_coef": 0.5,
+        "entropy_bonus_coef": 0.01,
+        "max_grad_norm": 0.5,
+        "weight_decay": 0.0,
+        "adam_eps": 1e-5,
     },
-}  # fmt: skip
+}
 
 
 def ppo_settings(workload: str) -> dict:
     return dict(PPO_SETTINGS[workload])
 
 
-def online_overrides(workload: str, *, iterations: int, run_name: str, output_dir: str, num_envs: int | None = None,
-                     batch_size: int | None = None, extra: dict | None = None, inline: bool = False) -> list[str]:  # fmt: skip
+def online_overrides(
+    workload: str,
+    *,
+    iterations: int,
+    run_name: str,
+    output_dir: str,
+    num_envs: int | None = None,
+    batch_size: int | None = None,
+    extra: dict | None = None,
+    inline: bool = False,
+) -> list[str]:
     """OmegaConf dotlist for ``mineonline_core.driver.api.run`` with ``PPO_SETTINGS[workload]``."""
     s = ppo_settings(workload)
     num_envs = num_envs or s["num_envs"]
     values = {
-        "run_name": run_name, "output_dir": output_dir, "seed": 0,
-        "env_config": env_config(workload), "policy_config": policy_config(workload),
+        "run_name": run_name,
+        "output_dir": output_dir,
+        "seed": 0,
+        "env_config": env_config(workload),
+        "policy_config": policy_config(workload),
         "logger_config.loggers": [],
         "rollout_config.num_rollout_workers": 1,
         "rollout_config.fragment_length": s["fragment_length"],
@@ -274,11 +319,25 @@ def online_overrides(workload: str, *, iterations: int, run_name: str, output_di
         "train_config.record_video_interval": 0,
         "train_config.save_interval": 10**6,
         "train_config.keep_interval": 10**6,
-        **{f"train_config.{k}": s[k] for k in ("batch_size_per_gpu", "batches_per_iteration", "epochs_per_iteration",
-           "learning_rate", "discount", "gae_lambda", "ppo_clip", "ppo_vf_coef", "entropy_bonus_coef",
-           "max_grad_norm", "weight_decay", "adam_eps")},
+        **{
+            f"train_config.{k}": s[k]
+            for k in (
+                "batch_size_per_gpu",
+                "batches_per_iteration",
+                "epochs_per_iteration",
+                "learning_rate",
+                "discount",
+                "gae_lambda",
+                "ppo_clip",
+                "ppo_vf_coef",
+                "entropy_bonus_coef",
+                "max_grad_norm",
+                "weight_decay",
+                "adam_eps",
+            )
+        },
         **(extra or {}),
-    }  # fmt: skip
+    }
     return [f"{k}={_dotlist_value(v)}" for k, v in values.items()]
 
 
@@ -294,7 +353,11 @@ def descendants(root: int | None = None) -> list[int]:
     while stack:
         pid = stack.pop()
         try:
-            kids = [int(k) for t in os.listdir(f"/proc/{pid}/task") for k in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+            kids = [
+                int(k)
+                for t in os.listdir(f"/proc/{pid}/task")
+                for k in Path(f"/proc/{pid}/task/{t}/children").read_text().split()
+            ]
         except OSError:
             continue
         out += kids

@@ -64,8 +64,13 @@ def make_actors(num_workers: int, num_params: int) -> tuple:
             t2 = time.perf_counter()
             self.version = version
             zero_copy = all(not v.flags.writeable for v in state.values())
-            return {"get_ms": 1e3 * (t1 - t0), "load_ms": 1e3 * (t2 - t1), "zero_copy": zero_copy,
-                    "got_at": got_at, "check": float(self.params[next(iter(self.params))][0])}  # fmt: skip
+            return {
+                "get_ms": 1e3 * (t1 - t0),
+                "load_ms": 1e3 * (t2 - t1),
+                "zero_copy": zero_copy,
+                "got_at": got_at,
+                "check": float(self.params[next(iter(self.params))][0]),
+            }
 
     @ray.remote(num_cpus=0)
     class Manager:
@@ -117,10 +122,21 @@ def measure(num_params: int, num_workers: int, repeats: int) -> dict:
             ray.kill(actor)
     # Load noise only adds time: ``ratio`` compares the best of the repeats, the medians beside it.
     b, d = float(np.min(baseline)), float(np.min(deliver))
-    return {"params": num_params, "workers": num_workers, "mbytes": num_params * 4 / 2**20, "baseline_ms": b,
-            "deliver_ms": d, "ratio": d / b, "baseline_median_ms": float(np.median(baseline)),
-            "deliver_median_ms": float(np.median(deliver)), "applied_ms": float(np.median(applied)), "worker_get_ms": float(np.median(get)), "load_ms": float(np.median(load)),
-            "zero_copy": zero_copy, "repeats": repeats}  # fmt: skip
+    return {
+        "params": num_params,
+        "workers": num_workers,
+        "mbytes": num_params * 4 / 2**20,
+        "baseline_ms": b,
+        "deliver_ms": d,
+        "ratio": d / b,
+        "baseline_median_ms": float(np.median(baseline)),
+        "deliver_median_ms": float(np.median(deliver)),
+        "applied_ms": float(np.median(applied)),
+        "worker_get_ms": float(np.median(get)),
+        "load_ms": float(np.median(load)),
+        "zero_copy": zero_copy,
+        "repeats": repeats,
+    }
 
 
 def main() -> None:
@@ -147,8 +163,12 @@ def main() -> None:
     finally:
         ray.shutdown()
     worst = max(r["ratio"] for r in rows)
-    bl.emit("broadcast", {"rows": rows, "worst_ratio": worst, "all_zero_copy": all(r["zero_copy"] for r in rows)},
-            target_ratio=1.5, quick=args.quick)  # fmt: skip
+    bl.emit(
+        "broadcast",
+        {"rows": rows, "worst_ratio": worst, "all_zero_copy": all(r["zero_copy"] for r in rows)},
+        target_ratio=1.5,
+        quick=args.quick,
+    )
 
 
 if __name__ == "__main__":

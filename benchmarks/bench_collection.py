@@ -33,7 +33,9 @@ import torch  # noqa: E402
 import _benchlib as bl  # noqa: E402
 
 
-def collector_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, seconds: float) -> dict:
+def collector_steps_per_s(
+    workload: str, *, num_envs: int, batch_size: int, fragment_length: int, seconds: float
+) -> dict:
     """Env steps/s of the Ray-free ``FragmentCollector`` (fragments built, then dropped)."""
     from mineonline_core.testing import kit as tk
 
@@ -41,8 +43,14 @@ def collector_steps_per_s(workload: str, *, num_envs: int, batch_size: int, frag
     probe = fn()
     policy = bl.build_policy(workload, probe)
     probe.close()
-    collector = tk.collector(policy=policy, env_fns=[fn] * num_envs, fragment_length=fragment_length,
-                             batch_size=batch_size, discount=0.99, seed=0)  # fmt: skip
+    collector = tk.collector(
+        policy=policy,
+        env_fns=[fn] * num_envs,
+        fragment_length=fragment_length,
+        batch_size=batch_size,
+        discount=0.99,
+        seed=0,
+    )
     try:
         while collector.env_steps < 20 * num_envs:  # warm-up: env processes built, first resets done
             collector.step()
@@ -56,10 +64,18 @@ def collector_steps_per_s(workload: str, *, num_envs: int, batch_size: int, frag
         steps = collector.env_steps - steps0
     finally:
         collector.close()
-    return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed, "cpu_ms_per_step": 1e3 * cpu / steps, "perf": perf}
+    return {
+        "steps_per_s": steps / elapsed,
+        "steps": steps,
+        "seconds": elapsed,
+        "cpu_ms_per_step": 1e3 * cpu / steps,
+        "perf": perf,
+    }
 
 
-def online_dict(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, run_dir: str, store: str) -> dict:
+def online_dict(
+    workload: str, *, num_envs: int, batch_size: int, fragment_length: int, run_dir: str, store: str
+) -> dict:
     return {
         "run_name": f"bench-collection-{os.getpid()}",
         "output_dir": os.path.dirname(run_dir),
@@ -85,7 +101,9 @@ def worker_steps(manager: object) -> int:
     return sum(w.get("env_steps", 0) for w in ray.get(manager.status.remote())["workers"])
 
 
-def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment_length: int, seconds: float, store: str) -> dict:
+def actor_steps_per_s(
+    workload: str, *, num_envs: int, batch_size: int, fragment_length: int, seconds: float, store: str
+) -> dict:
     """Env steps/s of a real RolloutManager + RolloutWorker + ReplayBuffer + store, learner idle."""
     import ray
 
@@ -98,15 +116,30 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
 
     with tempfile.TemporaryDirectory(prefix="bench-collection-") as tmp:
         run_dir = os.path.join(tmp, "run")
-        resolved = resolve(load_config(online_dict(workload, num_envs=num_envs, batch_size=batch_size,
-                                                   fragment_length=fragment_length, run_dir=run_dir, store=store)), get_plugin_manager())  # fmt: skip
+        resolved = resolve(
+            load_config(
+                online_dict(
+                    workload,
+                    num_envs=num_envs,
+                    batch_size=batch_size,
+                    fragment_length=fragment_length,
+                    run_dir=run_dir,
+                    store=store,
+                )
+            ),
+            get_plugin_manager(),
+        )
         cfg = resolved.config
         bl.init_local_ray()
         manager = None
         try:
-            manager = launch_rollout_manager(policy_generator=resolved.policy_generator,
-                                             env_generator=adapted(resolved.env_generator), config=cfg,
-                                             store_cls=resolved.store_cls, store_options=resolved.store_options)  # fmt: skip
+            manager = launch_rollout_manager(
+                policy_generator=resolved.policy_generator,
+                env_generator=adapted(resolved.env_generator),
+                config=cfg,
+                store_cls=resolved.store_cls,
+                store_options=resolved.store_options,
+            )
             ray.get(manager.wait_ready.remote(300.0))
             # Workers step only once they hold weights: publish version 0 as the trainer would.
             policy = prepare_policy(resolved.policy_generator(), use_normalized_vf=cfg.train_config.use_normalized_vf)
@@ -117,7 +150,11 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
             while worker_steps(manager) < 20 * num_envs and time.monotonic() < deadline:
                 time.sleep(0.2)
             # The rollout side's CPU: the worker (envs' parent), and the actors it feeds.
-            pids = [p for cls in ("RolloutWorker", "StoreHost", "ReplayBuffer", "RolloutManager") for p in bl.actor_pids(cls)]
+            pids = [
+                p
+                for cls in ("RolloutWorker", "StoreHost", "ReplayBuffer", "RolloutManager")
+                for p in bl.actor_pids(cls)
+            ]
             s0, t0, c0 = worker_steps(manager), time.perf_counter(), sum(map(bl.proc_cpu_s, pids))
             time.sleep(seconds)  # a measurement window, not a synchronisation
             s1, c1 = worker_steps(manager), sum(map(bl.proc_cpu_s, pids))
@@ -131,9 +168,14 @@ def actor_steps_per_s(workload: str, *, num_envs: int, batch_size: int, fragment
                     ray.kill(manager)
             ray.shutdown()
     steps = s1 - s0
-    return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed,
-            "cpu_ms_per_step": 1e3 * (c1 - c0) / max(steps, 1) if pids else None, "worker_pids_found": len(pids),
-            "buffer": {k: v for k, v in buffer_stats.items() if isinstance(v, (int, float))}}  # fmt: skip
+    return {
+        "steps_per_s": steps / elapsed,
+        "steps": steps,
+        "seconds": elapsed,
+        "cpu_ms_per_step": 1e3 * (c1 - c0) / max(steps, 1) if pids else None,
+        "worker_pids_found": len(pids),
+        "buffer": {k: v for k, v in buffer_stats.items() if isinstance(v, (int, float))},
+    }
 
 
 def main() -> None:
@@ -156,11 +198,24 @@ def main() -> None:
     figures: dict = {}
     errors: dict = {}
     for mode in modes:
-        fn = {"ceiling": lambda: bl.ceiling_steps_per_s(args.workload, num_envs=args.num_envs, seconds=args.seconds),
-              "collector": lambda: collector_steps_per_s(args.workload, num_envs=args.num_envs, batch_size=batch_size,
-                                                         fragment_length=args.fragment_length, seconds=args.seconds),
-              "actor": lambda: actor_steps_per_s(args.workload, num_envs=args.num_envs, batch_size=batch_size,
-                                                 fragment_length=args.fragment_length, seconds=args.seconds, store=args.store)}[mode]  # fmt: skip
+        fn = {
+            "ceiling": lambda: bl.ceiling_steps_per_s(args.workload, num_envs=args.num_envs, seconds=args.seconds),
+            "collector": lambda: collector_steps_per_s(
+                args.workload,
+                num_envs=args.num_envs,
+                batch_size=batch_size,
+                fragment_length=args.fragment_length,
+                seconds=args.seconds,
+            ),
+            "actor": lambda: actor_steps_per_s(
+                args.workload,
+                num_envs=args.num_envs,
+                batch_size=batch_size,
+                fragment_length=args.fragment_length,
+                seconds=args.seconds,
+                store=args.store,
+            ),
+        }[mode]
         try:
             result = fn()
         except Exception as exc:  # noqa: BLE001 - the loop is being built; report, don't crash the set
@@ -172,14 +227,28 @@ def main() -> None:
     ceiling = figures.get("ceiling_steps_per_s")
     if "ceiling_detail" in figures and "collector_detail" in figures:
         # The framework's CPU tax per step in the stepping process (load-independent, unlike rates).
-        figures["collector_cpu_tax_ms_per_step"] = figures["collector_detail"]["cpu_ms_per_step"] - figures["ceiling_detail"]["cpu_ms_per_step"]
+        figures["collector_cpu_tax_ms_per_step"] = (
+            figures["collector_detail"]["cpu_ms_per_step"] - figures["ceiling_detail"]["cpu_ms_per_step"]
+        )
     if "ceiling_detail" in figures and (figures.get("actor_detail") or {}).get("cpu_ms_per_step") is not None:
-        figures["actor_cpu_tax_ms_per_step"] = figures["actor_detail"]["cpu_ms_per_step"] - figures["ceiling_detail"]["cpu_ms_per_step"]
+        figures["actor_cpu_tax_ms_per_step"] = (
+            figures["actor_detail"]["cpu_ms_per_step"] - figures["ceiling_detail"]["cpu_ms_per_step"]
+        )
     for mode in ("collector", "actor"):
         if ceiling and f"{mode}_steps_per_s" in figures:
             figures[f"ratio_{mode}"] = figures[f"{mode}_steps_per_s"] / ceiling
-    bl.emit("collection", figures, workload=args.workload, num_envs=args.num_envs, batch_size=batch_size,
-            fragment_length=args.fragment_length, store=args.store, target_ratio=0.85, errors=errors, quick=args.quick)  # fmt: skip
+    bl.emit(
+        "collection",
+        figures,
+        workload=args.workload,
+        num_envs=args.num_envs,
+        batch_size=batch_size,
+        fragment_length=args.fragment_length,
+        store=args.store,
+        target_ratio=0.85,
+        errors=errors,
+        quick=args.quick,
+    )
 
 
 if __name__ == "__main__":

@@ -75,12 +75,13 @@ def summarise_run(records: list[dict], *, chunk_steps: int, epochs: int) -> dict
         "env_steps_per_s": env_steps / wall,
         "samples_per_s": n_iters * chunk_steps * epochs / wall,
         "consumed_steps_per_s": n_iters * chunk_steps / wall,
-        "iterations_in_window": n_iters, "wall_s": wall,
+        "iterations_in_window": n_iters,
+        "wall_s": wall,
         "profile": {k: float(np.mean(v)) for k, v in sorted(profile.items())},
         "trainer_last": {k: v for k, v in last_values.items() if k.startswith(("trainer/", "replay/"))},
         "episode": episode,
         "_env_steps_total": max(r["step"] for r in records),
-    }  # fmt: skip
+    }
 
 
 def run_mineonline(workload: str, iterations: int, num_envs: int | None, inline: bool) -> dict:
@@ -90,13 +91,16 @@ def run_mineonline(workload: str, iterations: int, num_envs: int | None, inline:
     chunk_steps = s["batch_size_per_gpu"] * s["batches_per_iteration"] * s["fragment_length"]
     with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
         name = f"e2e-{workload}"
-        overrides = bl.online_overrides(workload, iterations=iterations + 1, run_name=name, output_dir=tmp, num_envs=num_envs,
-                                        inline=inline)  # fmt: skip
+        overrides = bl.online_overrides(
+            workload, iterations=iterations + 1, run_name=name, output_dir=tmp, num_envs=num_envs, inline=inline
+        )
         overrides += [o for o in os.environ.get("MINEONLINE_BENCH_OVERRIDES", "").split() if o]
         start = time.perf_counter()
         result = run({}, overrides, progress=False)
         total = time.perf_counter() - start
-        summary = summarise_run(read_metrics(Path(tmp) / name), chunk_steps=chunk_steps, epochs=s["epochs_per_iteration"])
+        summary = summarise_run(
+            read_metrics(Path(tmp) / name), chunk_steps=chunk_steps, epochs=s["epochs_per_iteration"]
+        )
     summary.update(status=result.get("status"), total_wall_s=total, env_steps_total=summary.pop("_env_steps_total"))
     return summary
 
@@ -136,22 +140,50 @@ def run_sb3(workload: str, iterations: int, num_envs: int | None, inline: bool) 
         envs = DummyVecEnv([_Sb3EnvFn(workload)] * n)
     else:
         envs = SubprocVecEnv([_Sb3EnvFn(workload)] * n, start_method="forkserver")
-    common = dict(n_steps=s["fragment_length"], batch_size=s["batch_size_per_gpu"] * s["fragment_length"],
-                  n_epochs=s["epochs_per_iteration"], learning_rate=s["learning_rate"], gamma=s["discount"],
-                  gae_lambda=s["gae_lambda"], clip_range=s["ppo_clip"], ent_coef=s["entropy_bonus_coef"],
-                  vf_coef=s["ppo_vf_coef"], max_grad_norm=s["max_grad_norm"], seed=0, verbose=0, device="cpu")  # fmt: skip
+    common = dict(
+        n_steps=s["fragment_length"],
+        batch_size=s["batch_size_per_gpu"] * s["fragment_length"],
+        n_epochs=s["epochs_per_iteration"],
+        learning_rate=s["learning_rate"],
+        gamma=s["discount"],
+        gae_lambda=s["gae_lambda"],
+        clip_range=s["ppo_clip"],
+        ent_coef=s["entropy_bonus_coef"],
+        vf_coef=s["ppo_vf_coef"],
+        max_grad_norm=s["max_grad_norm"],
+        seed=0,
+        verbose=0,
+        device="cpu",
+    )
     if workload == "cartpole":
         from stable_baselines3 import PPO
 
-        model = PPO("MlpPolicy", envs, policy_kwargs=dict(net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh,
-                                                          optimizer_kwargs=dict(eps=s["adam_eps"])), **common)  # fmt: skip
+        model = PPO(
+            "MlpPolicy",
+            envs,
+            policy_kwargs=dict(
+                net_arch=dict(pi=[64, 64], vf=[64, 64]),
+                activation_fn=torch.nn.Tanh,
+                optimizer_kwargs=dict(eps=s["adam_eps"]),
+            ),
+            **common,
+        )
         name = "stable_baselines3.PPO(MlpPolicy)"
     else:
         from sb3_contrib import RecurrentPPO
 
-        model = RecurrentPPO("CnnLstmPolicy", envs, policy_kwargs=dict(lstm_hidden_size=256, shared_lstm=True, enable_critic_lstm=False,
-                                                                      features_extractor_kwargs=dict(features_dim=256),
-                                                                      optimizer_kwargs=dict(eps=s["adam_eps"])), **common)  # fmt: skip
+        model = RecurrentPPO(
+            "CnnLstmPolicy",
+            envs,
+            policy_kwargs=dict(
+                lstm_hidden_size=256,
+                shared_lstm=True,
+                enable_critic_lstm=False,
+                features_extractor_kwargs=dict(features_dim=256),
+                optimizer_kwargs=dict(eps=s["adam_eps"]),
+            ),
+            **common,
+        )
         name = "sb3_contrib.RecurrentPPO(CnnLstmPolicy)"
     per_iter = n * s["fragment_length"]
     model.learn(per_iter)  # warm-up iteration
@@ -160,8 +192,13 @@ def run_sb3(workload: str, iterations: int, num_envs: int | None, inline: bool) 
     wall = time.perf_counter() - start
     envs.close()
     steps = per_iter * iterations
-    return {"env_steps_per_s": steps / wall, "samples_per_s": steps * s["epochs_per_iteration"] / wall,
-            "wall_s": wall, "algo": name, "env_steps_total": per_iter * (iterations + 1)}  # fmt: skip
+    return {
+        "env_steps_per_s": steps / wall,
+        "samples_per_s": steps * s["epochs_per_iteration"] / wall,
+        "wall_s": wall,
+        "algo": name,
+        "env_steps_total": per_iter * (iterations + 1),
+    }
 
 
 def sb3_available() -> bool:
@@ -200,12 +237,24 @@ def child(system: str, workload: str, iterations: int, num_envs: int | None, inl
 
 
 def spawn(system: str, workload: str, iterations: int, num_envs: int | None, timeout: float, inline: bool) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--system", system, "--workloads", workload, "--iterations", str(iterations),
-           *(["--inline"] if inline else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--system",
+        system,
+        "--workloads",
+        workload,
+        "--iterations",
+        str(iterations),
+        *(["--inline"] if inline else []),
+    ]
     if num_envs:
         cmd += ["--num-envs", str(num_envs)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(bl.ROOT), os.environ.get("PYTHONPATH")])),
-           "WANDB_MODE": "disabled"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(bl.ROOT), os.environ.get("PYTHONPATH")])),
+        "WANDB_MODE": "disabled",
+    }
     # CPU of the whole process tree (Ray's daemons and actors, env processes), sampled from /proc
     # every second, last value per pid: what a run costs, nearly independent of the machine's load.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -231,7 +280,7 @@ def spawn(system: str, workload: str, iterations: int, num_envs: int | None, tim
                 return {"error": f"timed out after {timeout:.0f}s"}
     for line in stdout.splitlines():
         if line.startswith("RESULT "):
-            out = json.loads(line[len("RESULT "):])
+            out = json.loads(line[len("RESULT ") :])
             out["cpu_s_total"] = sum(cpu.values())
             if out.get("env_steps_total"):
                 out["cpu_ms_per_env_step"] = 1e3 * out["cpu_s_total"] / out["env_steps_total"]
@@ -242,12 +291,17 @@ def spawn(system: str, workload: str, iterations: int, num_envs: int | None, tim
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="cartpole=40,cartpole-inline=40,crafter",
-                        help="comma-separated NAME[-inline][=ITERATIONS]: -inline steps the envs in the stepping "
-                             "process (SyncVectorEnv, DummyVecEnv, env_processes=false) instead of subprocesses "
-                             "(AsyncVectorEnv, SubprocVecEnv, env_processes=true); ITERATIONS overrides --iterations")  # fmt: skip
+    parser.add_argument(
+        "--workloads",
+        default="cartpole=40,cartpole-inline=40,crafter",
+        help="comma-separated NAME[-inline][=ITERATIONS]: -inline steps the envs in the stepping "
+        "process (SyncVectorEnv, DummyVecEnv, env_processes=false) instead of subprocesses "
+        "(AsyncVectorEnv, SubprocVecEnv, env_processes=true); ITERATIONS overrides --iterations",
+    )
     parser.add_argument("--systems", default="mineonline,plain,sb3")
-    parser.add_argument("--iterations", type=int, default=10, help="measured iterations (one warm-up iteration is added)")
+    parser.add_argument(
+        "--iterations", type=int, default=10, help="measured iterations (one warm-up iteration is added)"
+    )
     parser.add_argument("--num-envs", type=int, default=None)
     parser.add_argument("--inline", action="store_true", help=argparse.SUPPRESS)  # internal: the child's placement
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per system and workload")
@@ -277,8 +331,14 @@ def main() -> None:
         row["iterations"] = iterations
         results[key] = row
         print(f"# {key}: {json.dumps(row)}", file=sys.stderr, flush=True)
-    bl.emit("e2e", {"results": results}, iterations=args.iterations, systems=systems, quick=args.quick,
-            targets={"crafter": {"vs_sb3": 1.5, "vs_plain": 1.0}, "cartpole": {"vs_sb3": 1.0, "vs_plain": 1.0}})  # fmt: skip
+    bl.emit(
+        "e2e",
+        {"results": results},
+        iterations=args.iterations,
+        systems=systems,
+        quick=args.quick,
+        targets={"crafter": {"vs_sb3": 1.5, "vs_plain": 1.0}, "cartpole": {"vs_sb3": 1.0, "vs_plain": 1.0}},
+    )
 
 
 if __name__ == "__main__":

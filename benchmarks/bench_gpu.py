@@ -65,15 +65,28 @@ QUICK_CAPS = {"machine": 60, "inprocess": 240, "run": 240}
 RUN_GRACE_S = 40  # after SIGTERM the trainer finishes its iteration, checkpoints and stops the actors
 # The flagship shrunk to seconds on a CPU: tiny VPT, 32x32 frames, 1 worker x 2 envs, 2 chunks of 16 steps.
 QUICK_OVERRIDES = [
-    "policy_config.hidsize=32", "policy_config.impala_width=1", "policy_config.impala_chans=[8,8,8]",
-    "policy_config.attention_heads=2", "policy_config.n_recurrence_layers=1", "policy_config.attention_memory_size=16",
-    "policy_config.timesteps=8", "env_config.size=32", "rollout_config.num_rollout_workers=1",
-    "rollout_config.num_gpus_per_worker=0", "rollout_config.num_cpus_per_worker=0.5", "rollout_config.fragment_length=16",
-    "rollout_config.worker_config.num_envs=2", "rollout_config.worker_config.batch_size=2",
-    "rollout_config.replay_buffer_config.max_chunks=16", "rollout_config.replay_buffer_config.fragments_per_report=2",
-    "train_config.num_gpus_per_worker=0", "train_config.num_cpus_per_worker=1", "train_config.batch_size_per_gpu=1",
-    "train_config.batches_per_iteration=2", "train_config.context_length=8",
-]  # fmt: skip
+    "policy_config.hidsize=32",
+    "policy_config.impala_width=1",
+    "policy_config.impala_chans=[8,8,8]",
+    "policy_config.attention_heads=2",
+    "policy_config.n_recurrence_layers=1",
+    "policy_config.attention_memory_size=16",
+    "policy_config.timesteps=8",
+    "env_config.size=32",
+    "rollout_config.num_rollout_workers=1",
+    "rollout_config.num_gpus_per_worker=0",
+    "rollout_config.num_cpus_per_worker=0.5",
+    "rollout_config.fragment_length=16",
+    "rollout_config.worker_config.num_envs=2",
+    "rollout_config.worker_config.batch_size=2",
+    "rollout_config.replay_buffer_config.max_chunks=16",
+    "rollout_config.replay_buffer_config.fragments_per_report=2",
+    "train_config.num_gpus_per_worker=0",
+    "train_config.num_cpus_per_worker=1",
+    "train_config.batch_size_per_gpu=1",
+    "train_config.batches_per_iteration=2",
+    "train_config.context_length=8",
+]
 
 
 def _significant(value: Any) -> Any:
@@ -89,8 +102,19 @@ def _significant(value: Any) -> Any:
 
 def emit(part: str, figures: dict, quick: bool) -> None:
     """Print the part's one JSON line (``bl.emit``'s keys, with ``part``)."""
-    print(json.dumps({"bench": "gpu", "part": part, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                      **bl.machine(), "quick": quick, **_significant(figures)}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "gpu",
+                "part": part,
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                **bl.machine(),
+                "quick": quick,
+                **_significant(figures),
+            }
+        ),
+        flush=True,
+    )
 
 
 def log(message: str) -> None:
@@ -109,12 +133,21 @@ def sync(device: torch.device) -> None:
 
 
 def part_machine(args: argparse.Namespace) -> None:
-    out: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
+    out: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+    }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        out["gpu"] = {"name": p.name, "capability": f"{p.major}.{p.minor}", "memory_gib": round(p.total_memory / 2**30, 1),
-                      "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-                      "bf16_supported": torch.cuda.is_bf16_supported()}  # fmt: skip
+        out["gpu"] = {
+            "name": p.name,
+            "capability": f"{p.major}.{p.minor}",
+            "memory_gib": round(p.total_memory / 2**30, 1),
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+            "bf16_supported": torch.cuda.is_bf16_supported(),
+        }
     git = subprocess.run(["git", "-C", str(bl.ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
     out["commit"] = git.stdout.strip() or None  # the device's copy of the tree may have no .git
     import mineonline_core
@@ -135,9 +168,14 @@ def build_trainer(overrides: list[str], run_dir: str, device: torch.device) -> A
     from mineonline_core.driver.resolve import resolve
 
     resolved = resolve(load_config(str(CONFIG), overrides), get_plugin_manager())
-    trainer = resolved.trainer_cls(rollout_manager=None, policy_generator=resolved.policy_generator,
-                                   env_generator=resolved.env_generator, config=resolved.config, run_dir=run_dir,
-                                   options=resolved.trainer_options)  # fmt: skip
+    trainer = resolved.trainer_cls(
+        rollout_manager=None,
+        policy_generator=resolved.policy_generator,
+        env_generator=resolved.env_generator,
+        config=resolved.config,
+        run_dir=run_dir,
+        options=resolved.trainer_options,
+    )
     trainer.setup_rank(local=True, device=device)
     return trainer
 
@@ -156,8 +194,12 @@ def set_precision(trainer: Any, *, amp: bool, tf32: bool, amp_dtype: str = "auto
 
 
 def _flags(precision: Any) -> dict:
-    return {"autocast_dtype": precision.dtype, "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-            "tf32_cudnn": torch.backends.cudnn.allow_tf32, "grad_scaler": precision.grad_scaler}  # fmt: skip
+    return {
+        "autocast_dtype": precision.dtype,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "grad_scaler": precision.grad_scaler,
+    }
 
 
 def _squeeze_steps(x: torch.Tensor, b: int) -> torch.Tensor:
@@ -165,7 +207,9 @@ def _squeeze_steps(x: torch.Tensor, b: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def step_through(policy: Any, img: torch.Tensor, first: torch.Tensor, action: Any = None, keep_states: range = range(0)) -> dict:
+def step_through(
+    policy: Any, img: torch.Tensor, first: torch.Tensor, action: Any = None, keep_states: range = range(0)
+) -> dict:
     """Rollout's numerics: the policy one step at a time over (B, L) frames, state carried, fp32.
     Samples actions unless ``action`` (leaves (B, L, ...)) is given; returns per-step ``action``,
     ``logprob``, ``vpred`` (denormalised) and ``states[t]``, the recurrent state before step t for t
@@ -178,18 +222,32 @@ def step_through(policy: Any, img: torch.Tensor, first: torch.Tensor, action: An
     for t in range(length):
         if t in keep_states:
             states[t] = tree_map(lambda x: x.cpu(), state)
-        latents, state = policy(input={"image": img[:, t : t + 1]}, state_in=state, context={"first": first[:, t : t + 1]})
+        latents, state = policy(
+            input={"image": img[:, t : t + 1]}, state_in=state, context={"first": first[:, t : t + 1]}
+        )
         logits = latents["pi_logits"]
         act = policy.pi_head.sample(logits) if action is None else tree_map(lambda a: a[:, t : t + 1], action)
         actions.append(act)
         logps.append(_squeeze_steps(policy.pi_head.logprob(act, logits).float(), b))
         vpreds.append(_squeeze_steps(policy.value_head.denormalize(latents["vpred"]).float(), b))
-    return {"action": tree_map(lambda *xs: torch.cat(xs, 1), *actions), "logprob": torch.stack(logps, 1),
-            "vpred": torch.stack(vpreds, 1), "states": states}  # fmt: skip
+    return {
+        "action": tree_map(lambda *xs: torch.cat(xs, 1), *actions),
+        "logprob": torch.stack(logps, 1),
+        "vpred": torch.stack(vpreds, 1),
+        "states": states,
+    }
 
 
-def make_chunks(policy: Any, *, n_chunks: int, fragments_per_chunk: int, fragment_length: int, hw: int,
-                device: torch.device, seed: int = 0) -> tuple[list[list[dict]], dict]:  # fmt: skip
+def make_chunks(
+    policy: Any,
+    *,
+    n_chunks: int,
+    fragments_per_chunk: int,
+    fragment_length: int,
+    hw: int,
+    device: torch.device,
+    seed: int = 0,
+) -> tuple[list[list[dict]], dict]:
     """Version-0 chunks with every fragment column, behaviour columns from ``policy`` itself; also
     the raw tensors (frames, firsts, actions) for the precision part."""
     from mineonline_core.contracts import fragment as F
@@ -224,16 +282,28 @@ def make_chunks(policy: Any, *, n_chunks: int, fragments_per_chunk: int, fragmen
             s = slice(k * fragment_length, (k + 1) * fragment_length)
             # The reference is the initial policy: at version 0 its state is the policy's (same weights).
             state_in = tree_map(lambda x: x[i : i + 1].numpy().copy(), behaviour["states"][s.start])
-            fragments.append({
-                F.OBS: {"image": img_np[i, s]}, F.NEXT_OBS: {"image": img_np[i, s.stop : s.stop + 1]},
-                F.ACTION: tree_map(lambda a: a[i, s], action), F.REWARD: (rng.random(fragment_length) < 0.02).astype(np.float32),
-                F.TERMINATED: terminated[i, s].copy(), F.TRUNCATED: truncated[i, s].copy(), F.FIRST: first[i, s].copy(),
-                F.LOGPROB: logprob[i, s].copy(), F.VPRED: vpred[i, s].copy(),
-                F.BOOTSTRAP: np.where(truncated[i, s], vpred[i, s], 0.0).astype(np.float32),
-                F.EPISODE_ID: episode[i, s].astype(np.int64), F.VERSION: np.zeros(fragment_length, np.int64),
-                F.STATE_IN: state_in, F.REF_STATE_IN: state_in,
-                F.STREAM: f"0.0.{i}", F.INDEX: k, F.WORKER_ID: 0, F.ENV_ID: i,
-            })  # fmt: skip
+            fragments.append(
+                {
+                    F.OBS: {"image": img_np[i, s]},
+                    F.NEXT_OBS: {"image": img_np[i, s.stop : s.stop + 1]},
+                    F.ACTION: tree_map(lambda a: a[i, s], action),
+                    F.REWARD: (rng.random(fragment_length) < 0.02).astype(np.float32),
+                    F.TERMINATED: terminated[i, s].copy(),
+                    F.TRUNCATED: truncated[i, s].copy(),
+                    F.FIRST: first[i, s].copy(),
+                    F.LOGPROB: logprob[i, s].copy(),
+                    F.VPRED: vpred[i, s].copy(),
+                    F.BOOTSTRAP: np.where(truncated[i, s], vpred[i, s], 0.0).astype(np.float32),
+                    F.EPISODE_ID: episode[i, s].astype(np.int64),
+                    F.VERSION: np.zeros(fragment_length, np.int64),
+                    F.STATE_IN: state_in,
+                    F.REF_STATE_IN: state_in,
+                    F.STREAM: f"0.0.{i}",
+                    F.INDEX: k,
+                    F.WORKER_ID: 0,
+                    F.ENV_ID: i,
+                }
+            )
         chunks.append(fragments)
     del behaviour["states"]
     return chunks, {"img": img[:, :length], "first": first_t, **behaviour}
@@ -280,9 +350,14 @@ def precision_rows(trainer: Any, chunks: list[list[dict]], raw: dict, device: to
                 train_logp = trainer.current_policy_outputs(batch=batch)["logprob"]
             err = (train_logp.float() - behaviour.to(train_logp.device)).abs()
             off = (torch.exp(train_logp.float() - behaviour.to(train_logp.device)) - 1).abs()
-            rows[name] = {**flags, "logprob_err_mean": float(err.mean()), "logprob_err_max": float(err.max()),
-                          "ratio_err_max": float(off.max()), "frac_ratio_off_2pct": float((off > 0.02).float().mean()),
-                          "frac_clipped": float((off > clip).float().mean())}  # fmt: skip
+            rows[name] = {
+                **flags,
+                "logprob_err_mean": float(err.mean()),
+                "logprob_err_max": float(err.max()),
+                "ratio_err_max": float(off.max()),
+                "frac_ratio_off_2pct": float((off > 0.02).float().mean()),
+                "frac_clipped": float((off > clip).float().mean()),
+            }
         except Exception as exc:  # noqa: BLE001 - a setting that fails is a figure (the issue's fp16 crash)
             rows[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         finally:
@@ -300,8 +375,9 @@ TRAIN_CONFIGS = {
 }
 
 
-def train_config_row(trainer: Any, chunks: list[list[dict]], *, setting: dict, micro: int, iterations: int,
-                     device: torch.device) -> dict:  # fmt: skip
+def train_config_row(
+    trainer: Any, chunks: list[list[dict]], *, setting: dict, micro: int, iterations: int, device: torch.device
+) -> dict:
     """One warm-up and ``iterations`` timed iterations of fetch-side assembly, ``estimate`` and ``train``
     (``iterations=0``: the warm-up alone is reported, a smoke run's figures)."""
     from mineonline_core.contracts import fragment as F
@@ -333,9 +409,17 @@ def train_config_row(trainer: Any, chunks: list[list[dict]], *, setting: dict, m
             t2 = time.perf_counter()
             train_peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
             frames = int(batch[F.REWARD].numel()) * tc.epochs_per_iteration
-            rows.append({"estimate_s": t1 - t0, "train_s": t2 - t1, "frames": frames, "estimate_peak_gpu_mib": estimate_peak,
-                         "train_peak_gpu_mib": train_peak, "kl_ref": metrics.get("trainer/kl_ref"),
-                         "clipfrac": metrics.get("trainer/clipfrac")})  # fmt: skip
+            rows.append(
+                {
+                    "estimate_s": t1 - t0,
+                    "train_s": t2 - t1,
+                    "frames": frames,
+                    "estimate_peak_gpu_mib": estimate_peak,
+                    "train_peak_gpu_mib": train_peak,
+                    "kl_ref": metrics.get("trainer/kl_ref"),
+                    "clipfrac": metrics.get("trainer/clipfrac"),
+                }
+            )
             del batch
     finally:
         tc.batch_size_per_gpu = batch_size
@@ -344,13 +428,21 @@ def train_config_row(trainer: Any, chunks: list[list[dict]], *, setting: dict, m
     estimate_s = statistics.mean(r["estimate_s"] for r in timed)
     frames = timed[0]["frames"]
     peaks = [r[k] for r in rows for k in ("estimate_peak_gpu_mib", "train_peak_gpu_mib") if r[k] is not None]
-    return {**flags, "batch_size_per_gpu": batch_size * micro, "frames_per_iteration": frames, "timed_iterations": len(timed),
-            "trained_frames_per_s": frames / train_s, "frames_per_s_with_estimate": frames / (train_s + estimate_s),
-            "train_ms_per_iteration": 1e3 * train_s, "estimate_ms_per_iteration": 1e3 * estimate_s,
-            "peak_gpu_mib": max(peaks) if peaks else None,
-            "estimate_peak_gpu_mib": max((r["estimate_peak_gpu_mib"] or 0) for r in rows) if peaks else None,
-            "skipped_updates": trainer.update_guard.skipped_total - skipped,
-            "first_clipfrac": rows[0]["clipfrac"], "kl_ref_last": rows[-1]["kl_ref"]}  # fmt: skip
+    return {
+        **flags,
+        "batch_size_per_gpu": batch_size * micro,
+        "frames_per_iteration": frames,
+        "timed_iterations": len(timed),
+        "trained_frames_per_s": frames / train_s,
+        "frames_per_s_with_estimate": frames / (train_s + estimate_s),
+        "train_ms_per_iteration": 1e3 * train_s,
+        "estimate_ms_per_iteration": 1e3 * estimate_s,
+        "peak_gpu_mib": max(peaks) if peaks else None,
+        "estimate_peak_gpu_mib": max((r["estimate_peak_gpu_mib"] or 0) for r in rows) if peaks else None,
+        "skipped_updates": trainer.update_guard.skipped_total - skipped,
+        "first_clipfrac": rows[0]["clipfrac"],
+        "kl_ref_last": rows[-1]["kl_ref"],
+    }
 
 
 def part_inprocess(args: argparse.Namespace) -> None:
@@ -369,8 +461,14 @@ def part_inprocess(args: argparse.Namespace) -> None:
     hw = trainer.policy.net.img_shape[0]
     start = time.perf_counter()
     set_precision(trainer, amp=False, tf32=False)  # the flagship's rollout numerics (use_amp: false)
-    chunks, raw = make_chunks(trainer.policy, n_chunks=n_chunks, fragments_per_chunk=fpc,
-                              fragment_length=rc.fragment_length, hw=hw, device=device)  # fmt: skip
+    chunks, raw = make_chunks(
+        trainer.policy,
+        n_chunks=n_chunks,
+        fragments_per_chunk=fpc,
+        fragment_length=rc.fragment_length,
+        hw=hw,
+        device=device,
+    )
     base["make_chunks_s"] = time.perf_counter() - start
     log(f"{n_chunks} version-0 chunks made in {base['make_chunks_s']:.1f} s")
     base["chunks"], base["steps_per_chunk"] = n_chunks, fpc * rc.fragment_length
@@ -384,8 +482,9 @@ def part_inprocess(args: argparse.Namespace) -> None:
             configs[name] = {"skipped": "the part's budget is spent"}
             continue
         try:
-            configs[name] = train_config_row(trainer, chunks, setting=setting, micro=micro,
-                                             iterations=0 if args.quick else 2, device=device)  # fmt: skip
+            configs[name] = train_config_row(
+                trainer, chunks, setting=setting, micro=micro, iterations=0 if args.quick else 2, device=device
+            )
         except Exception as exc:  # noqa: BLE001 - use_amp crashing on CUDA is one of the issue's rows
             configs[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         log(f"trainer config {name}: {configs[name]}")
@@ -406,8 +505,19 @@ def part_network(args: argparse.Namespace) -> None:
         if left < 10:
             out[label] = {"skipped": "the part's budget is spent"}
             continue
-        cmd = [sys.executable, str(HERE / "bench_vpt.py"), "--model", "foundation-model-2x", "--train-batches", "8",
-               "--repeats", "5", "--rollout-steps", "100", *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            str(HERE / "bench_vpt.py"),
+            "--model",
+            "foundation-model-2x",
+            "--train-batches",
+            "8",
+            "--repeats",
+            "5",
+            "--rollout-steps",
+            "100",
+            *extra,
+        ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left / (2 if label == "fp32" else 1))
             line = [l for l in proc.stdout.splitlines() if l.startswith("{")]
@@ -415,9 +525,14 @@ def part_network(args: argparse.Namespace) -> None:
                 out[label] = {"error": f"rc {proc.returncode}: {proc.stderr[-800:]}"}
                 continue
             r = json.loads(line[-1])
-            out[label] = {"train_frames_per_s": r["train"][0]["frames_per_s"], "train_batch": r["train"][0]["batch"],
-                          "train_T": r["train"][0]["T"], "inference_ms_batch8": 1e3 * r["rollout"]["s_per_call"],
-                          "inference_frames_per_s": r["rollout"]["frames_per_s"], "peak_gpu_mib": r.get("peak_gpu_mib")}  # fmt: skip
+            out[label] = {
+                "train_frames_per_s": r["train"][0]["frames_per_s"],
+                "train_batch": r["train"][0]["batch"],
+                "train_T": r["train"][0]["T"],
+                "inference_ms_batch8": 1e3 * r["rollout"]["s_per_call"],
+                "inference_frames_per_s": r["rollout"]["frames_per_s"],
+                "peak_gpu_mib": r.get("peak_gpu_mib"),
+            }
         except subprocess.TimeoutExpired:
             out[label] = {"error": "timed out"}
     emit("network", out, args.quick)
@@ -443,7 +558,9 @@ def run_figures(records: list[dict], t_start: float) -> dict:
     later = iters[1:] or iters
     out["first_iteration_s"] = first["time"] - t_start
     end = max(records, key=lambda r: r["time"])
-    out["rollout_env_frames_per_s_whole_run"] = max(r.get("step", 0) for r in records) / max(end["time"] - t_start, 1e-9)
+    out["rollout_env_frames_per_s_whole_run"] = max(r.get("step", 0) for r in records) / max(
+        end["time"] - t_start, 1e-9
+    )
     out["samples_per_s_median"] = _median([r.get("trainer/samples_per_s") for r in later])
     if len(iters) > 1:
         span = last["time"] - first["time"]
@@ -456,7 +573,9 @@ def run_figures(records: list[dict], t_start: float) -> dict:
     out["trainer_perf_ms_median"] = {k: _median([r.get(k) for r in later]) for k in perf}
     # The manager's records carry the env-step rate, the workers' records their perf/ timers.
     for key in ("rollout/env_steps_per_s", "perf/inference_ms", "perf/inference_batch", "perf/env_step_ms"):
-        out[key.replace("perf/", "rollout_").replace("rollout/", "rollout_") + "_median"] = _median([r.get(key) for r in records])
+        out[key.replace("perf/", "rollout_").replace("rollout/", "rollout_") + "_median"] = _median(
+            [r.get(key) for r in records]
+        )
     return out
 
 
@@ -472,20 +591,32 @@ def gpu_figures(path: Path) -> dict | None:
     if not util:
         return None
     busy = util[len(util) // 3 :]  # past start-up
-    return {"samples": len(util), "util_mean_pct": statistics.mean(util), "util_mean_last_two_thirds_pct": statistics.mean(busy),
-            "memory_used_max_mib": max(mem)}  # fmt: skip
+    return {
+        "samples": len(util),
+        "util_mean_pct": statistics.mean(util),
+        "util_mean_last_two_thirds_pct": statistics.mean(busy),
+        "memory_used_max_mib": max(mem),
+    }
 
 
 def part_run(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_gpu_run_"))
-    overrides = [*(QUICK_OVERRIDES if args.quick else []), f"output_dir={work}", "run_name=flagship",
-                 f"train_config.num_iterations={args.run_iterations}", *args.run_overrides]  # fmt: skip
+    overrides = [
+        *(QUICK_OVERRIDES if args.quick else []),
+        f"output_dir={work}",
+        "run_name=flagship",
+        f"train_config.num_iterations={args.run_iterations}",
+        *args.run_overrides,
+    ]
     smi = None
     smi_path = work / "smi.csv"
     if torch.cuda.is_available():
         with smi_path.open("w") as f:
-            smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
-                                    "-l", "1"], stdout=f, stderr=subprocess.DEVNULL)  # fmt: skip
+            smi = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", "-l", "1"],
+                stdout=f,
+                stderr=subprocess.DEVNULL,
+            )
     cmd = [sys.executable, "-m", "mineonline_core.cli", "run", str(CONFIG), *overrides, "--no-progress"]
     t_start = time.time()
     with (work / "console.log").open("w") as console:
@@ -531,10 +662,14 @@ GPU_ONLY = ("network",)  # the network alone at 2x: minutes on a CPU, and no fig
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", "--smoke", action="store_true", help="tiny shapes on the CPU, GPU-only parts skipped")
+    parser.add_argument(
+        "--quick", "--smoke", action="store_true", help="tiny shapes on the CPU, GPU-only parts skipped"
+    )
     parser.add_argument("--budget-s", type=float, default=None, help="stop by then (default 390; --quick 540)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
-    parser.add_argument("--run-iterations", type=int, default=None, help="iterations of the run part (default 12; --quick 2)")
+    parser.add_argument(
+        "--run-iterations", type=int, default=None, help="iterations of the run part (default 12; --quick 2)"
+    )
     parser.add_argument("--run-overrides", nargs="*", default=[], help="more key=value overrides of the run part")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a child: run this part
@@ -558,7 +693,9 @@ def main(argv: list[str] | None = None) -> None:
             reason = "no CUDA" if not cuda else "--quick (it measures the 2x network only)"
             lines = [json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "skipped": reason})]
         elif cap < 10:
-            lines = [json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "skipped": f"budget: {left:.0f} s left"})]
+            lines = [
+                json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "skipped": f"budget: {left:.0f} s left"})
+            ]
         else:
             lines = run_child(part, cap, args)
         for line in lines:
@@ -577,8 +714,14 @@ def run_child(part: str, cap: float, args: argparse.Namespace) -> list[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # The child stops its own work by the deadline (time.monotonic() is system-wide on Linux), 5 s
     # before the cap ends it; in a session of its own, so that ending it ends what it started.
-    proc = subprocess.Popen([*cmd, "--deadline", repr(start + cap - 5)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*cmd, "--deadline", repr(start + cap - 5)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=cap)
         timed_out = False
@@ -592,9 +735,19 @@ def run_child(part: str, cap: float, args: argparse.Namespace) -> list[str]:
         pass  # nothing was left: the usual case
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines or proc.returncode:
-        lines.append(json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "rc": proc.returncode,
-                                 "error": "timed out" if timed_out else f"rc {proc.returncode}",
-                                 "seconds": round(time.monotonic() - start, 1), "stderr_tail": stderr[-2000:]}))  # fmt: skip
+        lines.append(
+            json.dumps(
+                {
+                    "bench": "gpu",
+                    "part": part,
+                    "quick": args.quick,
+                    "rc": proc.returncode,
+                    "error": "timed out" if timed_out else f"rc {proc.returncode}",
+                    "seconds": round(time.monotonic() - start, 1),
+                    "stderr_tail": stderr[-2000:],
+                }
+            )
+        )
     return lines
 
 

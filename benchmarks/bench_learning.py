@@ -45,8 +45,17 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 from mineonline_core.services.names import LOGGER_HUB, NAMESPACE, ROLLOUT_MANAGER, actor_name  # noqa: E402
 
 
-def _monitor(run_name: str, *, target: float | None, budget: int, min_episodes: int, done: threading.Event, seen: dict,
-             memory_interval: float | None = None, deadline: float | None = None) -> None:
+def _monitor(
+    run_name: str,
+    *,
+    target: float | None,
+    budget: int,
+    min_episodes: int,
+    done: threading.Event,
+    seen: dict,
+    memory_interval: float | None = None,
+    deadline: float | None = None,
+) -> None:
     """Poll the run's hub; ask the manager to stop once the target is reached, the budget spent or the
     ``deadline`` (``time.monotonic()``) passed. With ``memory_interval``, also sample every process's RSS
     into ``seen["memory"]``."""
@@ -72,7 +81,9 @@ def _monitor(run_name: str, *, target: float | None, budget: int, min_episodes: 
         if memory_interval and time.monotonic() >= next_sample:
             next_sample = time.monotonic() + memory_interval
             seen.setdefault("memory", []).append((time.monotonic() - start, sample()))
-        reached = target is not None and ret is not None and ret >= target and latest.get("episode/count", 0) >= min_episodes
+        reached = (
+            target is not None and ret is not None and ret >= target and latest.get("episode/count", 0) >= min_episodes
+        )
         out_of_time = deadline is not None and time.monotonic() >= deadline
         if reached or steps >= budget or out_of_time:
             seen["stopped_at"], seen["out_of_time"] = steps, out_of_time and steps < budget
@@ -97,29 +108,56 @@ def _last_metric(run_dir: Path, key: str) -> float | None:
     return value
 
 
-def run_one(source: str, seed: int, out: str, *, target: float | None, budget: int, overrides: list[str],
-            memory_interval: float | None = None, minutes: float | None = None) -> dict:
+def run_one(
+    source: str,
+    seed: int,
+    out: str,
+    *,
+    target: float | None,
+    budget: int,
+    overrides: list[str],
+    memory_interval: float | None = None,
+    minutes: float | None = None,
+) -> dict:
     from mineonline_core.driver.api import run
 
     run_name = f"bench-{Path(source).stem}-seed{seed}-{os.getpid()}"
     done, seen = threading.Event(), {}
     deadline = time.monotonic() + 60 * minutes if minutes else None
-    thread = threading.Thread(target=_monitor, args=(run_name,), daemon=True,
-                              kwargs=dict(target=target, budget=budget, min_episodes=20, done=done, seen=seen,
-                                          memory_interval=memory_interval, deadline=deadline))  # fmt: skip
+    thread = threading.Thread(
+        target=_monitor,
+        args=(run_name,),
+        daemon=True,
+        kwargs=dict(
+            target=target,
+            budget=budget,
+            min_episodes=20,
+            done=done,
+            seen=seen,
+            memory_interval=memory_interval,
+            deadline=deadline,
+        ),
+    )
     thread.start()
     start = time.perf_counter()
     try:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the one JSON line
-            result = run(source, [f"seed={seed}", f"run_name={run_name}", f"output_dir={out}", *overrides], progress=False)
+            result = run(
+                source, [f"seed={seed}", f"run_name={run_name}", f"output_dir={out}", *overrides], progress=False
+            )
     finally:
         done.set()
     wall = time.perf_counter() - start
     run_dir = Path(result["run_dir"])
     summary = result.get("summary", {})
-    row = {"seed": seed, "wall_s": round(wall, 1), "env_steps": int(summary.get("env_steps", seen.get("stopped_at", 0))),
-           "iterations": _last_metric(run_dir, "trainer/iteration"), "final_return_mean": _last_metric(run_dir, "episode/return_mean"),
-           "out_of_time": bool(seen.get("out_of_time"))}  # fmt: skip
+    row = {
+        "seed": seed,
+        "wall_s": round(wall, 1),
+        "env_steps": int(summary.get("env_steps", seen.get("stopped_at", 0))),
+        "iterations": _last_metric(run_dir, "trainer/iteration"),
+        "final_return_mean": _last_metric(run_dir, "episode/return_mean"),
+        "out_of_time": bool(seen.get("out_of_time")),
+    }
     # The whole run's rate (start-up included) is what the user waits for; the last reported one is the steady state.
     row["env_steps_per_s"] = round(row["env_steps"] / wall, 1)
     row["env_steps_per_s_last"] = _last_metric(run_dir, "rollout/env_steps_per_s")
@@ -152,8 +190,12 @@ def _score_within(records: list[dict], budget: int) -> dict | None:
     if record is None:
         return None
     success = {name: float(record[f"crafter/all_episodes/success/{name}"]) for name in CRAFTER_ACHIEVEMENTS}
-    return {"score": crafter_score(100.0 * rate for rate in success.values()), "episodes": int(record["crafter/all_episodes/count"]),
-            "at_env_step": int(record["step"]), "success": success}  # fmt: skip
+    return {
+        "score": crafter_score(100.0 * rate for rate in success.values()),
+        "episodes": int(record["crafter/all_episodes/count"]),
+        "at_env_step": int(record["step"]),
+        "success": success,
+    }
 
 
 def paper_crafter_score(metrics_path: Path, budget: int) -> dict | None:
@@ -182,12 +224,16 @@ def success_table(rows: list[dict]) -> str:
     scored = [r for r in rows if r.get("paper_crafter")]
     if not scored:
         return "no Crafter episode was logged within the budget"
-    names = sorted(scored[0]["paper_crafter"]["success"], key=lambda n: -sum(r["paper_crafter"]["success"][n] for r in scored))
+    names = sorted(
+        scored[0]["paper_crafter"]["success"], key=lambda n: -sum(r["paper_crafter"]["success"][n] for r in scored)
+    )
     lines = [f"{'achievement':<22}" + "".join(f"{'seed ' + str(r['seed']):>10}" for r in scored)]
     for name in names:
         lines.append(f"{name:<22}" + "".join(f"{100 * r['paper_crafter']['success'][name]:>9.1f}%" for r in scored))
     lines.append(f"{'score (all episodes)':<22}" + "".join(f"{r['paper_crafter']['score']:>9.2f}%" for r in scored))
-    lines.append(f"{'score (last window)':<22}" + "".join(f"{r.get('final_crafter_score', float('nan')):>9.2f}%" for r in scored))
+    lines.append(
+        f"{'score (last window)':<22}" + "".join(f"{r.get('final_crafter_score', float('nan')):>9.2f}%" for r in scored)
+    )
     lines.append(f"{'episodes':<22}" + "".join(f"{r['paper_crafter']['episodes']:>10}" for r in scored))
     return "\n".join(lines)
 
@@ -210,13 +256,23 @@ def random_crafter_reward(episodes: int, seed: int = 0) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", choices=["cartpole", "crafter"], default="cartpole")
-    parser.add_argument("--seeds", nargs="+", default=["0", "1", "2"], metavar="SEED", help="seeds to run, one run each")
+    parser.add_argument(
+        "--seeds", nargs="+", default=["0", "1", "2"], metavar="SEED", help="seeds to run, one run each"
+    )
     parser.add_argument("--steps", type=int, default=None, help="env-step budget (150k CartPole, 200k Crafter)")
-    parser.add_argument("--config", default=None, help="config file (default: examples/cartpole.yaml or examples/crafter.py)")
+    parser.add_argument(
+        "--config", default=None, help="config file (default: examples/cartpole.yaml or examples/crafter.py)"
+    )
     parser.add_argument("--quick", action="store_true", help="seed 0 and a 20k-step budget")
-    parser.add_argument("--minutes", type=float, default=None,
-                        help="wall-clock cap per seed: stop there and score the steps reached (a lease's limit)")
-    parser.add_argument("--memory", type=float, default=None, metavar="SECONDS", help="sample every process's RSS this often")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="wall-clock cap per seed: stop there and score the steps reached (a lease's limit)",
+    )
+    parser.add_argument(
+        "--memory", type=float, default=None, metavar="SECONDS", help="sample every process's RSS this often"
+    )
     parser.add_argument("overrides", nargs="*", help="OmegaConf dotlist overrides")
     args = parser.parse_args()
     # `--seeds 0 1 2 train_config.x=1`: the list swallows the overrides that follow it; hand them back.
@@ -230,18 +286,40 @@ def main() -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
     import ray
 
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
+    ray.init(
+        address="local",
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        namespace=NAMESPACE,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
     cartpole = args.env == "cartpole"
     budget = args.steps or (150_000 if cartpole else 200_000)
     source = args.config or str(ROOT / "examples" / ("cartpole.yaml" if cartpole else "crafter.py"))
     out = tempfile.mkdtemp(prefix="bench_learning_")
-    rows = [run_one(source, seed, out, target=475.0 if cartpole else None, budget=budget, overrides=args.overrides,
-                   memory_interval=args.memory, minutes=args.minutes)
-            for seed in args.seeds]  # fmt: skip
+    rows = [
+        run_one(
+            source,
+            seed,
+            out,
+            target=475.0 if cartpole else None,
+            budget=budget,
+            overrides=args.overrides,
+            memory_interval=args.memory,
+            minutes=args.minutes,
+        )
+        for seed in args.seeds
+    ]
     ray.shutdown()
-    report: dict = {"env": args.env, "budget_env_steps": budget, "seeds": rows, "config": source,
-                    "overrides": args.overrides, "quick": args.quick}  # fmt: skip
+    report: dict = {
+        "env": args.env,
+        "budget_env_steps": budget,
+        "seeds": rows,
+        "config": source,
+        "overrides": args.overrides,
+        "quick": args.quick,
+    }
     if cartpole:
         steps = [r["steps_to_target"] for r in rows]
         report["solved"] = f"{sum(s is not None for s in steps)}/{len(steps)}"
@@ -256,8 +334,11 @@ def main() -> None:
         print(success_table(rows), file=sys.stderr)
         if papers:
             paper, window = report["crafter_score_all_episodes"], report["crafter_score_last_window"]
-            print(f"Crafter score over all training episodes (paper's rule): {paper['mean']:.2f} +- {paper['std']:.2f}% "
-                  f"over {paper['n']} seed(s); last window: {window['mean']:.2f} +- {window['std']:.2f}%", file=sys.stderr)  # fmt: skip
+            print(
+                f"Crafter score over all training episodes (paper's rule): {paper['mean']:.2f} +- {paper['std']:.2f}% "
+                f"over {paper['n']} seed(s); last window: {window['mean']:.2f} +- {window['std']:.2f}%",
+                file=sys.stderr,
+            )
     report["wall_s_mean"] = statistics.mean(r["wall_s"] for r in rows)
     from _benchlib import emit
 

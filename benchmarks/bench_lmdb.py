@@ -136,8 +136,11 @@ def main() -> None:
                 mbps[f"{op}_ratio"] = round(mbps[op] / mbps[f"raw_{op}"], 3)
                 mbps[f"{op}_cpu_ratio"] = round(mbps[f"{op}_cpu"] / mbps[f"raw_{op}_cpu"], 3)
             results[label] = mbps
-    emit("lmdb", {"unit": "MB/s", "sync": args.sync, "rounds": rounds, "target_ratio": 0.8, "results": results},
-         quick=args.quick)
+    emit(
+        "lmdb",
+        {"unit": "MB/s", "sync": args.sync, "rounds": rounds, "target_ratio": 0.8, "results": results},
+        quick=args.quick,
+    )
 
 
 if __name__ == "__main__":

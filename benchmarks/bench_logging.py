@@ -101,7 +101,11 @@ def measure(hub, payload: Payload, *, pattern: str, iterations: int, step) -> di
         step()
         payload.send(hub, pattern, it)
     ray.get(hub.flush.remote(600))  # every item reached every logger: no work hides after the clock
-    return {"cpu": time.process_time() - cpu0, "hub_cpu": tree_cpu_seconds(hub_pid) - hub0, "wall": time.perf_counter() - t0}
+    return {
+        "cpu": time.process_time() - cpu0,
+        "hub_cpu": tree_cpu_seconds(hub_pid) - hub0,
+        "wall": time.perf_counter() - t0,
+    }
 
 
 def start_hub(run_dir: str, with_wandb: bool, iterations: int):
@@ -114,7 +118,14 @@ def start_hub(run_dir: str, with_wandb: bool, iterations: int):
 
         loggers.append((WandbLogger, WandbOptions(project="bench-logging")))
     name = f"bench-{os.getpid()}-{time.monotonic_ns()}"
-    return start_logger_hub(run_name=name, run_dir=run_dir, loggers=loggers, config={"bench": True}, num_iterations=iterations, video_dir="videos")
+    return start_logger_hub(
+        run_name=name,
+        run_dir=run_dir,
+        loggers=loggers,
+        config={"bench": True},
+        num_iterations=iterations,
+        video_dir="videos",
+    )
 
 
 def synthetic_iteration(target_ms: float):
@@ -161,7 +172,9 @@ def main() -> None:
         import mineonline_wandb  # noqa: F401
     except ImportError:  # not pip-installed: let this process and the Ray workers find the source
         sys.path.insert(0, str(WANDB_PLUGIN))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WANDB_PLUGIN), str(ROOT), os.environ.get("PYTHONPATH")]))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(WANDB_PLUGIN), str(ROOT), os.environ.get("PYTHONPATH")])
+        )
 
     import ray
 
@@ -217,11 +230,17 @@ def main() -> None:
             walls: dict[str, list[float]] = {"none": [], "console_wandb_batch": []}
             for r in range(rounds):
                 hub = start_hub(os.path.join(tmp, f"e2e-{r}"), not args.no_wandb, e2e_iterations)
-                walls["none"].append(measure(hub, payload, pattern="idle", iterations=e2e_iterations, step=step)["wall"])
-                walls["console_wandb_batch"].append(measure(hub, payload, pattern="batch", iterations=e2e_iterations, step=step)["wall"])
+                walls["none"].append(
+                    measure(hub, payload, pattern="idle", iterations=e2e_iterations, step=step)["wall"]
+                )
+                walls["console_wandb_batch"].append(
+                    measure(hub, payload, pattern="batch", iterations=e2e_iterations, step=step)["wall"]
+                )
                 ray.get(hub.finish.remote())
                 ray.kill(hub)
-            result["end_to_end_wall_overhead_pct"] = round(100 * (min(walls["console_wandb_batch"]) / min(walls["none"]) - 1), 3)
+            result["end_to_end_wall_overhead_pct"] = round(
+                100 * (min(walls["console_wandb_batch"]) / min(walls["none"]) - 1), 3
+            )
 
         # Per pattern: "batch" (log_batch, one actor task per iteration) is the recommended way.
         result.update({f"pass_{pattern}": ok for pattern, ok in passed.items()})

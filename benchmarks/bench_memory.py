@@ -37,19 +37,34 @@ from mineonline_core.services.names import NAMESPACE, ROLLOUT_MANAGER, actor_nam
 
 # Ray titles each actor process "ray::<Class>" (or "ray::<Class>.<method>" while it runs one).
 ROLES = {
-    "RolloutWorker": "rollout_worker", "RolloutManager": "rollout_manager", "ReplayBuffer": "replay_buffer",
-    "StoreHost": "store_host", "EpisodeStatistics": "episode_statistics", "LoggerHub": "logger_hub",
-    "RayTrainWorker": "trainer_rank", "TrainController": "train_controller",
-}  # fmt: skip
+    "RolloutWorker": "rollout_worker",
+    "RolloutManager": "rollout_manager",
+    "ReplayBuffer": "replay_buffer",
+    "StoreHost": "store_host",
+    "EpisodeStatistics": "episode_statistics",
+    "LoggerHub": "logger_hub",
+    "RayTrainWorker": "trainer_rank",
+    "TrainController": "train_controller",
+}
 
 
 # OpenAI's foundation-model-1x (``mineonline_vpt.configs``) at Crafter's 64x64 frames, trained on one
 # 64-step chunk per iteration so that a CPU learner (about 7 frames/s) completes iterations.
 VPT_1X = {
-    "policy_config": {"name": "vpt", "hidsize": 1024, "impala_width": 4, "n_recurrence_layers": 4, "attention_heads": 8,
-                      "attention_memory_size": 256, "timesteps": 128, "pointwise_ratio": 4},
-    "train_config.batch_size_per_gpu": 1, "train_config.batches_per_iteration": 1, "train_config.epochs_per_iteration": 1,
-}  # fmt: skip
+    "policy_config": {
+        "name": "vpt",
+        "hidsize": 1024,
+        "impala_width": 4,
+        "n_recurrence_layers": 4,
+        "attention_heads": 8,
+        "attention_memory_size": 256,
+        "timesteps": 128,
+        "pointwise_ratio": 4,
+    },
+    "train_config.batch_size_per_gpu": 1,
+    "train_config.batches_per_iteration": 1,
+    "train_config.epochs_per_iteration": 1,
+}
 
 
 def _title(pid: int) -> str:
@@ -111,12 +126,17 @@ def summarise(series: list[tuple[float, dict]], peaks: dict[str, float] | None =
         return [snap.get(role, {}).get(key, 0.0) for _, snap in series]
 
     return {
-        "peak_rss_mib": {role: round(max([(peaks or {}).get(role, 0.0), *column(role, "peak_mib")]), 1) for role in roles},
+        "peak_rss_mib": {
+            role: round(max([(peaks or {}).get(role, 0.0), *column(role, "peak_mib")]), 1) for role in roles
+        },
         "growth_mib_per_min": {role: slope_mib_per_min(times, column(role, "rss_mib")) for role in roles},
-        "series": {"t_s": [round(t, 1) for t in times], **{role: [round(v, 1) for v in column(role, "rss_mib")] for role in roles}},
+        "series": {
+            "t_s": [round(t, 1) for t in times],
+            **{role: [round(v, 1) for v in column(role, "rss_mib")] for role in roles},
+        },
         "process_count": {role: int(max(column(role, "count"), default=0)) for role in roles},
         "minutes": round((times[-1] - times[0]) / 60, 1) if times else 0.0,
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -126,7 +146,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between RSS samples")
     parser.add_argument("--num-envs", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="CartPole, 2 envs, 0.5 minutes, 2 s samples")
-    parser.add_argument("--vpt", choices=["1x"], default=None, help="a VPT-1x-sized policy (needs mineonline-vpt-policy)")
+    parser.add_argument(
+        "--vpt", choices=["1x"], default=None, help="a VPT-1x-sized policy (needs mineonline-vpt-policy)"
+    )
     parser.add_argument("overrides", nargs="*", help="OmegaConf dotlist overrides, applied last")
     args = parser.parse_args()
     if args.quick:
@@ -139,10 +161,18 @@ def main() -> None:
     outcome: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         name = f"memory-{args.workload}"
-        overrides = bl.online_overrides(args.workload, iterations=10**6, run_name=name, output_dir=tmp, num_envs=args.num_envs,
-                                        extra={"rollout_config.replay_buffer_config.max_reuse": 2,
-                                               "rollout_config.replay_buffer_config.max_staleness": 2,
-                                               **(VPT_1X if args.vpt else {})})  # fmt: skip
+        overrides = bl.online_overrides(
+            args.workload,
+            iterations=10**6,
+            run_name=name,
+            output_dir=tmp,
+            num_envs=args.num_envs,
+            extra={
+                "rollout_config.replay_buffer_config.max_reuse": 2,
+                "rollout_config.replay_buffer_config.max_staleness": 2,
+                **(VPT_1X if args.vpt else {}),
+            },
+        )
         overrides += args.overrides
 
         def target() -> None:
@@ -174,8 +204,16 @@ def main() -> None:
                 outcome.setdefault("error", "the run did not stop within 10 minutes of the stop request")
                 break
     figures = {**summarise(series, peaks), "status": (outcome.get("result") or {}).get("status")}
-    bl.emit("memory", figures, workload=args.workload, minutes=args.minutes, quick=args.quick, vpt=args.vpt,
-            overrides=args.overrides, error=outcome.get("error"))  # fmt: skip
+    bl.emit(
+        "memory",
+        figures,
+        workload=args.workload,
+        minutes=args.minutes,
+        quick=args.quick,
+        vpt=args.vpt,
+        overrides=args.overrides,
+        error=outcome.get("error"),
+    )
 
 
 if __name__ == "__main__":

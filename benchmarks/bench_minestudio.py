@@ -54,7 +54,9 @@ def write_random_model(model: str, out: Path) -> tuple[Path, Path]:
         raise SystemExit(f"{model}: the random state dict does not have the released layout")
     model_path, weights_path = out / f"{model}.model", out / f"{model}.weights"
     with model_path.open("wb") as f:
-        pickle.dump({"model": {"args": {"net": {"args": entry["policy_kwargs"]}, "pi_head_opts": entry["pi_head_opts"]}}}, f)
+        pickle.dump(
+            {"model": {"args": {"net": {"args": entry["policy_kwargs"]}, "pi_head_opts": entry["pi_head_opts"]}}}, f
+        )
     torch.save(state, weights_path)
     return model_path, weights_path
 
@@ -64,8 +66,21 @@ def _role(proc) -> str:
         name = " ".join(proc.cmdline()[:3])
     except Exception:  # noqa: BLE001 - the process ended meanwhile
         return "gone"
-    for role in ("RolloutWorker", "RayTrainWorker", "TrainController", "RolloutManager", "ReplayBuffer", "EpisodeStatistics",
-                 "StoreHost", "LoggerHub", "raylet", "gcs_server", "mineonline_core.cli", "forkserver", "multiprocessing"):  # fmt: skip
+    for role in (
+        "RolloutWorker",
+        "RayTrainWorker",
+        "TrainController",
+        "RolloutManager",
+        "ReplayBuffer",
+        "EpisodeStatistics",
+        "StoreHost",
+        "LoggerHub",
+        "raylet",
+        "gcs_server",
+        "mineonline_core.cli",
+        "forkserver",
+        "multiprocessing",
+    ):
         if role in name:
             return role
     return name.split("/")[-1][:40] or "other"
@@ -109,41 +124,72 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--time-limit", type=int, default=30, help="JudgeResetCallback steps per episode")
     parser.add_argument("--quick", action="store_true", help="one iteration")
-    parser.add_argument("--max-total-rss-gib", type=float, default=12.0, help="kill the run past this much RSS, all processes together")
+    parser.add_argument(
+        "--max-total-rss-gib", type=float, default=12.0, help="kill the run past this much RSS, all processes together"
+    )
     args = parser.parse_args(argv)
     iterations = 1 if args.quick else args.iterations
     with tempfile.TemporaryDirectory(prefix="bench_minestudio_") as tmp:
         tmp_path = Path(tmp)
         if args.model == "fixture":
-            model_path, weights_path = FIXTURES / "vpt_public" / "public.model", FIXTURES / "vpt_public" / "public.weights"
+            model_path, weights_path = (
+                FIXTURES / "vpt_public" / "public.model",
+                FIXTURES / "vpt_public" / "public.weights",
+            )
         else:
             model_path, weights_path = write_random_model(args.model, tmp_path)
-        env = {**os.environ, "VPT_MODEL": str(model_path), "VPT_WEIGHTS": str(weights_path),
-               "COW_TIME_LIMIT": str(args.time_limit), "WANDB_MODE": "disabled"}  # fmt: skip
-        command = [sys.executable, "-m", "mineonline_core.cli", "run", str(HERE / "minestudio_cow_fake.py"), *SMALL,
-                   f"train_config.num_iterations={iterations}", f"output_dir={tmp_path}", "run_name=cow", "--no-progress"]  # fmt: skip
+        env = {
+            **os.environ,
+            "VPT_MODEL": str(model_path),
+            "VPT_WEIGHTS": str(weights_path),
+            "COW_TIME_LIMIT": str(args.time_limit),
+            "WANDB_MODE": "disabled",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "mineonline_core.cli",
+            "run",
+            str(HERE / "minestudio_cow_fake.py"),
+            *SMALL,
+            f"train_config.num_iterations={iterations}",
+            f"output_dir={tmp_path}",
+            "run_name=cow",
+            "--no-progress",
+        ]
         load_before = os.getloadavg()[0]
         peaks: dict[str, float] = {}
         stop = threading.Event()
         t0 = time.perf_counter()
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        sampler = threading.Thread(target=sample_rss, args=(proc.pid, stop, peaks, args.max_total_rss_gib * 1024), daemon=True)
+        sampler = threading.Thread(
+            target=sample_rss, args=(proc.pid, stop, peaks, args.max_total_rss_gib * 1024), daemon=True
+        )
         sampler.start()
         output, _ = proc.communicate()
         wall = time.perf_counter() - t0
         stop.set()
         sampler.join()
-        result = {"model": args.model, "iterations": iterations, "wall_s": round(wall, 1), "returncode": proc.returncode,
-                  "load_1m_before": round(load_before, 1), "peak_rss_mib": {k: round(v) for k, v in sorted(peaks.items()) if k != "gone"}}  # fmt: skip
+        result = {
+            "model": args.model,
+            "iterations": iterations,
+            "wall_s": round(wall, 1),
+            "returncode": proc.returncode,
+            "load_1m_before": round(load_before, 1),
+            "peak_rss_mib": {k: round(v) for k, v in sorted(peaks.items()) if k != "gone"},
+        }
         summary_path = tmp_path / "cow" / "summary.json"
         if proc.returncode == 0 and summary_path.exists():
             summary = json.loads(summary_path.read_text())
             result.update(
-                env_steps=summary.get("rollout/env_steps"), env_steps_per_s=summary.get("rollout/env_steps_per_s"),
-                train_samples_per_s=summary.get("trainer/samples_per_s"), episodes=summary.get("episode/count"),
-                episode_return_mean=summary.get("episode/return_mean"), kl_ref=summary.get("trainer/kl_ref"),
+                env_steps=summary.get("rollout/env_steps"),
+                env_steps_per_s=summary.get("rollout/env_steps_per_s"),
+                train_samples_per_s=summary.get("trainer/samples_per_s"),
+                episodes=summary.get("episode/count"),
+                episode_return_mean=summary.get("episode/return_mean"),
+                kl_ref=summary.get("trainer/kl_ref"),
                 videos=len(list((tmp_path / "cow" / "videos").glob("*.mp4"))),
-            )  # fmt: skip
+            )
         else:
             result["error"] = output[-2000:]
     return emit("minestudio_cow", result, quick=args.quick)

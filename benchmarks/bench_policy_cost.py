@@ -25,14 +25,25 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 POLICIES: dict[str, tuple[str, dict]] = {
     "cnn": ("cnn", {}),
     "impala_resnet 16/32/32, 1 block, dense 256": (
-        "impala_resnet", {"channels": [16, 32, 32], "blocks_per_stage": 1, "dense_sizes": [256]}),
+        "impala_resnet",
+        {"channels": [16, 32, 32], "blocks_per_stage": 1, "dense_sizes": [256]},
+    ),
     "impala_resnet 16/32/32, 2 blocks, no norms, dense 256": (
-        "impala_resnet", {"channels": [16, 32, 32], "blocks_per_stage": 2, "group_norm": False, "layer_norm": False,
-                          "dense_sizes": [256]}),
+        "impala_resnet",
+        {
+            "channels": [16, 32, 32],
+            "blocks_per_stage": 2,
+            "group_norm": False,
+            "layer_norm": False,
+            "dense_sizes": [256],
+        },
+    ),
     "impala_resnet 32/64/64, 1 block, dense 256/512": (
-        "impala_resnet", {"channels": [32, 64, 64], "blocks_per_stage": 1, "dense_sizes": [256, 512]}),
+        "impala_resnet",
+        {"channels": [32, 64, 64], "blocks_per_stage": 1, "dense_sizes": [256, 512]},
+    ),
     "impala_resnet 64/128/128, 2 blocks, dense 256/1024 (Moon et al.)": ("impala_resnet", {}),
-}  # fmt: skip
+}
 ITERATIONS_PER_1M = 1_000_000 / 4096
 
 
@@ -71,9 +82,12 @@ def measure(name: str, options: dict, *, repeats: int) -> dict:
         infer_s = (time.perf_counter() - start) / (20 * repeats)
     train_iteration_s = 24 * train_s  # 3 epochs x 8 minibatches
     inference_iteration_s = 512 * infer_s  # 4096 steps in batches of 8
-    return {"params_m": round(sum(p.numel() for p in policy.parameters()) / 1e6, 3),
-            "train_iteration_s": round(train_iteration_s, 2), "inference_ms_per_batch_of_8": round(1e3 * infer_s, 2),
-            "projected_1m_compute_min": round(ITERATIONS_PER_1M * (train_iteration_s + inference_iteration_s) / 60, 1)}  # fmt: skip
+    return {
+        "params_m": round(sum(p.numel() for p in policy.parameters()) / 1e6, 3),
+        "train_iteration_s": round(train_iteration_s, 2),
+        "inference_ms_per_batch_of_8": round(1e3 * infer_s, 2),
+        "projected_1m_compute_min": round(ITERATIONS_PER_1M * (train_iteration_s + inference_iteration_s) / 60, 1),
+    }
 
 
 def main() -> None:

@@ -101,8 +101,12 @@ def measure(trainer, worker, path: str, rounds: int, train_s: float) -> dict:
         if round_:
             trainer_ms.append(took)
             delivered_ms.append(1e3 * (arrived - wall))
-    out = {"path": path, "trainer_ms": statistics.median(trainer_ms), "trainer_ms_all": trainer_ms,
-           "delivered_ms": statistics.median(delivered_ms)}  # fmt: skip
+    out = {
+        "path": path,
+        "trainer_ms": statistics.median(trainer_ms),
+        "trainer_ms_all": trainer_ms,
+        "delivered_ms": statistics.median(delivered_ms),
+    }
     if send_ms:
         out["send_ms"] = statistics.median(send_ms[1:])
     return out
@@ -113,7 +117,9 @@ def main() -> None:
     parser.add_argument("--mbytes", type=float, default=150.0, help="float32 weights of the MLP, in MB")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--train-ms", type=float, default=1000.0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (the in-process rank's num_cpus_per_worker)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (the in-process rank's num_cpus_per_worker)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bl.init_local_ray(num_cpus=2)
@@ -129,8 +135,13 @@ def main() -> None:
     Receiver = make_receiver()
     worker, manager = Receiver.remote(True), Receiver.remote(False)
     try:
-        trainer = PPOTrainer(rollout_manager=manager, policy_generator=policy, env_generator=None, config=config,
-                             run_dir=os.path.join("/tmp", f"bench_publish_{os.getpid()}"))  # fmt: skip
+        trainer = PPOTrainer(
+            rollout_manager=manager,
+            policy_generator=policy,
+            env_generator=None,
+            config=config,
+            run_dir=os.path.join("/tmp", f"bench_publish_{os.getpid()}"),
+        )
         trainer.setup_rank(local=True)
         trainer._workers = [worker]
         mbytes = sum(v.numel() * v.element_size() for v in trainer.policy.state_dict().values()) / 2**20
@@ -140,7 +151,13 @@ def main() -> None:
         ray.kill(manager)
         ray.shutdown()
     for row in rows:
-        bl.emit("publish", {"mbytes": round(mbytes, 1), **row}, rounds=args.rounds, train_ms=args.train_ms, threads=args.threads)
+        bl.emit(
+            "publish",
+            {"mbytes": round(mbytes, 1), **row},
+            rounds=args.rounds,
+            train_ms=args.train_ms,
+            threads=args.threads,
+        )
 
 
 if __name__ == "__main__":

@@ -86,15 +86,20 @@ def iterations_for(workload: str, steps: int) -> int:
     return -(-steps // per_iteration)
 
 
-def run_cli(workload: str, iterations: int, *, inline: bool = False, extra: list[str] = (), timeout: float = 1800) -> dict:
+def run_cli(
+    workload: str, iterations: int, *, inline: bool = False, extra: list[str] = (), timeout: float = 1800
+) -> dict:
     """Run ``mineonline run`` once in a subprocess; return its timings (see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         stamp = Path(tmp) / "first_step"
         config = Path(tmp) / "bench_config.py"
         config.write_text(CONFIG_MODULE.format(stamp=str(stamp), workload=workload))
         name = f"startup-{workload}"
-        overrides = [o for o in bl.online_overrides(workload, iterations=iterations, run_name=name, output_dir=tmp, inline=inline)
-                     if not o.startswith("env_config=")]  # fmt: skip
+        overrides = [
+            o
+            for o in bl.online_overrides(workload, iterations=iterations, run_name=name, output_dir=tmp, inline=inline)
+            if not o.startswith("env_config=")
+        ]
         cmd = [sys.executable, "-m", "mineonline_core.cli", "run", str(config), *overrides, *extra, "--no-progress"]
         env = {**os.environ, "WANDB_MODE": "disabled"}
         start = time.time()
@@ -136,7 +141,9 @@ def main() -> None:
     parser.add_argument("--workload", default="cartpole", choices=bl.WORKLOADS)
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--inline", action="store_true", help="envs stepped in the rollout worker (env_processes: false)")
+    parser.add_argument(
+        "--inline", action="store_true", help="envs stepped in the rollout worker (env_processes: false)"
+    )
     parser.add_argument("--quick", action="store_true", help="one CartPole run of 2 iterations")
     parser.add_argument("overrides", nargs="*", help="extra dotlist overrides, e.g. train_config.use_ray_train=true")
     args = parser.parse_args()
@@ -157,8 +164,16 @@ def main() -> None:
         if key in median:
             target = f"  (target <= {targets[key]:g} s)" if key in targets else ""
             print(f"{key:>20}: {median[key]:6.2f} s median of {len(good)}{target}", file=sys.stderr)
-    bl.emit("startup", {"median": median, "runs": runs}, workload=args.workload, iterations=args.iterations,
-            inline=args.inline, overrides=args.overrides, targets=targets, quick=args.quick)  # fmt: skip
+    bl.emit(
+        "startup",
+        {"median": median, "runs": runs},
+        workload=args.workload,
+        iterations=args.iterations,
+        inline=args.inline,
+        overrides=args.overrides,
+        targets=targets,
+        quick=args.quick,
+    )
 
 
 if __name__ == "__main__":

@@ -54,19 +54,30 @@ def bench_rollout(policy: VPTPolicy, *, batch: int, steps: int, hw: int, device:
             policy.pi_head.sample(latents["pi_logits"])
         _sync(device)
     elapsed, cpu = time.perf_counter() - start, _cpu_s() - cpu
-    return {"batch": batch, "T": 1, "calls": steps, "s_per_call": elapsed / steps,
-            "frames_per_s": batch * steps / elapsed, "cpu_frames_per_s": batch * steps / cpu}  # fmt: skip
+    return {
+        "batch": batch,
+        "T": 1,
+        "calls": steps,
+        "s_per_call": elapsed / steps,
+        "frames_per_s": batch * steps / elapsed,
+        "cpu_frames_per_s": batch * steps / cpu,
+    }
 
 
-def bench_train(policy: VPTPolicy, *, batch: int, t: int, repeats: int, hw: int, device: torch.device, amp: bool) -> dict:
+def bench_train(
+    policy: VPTPolicy, *, batch: int, t: int, repeats: int, hw: int, device: torch.device, amp: bool
+) -> dict:
     obs, ctx = _batch(batch, t, hw, device)
-    action = {"buttons": torch.zeros(batch, t, 1, dtype=torch.long, device=device),
-              "camera": torch.full((batch, t, 1), 60, dtype=torch.long, device=device)}  # fmt: skip
+    action = {
+        "buttons": torch.zeros(batch, t, 1, dtype=torch.long, device=device),
+        "camera": torch.full((batch, t, 1), 60, dtype=torch.long, device=device),
+    }
 
     def step(steps: int = t) -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            latents, _ = policy({"image": obs["image"][:, :steps]}, policy.initial_state(batch),
-                                {"first": ctx["first"][:, :steps]})  # fmt: skip
+            latents, _ = policy(
+                {"image": obs["image"][:, :steps]}, policy.initial_state(batch), {"first": ctx["first"][:, :steps]}
+            )
             act = {k: v[:, :steps] for k, v in action.items()}
             logp = policy.pi_head.logprob(act, latents["pi_logits"])
             loss = -logp.mean() + latents["vpred"].float().pow(2).mean()
@@ -82,8 +93,14 @@ def bench_train(policy: VPTPolicy, *, batch: int, t: int, repeats: int, hw: int,
         step()
     _sync(device)
     elapsed, cpu = time.perf_counter() - start, _cpu_s() - cpu
-    return {"batch": batch, "T": t, "iterations": repeats, "s_per_iter": elapsed / repeats,
-            "frames_per_s": batch * t * repeats / elapsed, "cpu_frames_per_s": batch * t * repeats / cpu}  # fmt: skip
+    return {
+        "batch": batch,
+        "T": t,
+        "iterations": repeats,
+        "s_per_iter": elapsed / repeats,
+        "frames_per_s": batch * t * repeats / elapsed,
+        "cpu_frames_per_s": batch * t * repeats / cpu,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -99,8 +116,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing of the ImpalaCNN")
     args = parser.parse_args(argv)
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))  # fmt: skip
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     on_gpu = device.type == "cuda"
     train_batches = [1] if args.quick else args.train_batches
     train_t = 8 if args.quick else args.train_t
@@ -114,13 +134,17 @@ def main(argv: list[str] | None = None) -> dict:
     policy.eval()  # no dropout/batch-norm in VPT: eval only marks intent for rollout
     rollout = bench_rollout(policy, batch=8, steps=rollout_steps, hw=hw, device=device, amp=args.amp)
     policy.train()
-    train = [bench_train(policy, batch=b, t=train_t, repeats=repeats, hw=hw, device=device, amp=args.amp)
-             for b in train_batches]  # fmt: skip
+    train = [
+        bench_train(policy, batch=b, t=train_t, repeats=repeats, hw=hw, device=device, amp=args.amp)
+        for b in train_batches
+    ]
     result = {
         "bench": "vpt_forward",
         "model": args.model,
         "params": sum(p.numel() for p in policy.parameters()),
-        "device": torch.cuda.get_device_name(device) if on_gpu else f"cpu ({platform.processor() or platform.machine()})",
+        "device": torch.cuda.get_device_name(device)
+        if on_gpu
+        else f"cpu ({platform.processor() or platform.machine()})",
         "torch_threads": torch.get_num_threads(),
         "amp_bf16": args.amp,
         "gradient_checkpointing": args.checkpointing,

@@ -66,7 +66,9 @@ def _config(env: str, trainer: str, staleness: int) -> Any:
     return module
 
 
-def _stopper(run_name: str, *, started: float, wall: float, budget: int, target: float | None, done: threading.Event) -> None:
+def _stopper(
+    run_name: str, *, started: float, wall: float, budget: int, target: float | None, done: threading.Event
+) -> None:
     """Ask the manager to stop at the wall budget, the env-step budget or the target return."""
     import ray
 
@@ -95,25 +97,42 @@ def run_one(env: str, trainer: str, seed: int, out: str, *, wall: float, budget:
     run_name = f"bench-vtrace-{env}-{trainer}-seed{seed}-{os.getpid()}"
     target = TARGET if env == "cartpole" else None
     done, started = threading.Event(), time.time()
-    thread = threading.Thread(target=_stopper, args=(run_name,), daemon=True,
-                              kwargs=dict(started=started, wall=wall, budget=budget, target=target, done=done))  # fmt: skip
+    thread = threading.Thread(
+        target=_stopper,
+        args=(run_name,),
+        daemon=True,
+        kwargs=dict(started=started, wall=wall, budget=budget, target=target, done=done),
+    )
     thread.start()
     try:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the one JSON line
-            result = run(_config(env, trainer, staleness), [f"seed={seed}", f"run_name={run_name}", f"output_dir={out}"], progress=False)
+            result = run(
+                _config(env, trainer, staleness),
+                [f"seed={seed}", f"run_name={run_name}", f"output_dir={out}"],
+                progress=False,
+            )
     finally:
         done.set()
     records = [json.loads(line) for line in (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     latest: dict = {}
     for record in records:
         latest.update(record)
-    row = {"trainer": trainer, "seed": seed, "wall_s": round(time.time() - started, 1), "env_steps": int(latest.get("step", 0)),
-           "iterations": latest.get("trainer/iteration"), "final_return_mean": latest.get("episode/return_mean"),
-           "staleness_mean": latest.get("trainer/staleness_mean")}  # fmt: skip
+    row = {
+        "trainer": trainer,
+        "seed": seed,
+        "wall_s": round(time.time() - started, 1),
+        "env_steps": int(latest.get("step", 0)),
+        "iterations": latest.get("trainer/iteration"),
+        "final_return_mean": latest.get("episode/return_mean"),
+        "staleness_mean": latest.get("trainer/staleness_mean"),
+    }
     if env == "crafter":
         row["final_crafter_score"] = latest.get("crafter/score")
     else:
-        hit = next((r for r in records if (r.get("episode/return_mean") or 0) >= TARGET and r.get("episode/count", 0) >= 20), None)
+        hit = next(
+            (r for r in records if (r.get("episode/return_mean") or 0) >= TARGET and r.get("episode/count", 0) >= 20),
+            None,
+        )
         row["steps_to_475"] = int(hit["step"]) if hit else None
         row["wall_s_to_475"] = round(hit["time"] - started, 1) if hit else None
     return row
@@ -125,7 +144,9 @@ def main() -> None:
     parser.add_argument("--wall", type=float, default=None, help="seconds per run (120 CartPole, 600 Crafter)")
     parser.add_argument("--steps", type=int, default=None, help="env-step cap per run (150k CartPole, 100k Crafter)")
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--vtrace-staleness", type=int, default=4, help="V-trace's max_staleness (PPO keeps the example's)")
+    parser.add_argument(
+        "--vtrace-staleness", type=int, default=4, help="V-trace's max_staleness (PPO keeps the example's)"
+    )
     parser.add_argument("--only", choices=["ppo", "vtrace"], default=None)
     parser.add_argument("--quick", action="store_true", help="CartPole, 30 s each: a smoke run of the harness")
     args = parser.parse_args()
@@ -135,15 +156,31 @@ def main() -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
     import ray
 
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
+    ray.init(
+        address="local",
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        namespace=NAMESPACE,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
     trainers = [t for t, key in (("PPOTrainer", "ppo"), ("VTraceTrainer", "vtrace")) if args.only in (None, key)]
     out = tempfile.mkdtemp(prefix="bench_vtrace_")
-    rows = [run_one(args.env, trainer, seed, out, wall=wall, budget=budget, staleness=args.vtrace_staleness)
-            for seed in range(args.seeds) for trainer in trainers]  # fmt: skip
+    rows = [
+        run_one(args.env, trainer, seed, out, wall=wall, budget=budget, staleness=args.vtrace_staleness)
+        for seed in range(args.seeds)
+        for trainer in trainers
+    ]
     ray.shutdown()
-    report: dict = {"env": args.env, "wall_budget_s": wall, "env_step_cap": budget, "vtrace_max_staleness": args.vtrace_staleness,
-                    "vtrace_keys": VTRACE[args.env], "runs": rows, "quick": args.quick}  # fmt: skip
+    report: dict = {
+        "env": args.env,
+        "wall_budget_s": wall,
+        "env_step_cap": budget,
+        "vtrace_max_staleness": args.vtrace_staleness,
+        "vtrace_keys": VTRACE[args.env],
+        "runs": rows,
+        "quick": args.quick,
+    }
     if not cartpole:
         from bench_learning import random_crafter_reward
 

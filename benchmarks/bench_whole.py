@@ -56,12 +56,27 @@ def sb3_child(workload: str, steps: int, inline: bool) -> None:
     fns = [_Sb3EnvFn(workload)] * s["num_envs"]
     envs = DummyVecEnv(fns) if inline else SubprocVecEnv(fns, start_method="forkserver")
     minibatch = s["batch_size_per_gpu"] * s["fragment_length"]
-    common = dict(n_steps=s["fragment_length"], batch_size=minibatch, n_epochs=s["epochs_per_iteration"],
-                  learning_rate=s["learning_rate"], gamma=s["discount"], gae_lambda=s["gae_lambda"],
-                  clip_range=s["ppo_clip"], ent_coef=s["entropy_bonus_coef"], vf_coef=s["ppo_vf_coef"],
-                  max_grad_norm=s["max_grad_norm"], seed=0, verbose=0, device="cpu")  # fmt: skip
+    common = dict(
+        n_steps=s["fragment_length"],
+        batch_size=minibatch,
+        n_epochs=s["epochs_per_iteration"],
+        learning_rate=s["learning_rate"],
+        gamma=s["discount"],
+        gae_lambda=s["gae_lambda"],
+        clip_range=s["ppo_clip"],
+        ent_coef=s["entropy_bonus_coef"],
+        vf_coef=s["ppo_vf_coef"],
+        max_grad_norm=s["max_grad_norm"],
+        seed=0,
+        verbose=0,
+        device="cpu",
+    )
     if workload == "cartpole":
-        kwargs = dict(net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh, optimizer_kwargs=dict(eps=s["adam_eps"]))
+        kwargs = dict(
+            net_arch=dict(pi=[64, 64], vf=[64, 64]),
+            activation_fn=torch.nn.Tanh,
+            optimizer_kwargs=dict(eps=s["adam_eps"]),
+        )
         model = PPO("MlpPolicy", envs, policy_kwargs=kwargs, **common)
     else:
         model = PPO("CnnPolicy", envs, policy_kwargs=dict(optimizer_kwargs=dict(eps=s["adam_eps"])), **common)
@@ -69,26 +84,52 @@ def sb3_child(workload: str, steps: int, inline: bool) -> None:
     model.learn(steps)
     done = time.time()
     envs.close()
-    print("RESULT " + json.dumps({"setup_s": ready - start, "learn_s": done - ready, "env_steps": int(model.num_timesteps),
-                                  "algo": f"stable_baselines3.PPO({type(model.policy).__name__})"}), flush=True)  # fmt: skip
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "setup_s": ready - start,
+                "learn_s": done - ready,
+                "env_steps": int(model.num_timesteps),
+                "algo": f"stable_baselines3.PPO({type(model.policy).__name__})",
+            }
+        ),
+        flush=True,
+    )
 
 
 def run_sb3(workload: str, steps: int, inline: bool, timeout: float) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--sb3-child", workload, "--steps", str(steps), *(["--inline"] if inline else [])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), str(bl.ROOT), os.environ.get("PYTHONPATH")]))}
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--sb3-child",
+        workload,
+        "--steps",
+        str(steps),
+        *(["--inline"] if inline else []),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), str(bl.ROOT), os.environ.get("PYTHONPATH")])),
+    }
     start = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     whole = time.time() - start
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return {**json.loads(line[len("RESULT "):]), "whole_s": whole}
-    return {"error": f"exit code {proc.returncode}: " + " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])}
+            return {**json.loads(line[len("RESULT ") :]), "whole_s": whole}
+    return {
+        "error": f"exit code {proc.returncode}: " + " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="cartpole,cartpole-inline",
-                        help="comma-separated NAME[-inline][=STEPS] (default steps: cartpole 100k, crafter 50k)")
+    parser.add_argument(
+        "--workloads",
+        default="cartpole,cartpole-inline",
+        help="comma-separated NAME[-inline][=STEPS] (default steps: cartpole 100k, crafter 50k)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--quick", action="store_true", help="cartpole, 10k steps")
     parser.add_argument("--sb3-child", help=argparse.SUPPRESS)
@@ -101,7 +142,9 @@ def main() -> None:
     if args.quick:
         args.workloads = "cartpole=10000"
     if not (SB3_SITE / "stable_baselines3").exists():
-        raise SystemExit("SB3 is not installed in .venv-bench/site: run `python benchmarks/run_all.py --sb3 --only whole` once")
+        raise SystemExit(
+            "SB3 is not installed in .venv-bench/site: run `python benchmarks/run_all.py --sb3 --only whole` once"
+        )
     results = {}
     for token in [w for w in args.workloads.split(",") if w]:
         key, _, steps = token.partition("=")
@@ -109,15 +152,26 @@ def main() -> None:
         steps = int(steps or DEFAULT_STEPS[workload])
         load = os.getloadavg()[0]
         like_sb3 = ["policy_config={name: cnn}"] if workload == "crafter" else []  # SB3's CnnPolicy network
-        mine = bench_startup.run_cli(workload, bench_startup.iterations_for(workload, steps), inline=inline,
-                                     extra=like_sb3, timeout=args.timeout)  # fmt: skip
+        mine = bench_startup.run_cli(
+            workload, bench_startup.iterations_for(workload, steps), inline=inline, extra=like_sb3, timeout=args.timeout
+        )
         sb3 = run_sb3(workload, steps, inline, args.timeout)
-        row = {"steps": steps, "mineonline": mine, "sb3": sb3, "load_1m_before": round(load, 2), "load_1m_after": round(os.getloadavg()[0], 2)}
+        row = {
+            "steps": steps,
+            "mineonline": mine,
+            "sb3": sb3,
+            "load_1m_before": round(load, 2),
+            "load_1m_after": round(os.getloadavg()[0], 2),
+        }
         if "whole_s" in mine and "whole_s" in sb3:
             row["whole_ratio_vs_sb3"] = mine["whole_s"] / sb3["whole_s"]
-            print(f"# {key} {steps} steps: mineonline {mine['whole_s']:.1f} s whole (first step {mine['first_env_step_s']:.1f} s, "
-                  f"shutdown {mine['shutdown_s']:.1f} s); SB3 {sb3['whole_s']:.1f} s whole ({sb3['setup_s']:.1f} set-up + "
-                  f"{sb3['learn_s']:.1f} learn); ratio {row['whole_ratio_vs_sb3']:.2f}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"# {key} {steps} steps: mineonline {mine['whole_s']:.1f} s whole (first step {mine['first_env_step_s']:.1f} s, "
+                f"shutdown {mine['shutdown_s']:.1f} s); SB3 {sb3['whole_s']:.1f} s whole ({sb3['setup_s']:.1f} set-up + "
+                f"{sb3['learn_s']:.1f} learn); ratio {row['whole_ratio_vs_sb3']:.2f}",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
             print(f"# {key}: {json.dumps(row)}", file=sys.stderr, flush=True)
         results[key] = row

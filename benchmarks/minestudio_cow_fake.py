@@ -12,7 +12,9 @@ from pathlib import Path
 
 from mineonline_core.testing.minecraft import with_fake_engine
 
-_spec = importlib.util.spec_from_file_location("minestudio_cow", Path(__file__).resolve().parents[1] / "examples" / "minestudio_cow.py")
+_spec = importlib.util.spec_from_file_location(
+    "minestudio_cow", Path(__file__).resolve().parents[1] / "examples" / "minestudio_cow.py"
+)
 _cow = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_cow)
 
@@ -33,10 +35,21 @@ online_dict = _cow.online_dict
 
 # A run that fits a 2-core machine in a few minutes: the example's values scaled down, the same keys.
 SMALL = [
-    "detach_rollout_manager=false", "rollout_config.num_rollout_workers=1", "rollout_config.num_gpus_per_worker=0",
-    "rollout_config.fragment_length=32", "rollout_config.worker_config.num_envs=2", "rollout_config.worker_config.batch_size=2",
-    "rollout_config.replay_buffer_config.database_config.num_shards=1", "train_config.num_workers=1",
-    "train_config.num_gpus_per_worker=0", "train_config.batches_per_iteration=2", "train_config.gradient_accumulation=1",
-    "train_config.context_length=32", "train_config.num_readers=1", "train_config.save_interval=1",
-    "train_config.keep_interval=2", "train_config.record_video_interval=1", "logger_config.loggers=[]",
-]  # fmt: skip
+    "detach_rollout_manager=false",
+    "rollout_config.num_rollout_workers=1",
+    "rollout_config.num_gpus_per_worker=0",
+    "rollout_config.fragment_length=32",
+    "rollout_config.worker_config.num_envs=2",
+    "rollout_config.worker_config.batch_size=2",
+    "rollout_config.replay_buffer_config.database_config.num_shards=1",
+    "train_config.num_workers=1",
+    "train_config.num_gpus_per_worker=0",
+    "train_config.batches_per_iteration=2",
+    "train_config.gradient_accumulation=1",
+    "train_config.context_length=32",
+    "train_config.num_readers=1",
+    "train_config.save_interval=1",
+    "train_config.keep_interval=2",
+    "train_config.record_video_interval=1",
+    "logger_config.loggers=[]",
+]

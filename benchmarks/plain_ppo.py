@@ -30,8 +30,17 @@ import torch  # noqa: E402
 import _benchlib as bl  # noqa: E402
 
 
-def gae(reward: np.ndarray, vpred: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, bootstrap: np.ndarray,
-        last_value: np.ndarray, *, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def gae(
+    reward: np.ndarray,
+    vpred: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    bootstrap: np.ndarray,
+    last_value: np.ndarray,
+    *,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
     """Advantages and returns over (T, N). At a truncated step the next value is ``bootstrap`` (the
     value of the final observation) and the recursion restarts; at a terminal it is 0."""
     steps = reward.shape[0]
@@ -54,11 +63,17 @@ class PlainPPO:
         self.num_envs = num_envs or self.s["num_envs"]
         torch.manual_seed(seed)
         self.envs = bl.make_vector_env(workload, self.num_envs, inline=inline)
-        spaces = SimpleNamespace(observation_space=self.envs.single_observation_space, action_space=self.envs.single_action_space)
+        spaces = SimpleNamespace(
+            observation_space=self.envs.single_observation_space, action_space=self.envs.single_action_space
+        )
         self.policy = bl.build_policy(workload, spaces, use_normalized_vf=False)
         self.actor = bl.BatchedActor(self.policy, self.num_envs)
-        self.opt = torch.optim.AdamW(self.policy.parameters(), lr=self.s["learning_rate"], eps=self.s["adam_eps"],
-                                     weight_decay=self.s["weight_decay"])  # fmt: skip
+        self.opt = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=self.s["learning_rate"],
+            eps=self.s["adam_eps"],
+            weight_decay=self.s["weight_decay"],
+        )
         self.obs, _ = self.envs.reset(seed=seed)
         self.ep_return = np.zeros(self.num_envs)
         self.returns: deque[float] = deque(maxlen=20)
@@ -79,7 +94,10 @@ class PlainPPO:
     def collect(self) -> dict:
         t_len, n = self.s["fragment_length"], self.num_envs
         state0 = None if self.actor.state is None else [s.clone() for s in self.actor.state]
-        cols = {k: [] for k in ("obs", "first", "action", "logprob", "vpred", "reward", "terminated", "truncated", "bootstrap")}
+        cols = {
+            k: []
+            for k in ("obs", "first", "action", "logprob", "vpred", "reward", "terminated", "truncated", "bootstrap")
+        }
         for _ in range(t_len):
             cols["obs"].append(self.obs)
             cols["first"].append(self.actor.first[:, 0].numpy().copy())
@@ -97,8 +115,15 @@ class PlainPPO:
             for i in np.flatnonzero(terminated | truncated):
                 self.returns.append(float(self.ep_return[i]))
                 self.ep_return[i] = 0.0
-            for key, value in (("action", action), ("logprob", logprob), ("vpred", vpred), ("reward", reward),
-                               ("terminated", terminated), ("truncated", truncated), ("bootstrap", bootstrap)):  # fmt: skip
+            for key, value in (
+                ("action", action),
+                ("logprob", logprob),
+                ("vpred", vpred),
+                ("reward", reward),
+                ("terminated", terminated),
+                ("truncated", truncated),
+                ("bootstrap", bootstrap),
+            ):
                 cols[key].append(value)
         last_value = self._value(self.obs, self.actor.state, self.actor.first)
         self.env_steps += t_len * n
@@ -111,8 +136,16 @@ class PlainPPO:
     def learn(self, rollout: dict) -> dict:
         s, b = self.s, rollout["batch"]
         t0 = time.perf_counter()
-        adv, ret = gae(b["reward"].astype(np.float32), b["vpred"], b["terminated"], b["truncated"], b["bootstrap"],
-                       rollout["last_value"], gamma=s["discount"], lam=s["gae_lambda"])  # fmt: skip
+        adv, ret = gae(
+            b["reward"].astype(np.float32),
+            b["vpred"],
+            b["terminated"],
+            b["truncated"],
+            b["bootstrap"],
+            rollout["last_value"],
+            gamma=s["discount"],
+            lam=s["gae_lambda"],
+        )
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # normalize_advantage_full_batch
         t1 = time.perf_counter()
         self.time["gae_s"] += t1 - t0
@@ -168,11 +201,13 @@ def run(workload: str, *, iterations: int, seed: int = 0, num_envs: int | None =
     return {
         "env_steps_per_s": (ppo.env_steps - steps0) / wall,
         "samples_per_s": (ppo.samples - samples0) / wall,
-        "env_steps": ppo.env_steps, "iterations": iterations, "wall_s": wall,
+        "env_steps": ppo.env_steps,
+        "iterations": iterations,
+        "wall_s": wall,
         "time_split": {k: (ppo.time[k] - time0[k]) / wall for k in ppo.time},
         "return_mean_20": float(np.mean(ppo.returns)) if ppo.returns else None,
         "last_losses": last,
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -189,8 +224,14 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     figures = run(args.workload, iterations=args.iterations, seed=args.seed, num_envs=args.num_envs)
-    bl.emit("plain_ppo", figures, workload=args.workload, num_envs=args.num_envs or bl.ppo_settings(args.workload)["num_envs"],
-            settings=bl.ppo_settings(args.workload), quick=args.quick)  # fmt: skip
+    bl.emit(
+        "plain_ppo",
+        figures,
+        workload=args.workload,
+        num_envs=args.num_envs or bl.ppo_settings(args.workload)["num_envs"],
+        settings=bl.ppo_settings(args.workload),
+        quick=args.quick,
+    )
 
 
 if __name__ == "__main__":

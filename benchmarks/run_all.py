@@ -64,11 +64,21 @@ def scripts() -> list[str]:
 
 
 def run_one(script: str, args: list[str], budget: int) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled"),
+    }
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True, timeout=budget, env=env, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, str(HERE / script), *args],
+            capture_output=True,
+            text=True,
+            timeout=budget,
+            env=env,
+            cwd=ROOT,
+        )
     except subprocess.TimeoutExpired:
         return [{"bench": script, "error": f"exceeded its budget of {budget}s", "args": args}]
     wall = time.perf_counter() - start
@@ -93,7 +103,9 @@ def install_sb3() -> None:
     """SB3 and sb3-contrib into ``.venv-bench/site`` without dependencies, so torch is never replaced
     (everything they need is already in the project venv); the benchmark puts it on sys.path."""
     req = HERE / "requirements-bench.txt"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(BENCH_SITE), "-r", str(req)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(BENCH_SITE), "-r", str(req)], check=True
+    )
 
 
 def main() -> None:
@@ -107,7 +119,10 @@ def main() -> None:
         install_sb3()
     chosen = scripts()
     if args.only:
-        wanted = {w if w.endswith(".py") else (w if w.startswith(("bench_", "plain_")) else f"bench_{w}") for w in args.only.split(",")}
+        wanted = {
+            w if w.endswith(".py") else (w if w.startswith(("bench_", "plain_")) else f"bench_{w}")
+            for w in args.only.split(",")
+        }
         chosen = [s for s in chosen if s in wanted or s[:-3] in wanted]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +132,12 @@ def main() -> None:
         full_args, budget = PLAN.get(script, ([], 120))
         budget = QUICK_BUDGET if args.quick else budget
         if not args.quick and time.perf_counter() - start + budget > TOTAL_BUDGET:
-            lines = [{"bench": script, "error": f"skipped: the set's {TOTAL_BUDGET / 60:.0f}-minute budget would be exceeded"}]
+            lines = [
+                {
+                    "bench": script,
+                    "error": f"skipped: the set's {TOTAL_BUDGET / 60:.0f}-minute budget would be exceeded",
+                }
+            ]
         else:
             lines = run_one(script, ["--quick"] if args.quick else full_args, budget)
         with out.open("a") as f:

@@ -51,7 +51,13 @@ online_dict = {
         "num_cpus_per_worker": 0.5,
         "fragment_length": 64,
         "to_send_queue_size": 8,
-        "worker_config": {"num_envs": 8, "batch_size": 8, "restart_interval": 0, "video_fps": 10, "video_output_dir": "videos"},
+        "worker_config": {
+            "num_envs": 8,
+            "batch_size": 8,
+            "restart_interval": 0,
+            "video_fps": 10,
+            "video_output_dir": "videos",
+        },
         "replay_buffer_config": {
             "max_chunks": 256,
             "max_reuse": 1,  # the 3 passes over a chunk are the epochs of its iteration

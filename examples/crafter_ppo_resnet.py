@@ -24,5 +24,12 @@ from pathlib import Path
 _base = runpy.run_path(str(Path(__file__).with_name("crafter.py")))
 env_generator = _base["env_generator"]
 online_dict = copy.deepcopy(_base["online_dict"])
-online_dict["policy_config"] = {"name": "impala_resnet", "channels": [64, 128, 128], "blocks_per_stage": 2, "group_norm": True,
-                                "dense_sizes": [256, 1024], "layer_norm": True, "value_normalizer_beta": 0.99}
+online_dict["policy_config"] = {
+    "name": "impala_resnet",
+    "channels": [64, 128, 128],
+    "blocks_per_stage": 2,
+    "group_norm": True,
+    "dense_sizes": [256, 1024],
+    "layer_norm": True,
+    "value_normalizer_beta": 0.99,
+}

@@ -45,8 +45,24 @@ def env_generator():
         callbacks=[
             SummonMobsCallback([{"name": "cow", "number": 10, "range_x": [-5, 5], "range_z": [-5, 5]}]),
             MaskActionsCallback(inventory=0),
-            RewardsCallback([{"event": "kill_entity", "objects": ["cow"], "reward": 1.0, "identity": "kill_cow", "max_reward_times": 30}]),
-            CommandsCallback(commands=["/give @p minecraft:iron_sword 1", "/give @p minecraft:diamond 64", "/effect @p 5 9999 255 true"]),
+            RewardsCallback(
+                [
+                    {
+                        "event": "kill_entity",
+                        "objects": ["cow"],
+                        "reward": 1.0,
+                        "identity": "kill_cow",
+                        "max_reward_times": 30,
+                    }
+                ]
+            ),
+            CommandsCallback(
+                commands=[
+                    "/give @p minecraft:iron_sword 1",
+                    "/give @p minecraft:diamond 64",
+                    "/effect @p 5 9999 255 true",
+                ]
+            ),
             FastResetCallback(biomes=["plains"], random_tp_range=1000),
             JudgeResetCallback(600),
         ],

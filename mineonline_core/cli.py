@@ -23,8 +23,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None and args.config is not None and "=" in args.config and not Path(args.config).exists():
         # `run --resume DIR key=value`: argparse hands the first override to the CONFIG slot; it is an override.
         args.overrides, args.config = [args.config, *args.overrides], None
-    result = run(args.config, args.overrides, address=args.address, resume=args.resume, progress=not args.no_progress,
-                 force=args.force, verbose=args.verbose)  # fmt: skip
+    result = run(
+        args.config,
+        args.overrides,
+        address=args.address,
+        resume=args.resume,
+        progress=not args.no_progress,
+        force=args.force,
+        verbose=args.verbose,
+    )
     return 0 if result.get("status") in ("completed", "interrupted") else 1
 
 
@@ -32,18 +39,39 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from mineonline_core.driver.tune import tune
 
     if args.resume is not None and args.config is not None:
-        raise MineOnlineError("mineonline tune --resume EXPERIMENT_DIR continues an experiment as it was planned: give no CONFIG or overrides.")
-    rows = tune(args.config, args.overrides, name=args.name, seeds=args.seeds, scheduler=args.scheduler, metric=args.metric,
-                mode=args.mode, num_samples=args.num_samples, grace_period=args.grace_period,
-                perturbation_interval=args.perturbation_interval, address=args.address, resume=args.resume)  # fmt: skip
+        raise MineOnlineError(
+            "mineonline tune --resume EXPERIMENT_DIR continues an experiment as it was planned: give no CONFIG or overrides."
+        )
+    rows = tune(
+        args.config,
+        args.overrides,
+        name=args.name,
+        seeds=args.seeds,
+        scheduler=args.scheduler,
+        metric=args.metric,
+        mode=args.mode,
+        num_samples=args.num_samples,
+        grace_period=args.grace_period,
+        perturbation_interval=args.perturbation_interval,
+        address=args.address,
+        resume=args.resume,
+    )
     return 0 if rows and not any(r["status"].startswith("failed") for r in rows) else 1
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from mineonline_core.driver.evaluate import EVAL_FILE, evaluate
 
-    result = evaluate(args.path, episodes=args.episodes, video=args.video, deterministic=args.deterministic,
-                      overrides=args.overrides, output=args.output, seed=args.seed, progress=not args.no_progress)  # fmt: skip
+    result = evaluate(
+        args.path,
+        episodes=args.episodes,
+        video=args.video,
+        deterministic=args.deterministic,
+        overrides=args.overrides,
+        output=args.output,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
     line = f"return {result['return_mean']:.2f} +- {result['return_std']:.2f}, length {result['length_mean']:.0f}"
     if "crafter" in result:
         line += f", Crafter score {result['crafter']['score']:.2f}%"
@@ -61,7 +89,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     # isolate: the env is built, reset and stepped once in a subprocess, as a rollout worker would.
     resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager(), isolate=True)
-    print(yaml.safe_dump(public_config(resolved.config), sort_keys=False), end="")  # secrets redacted, ${oc.env:..} kept
+    print(
+        yaml.safe_dump(public_config(resolved.config), sort_keys=False), end=""
+    )  # secrets redacted, ${oc.env:..} kept
     if resolved.memory is not None:
         from mineonline_core.driver.budget import machine_memory
 
@@ -71,9 +101,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
             resolved.memory.check(available, where)
         except MineOnlineError as exc:  # a warning here: the config may be meant for a larger machine or a cluster
             print(f"# warning: `mineonline run` on this machine would refuse it: {exc}", file=sys.stderr)
-    print(f"# ok: trainer {resolved.trainer_cls.name}, store {resolved.store_cls.name}, loggers "
-          f"{', '.join(cls.name for cls, _ in resolved.loggers)}; observation {resolved.observation_space}, "
-          f"action {resolved.action_space}", file=sys.stderr)  # fmt: skip
+    print(
+        f"# ok: trainer {resolved.trainer_cls.name}, store {resolved.store_cls.name}, loggers "
+        f"{', '.join(cls.name for cls, _ in resolved.loggers)}; observation {resolved.observation_space}, "
+        f"action {resolved.action_space}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -99,7 +132,9 @@ def _cmd_config(args: argparse.Namespace) -> int:
     if args.check:
         target = Path(args.output or "docs/configuration.md")
         if not target.exists() or target.read_text() != text:
-            raise MineOnlineError(f"{target} is out of date with the config models. Fix: run `mineonline config docs --output {target}`.")
+            raise MineOnlineError(
+                f"{target} is out of date with the config models. Fix: run `mineonline config docs --output {target}`."
+            )
         print(f"{target} is up to date")
     elif args.output:
         Path(args.output).write_text(text)
@@ -135,8 +170,11 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     from mineonline_core.driver.lifecycle import stop_runs
 
     if args.grace < 0:
-        print(f"error: --grace={args.grace} is negative. Fix: give the seconds to wait for the run's driver "
-              "to write its final checkpoint (default 30; longer for runs whose iteration takes longer).", file=sys.stderr)
+        print(
+            f"error: --grace={args.grace} is negative. Fix: give the seconds to wait for the run's driver "
+            "to write its final checkpoint (default 30; longer for runs whose iteration takes longer).",
+            file=sys.stderr,
+        )
         return 2
     return stop_runs(args.run, address=args.address, grace_s=args.grace, every=args.all)
 
@@ -148,51 +186,85 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a config: rollout workers, replay buffer and trainer")
     run.add_argument("config", nargs="?", help="a YAML file or a Python config module")
     run.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. train_config.learning_rate=1e-4")
-    run.add_argument("--resume", metavar="RUN_DIR",
-                     help="continue the run in RUN_DIR from its latest checkpoint, or from RUN_DIR/checkpoints/checkpoint_N")
-    run.add_argument("--force", action="store_true",
-                     help="with --resume: accept config changes that break continuity (network, env, fragment length, ...)")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its latest checkpoint, or from RUN_DIR/checkpoints/checkpoint_N",
+    )
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="with --resume: accept config changes that break continuity (network, env, fragment length, ...)",
+    )
     run.add_argument("--address", help="the Ray cluster to join (default: start a local one)")
     run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
-    run.add_argument("-v", "--verbose", action="store_true",
-                     help="also print Ray's and the libraries' messages (always in the run directory's run.log)")  # fmt: skip
+    run.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print Ray's and the libraries' messages (always in the run directory's run.log)",
+    )
     run.set_defaults(func=_cmd_run)
 
     tn = sub.add_parser("tune", help="a Ray Tune experiment: one run per trial, over search spaces and seeds")
     tn.add_argument("config", nargs="?", help="a YAML file or a Python config module")
-    tn.add_argument("overrides", nargs="*", help="overrides and search spaces, e.g. train_config.learning_rate=loguniform(1e-5,1e-3) "
-                    "seed=0,1,2 (forms: loguniform, uniform, randint, choice, grid, a,b,c)")
+    tn.add_argument(
+        "overrides",
+        nargs="*",
+        help="overrides and search spaces, e.g. train_config.learning_rate=loguniform(1e-5,1e-3) "
+        "seed=0,1,2 (forms: loguniform, uniform, randint, choice, grid, a,b,c)",
+    )
     tn.add_argument("--seeds", help="shorthand for a grid over the seed key, e.g. --seeds 0,1,2")
-    tn.add_argument("--name", help="experiment name: <output_dir>/<name> holds its trials' run directories (default tune-<time>)")
+    tn.add_argument(
+        "--name", help="experiment name: <output_dir>/<name> holds its trials' run directories (default tune-<time>)"
+    )
     tn.add_argument("--scheduler", default="fifo", help="fifo (default), asha or pbt")
-    tn.add_argument("--metric", default="episode/return_mean", help="a metric the runs log, for the scheduler and the table "
-                    "(default episode/return_mean)")
+    tn.add_argument(
+        "--metric",
+        default="episode/return_mean",
+        help="a metric the runs log, for the scheduler and the table (default episode/return_mean)",
+    )
     tn.add_argument("--mode", default="max", help="max (default) or min")
     tn.add_argument("--num-samples", type=int, default=1, help="draws of the random spaces per grid point (default 1)")
-    tn.add_argument("--grace-period", type=int, help="asha: iterations before a trial can be stopped (default num_iterations/8)")
-    tn.add_argument("--perturbation-interval", type=int, help="pbt: iterations between perturbations (default num_iterations/8)")
-    tn.add_argument("--resume", metavar="EXPERIMENT_DIR", help="continue an interrupted experiment: its unfinished trials "
-                    "continue from their runs' latest checkpoints")
+    tn.add_argument(
+        "--grace-period", type=int, help="asha: iterations before a trial can be stopped (default num_iterations/8)"
+    )
+    tn.add_argument(
+        "--perturbation-interval", type=int, help="pbt: iterations between perturbations (default num_iterations/8)"
+    )
+    tn.add_argument(
+        "--resume",
+        metavar="EXPERIMENT_DIR",
+        help="continue an interrupted experiment: its unfinished trials continue from their runs' latest checkpoints",
+    )
     tn.add_argument("--address", help="the Ray cluster to join (default: start a local one)")
     tn.set_defaults(func=_cmd_tune)
 
     ev = sub.add_parser("eval", help="run episodes with a trained policy; write eval.json (and videos)")
-    ev.add_argument("path", metavar="RUN_DIR|CHECKPOINT", help="a run directory (its latest checkpoint) or a checkpoint directory")
+    ev.add_argument(
+        "path", metavar="RUN_DIR|CHECKPOINT", help="a run directory (its latest checkpoint) or a checkpoint directory"
+    )
     ev.add_argument("overrides", nargs="*", help="dotlist overrides of the saved config, e.g. env_config.length=500")
     ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
     ev.add_argument("--video", action="store_true", help="write an mp4 of every episode")
     ev.add_argument("--deterministic", action="store_true", help="take the most likely action instead of sampling")
-    ev.add_argument("--seed", type=int, default=0, help="seed of the action sampling and of episode i's env reset (seed + i)")
+    ev.add_argument(
+        "--seed", type=int, default=0, help="seed of the action sampling and of episode i's env reset (seed + i)"
+    )
     ev.add_argument("--output", help="directory for eval.json and videos (default: RUN_DIR/eval/checkpoint_NNNNNN)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_cmd_eval)
 
-    check = sub.add_parser("check", help="validate and resolve a config, and build, reset and step its env once, without starting Ray")
+    check = sub.add_parser(
+        "check", help="validate and resolve a config, and build, reset and step its env once, without starting Ray"
+    )
     check.add_argument("config")
     check.add_argument("overrides", nargs="*")
     check.set_defaults(func=_cmd_check)
 
-    sub.add_parser("plugins", help="list registered components and plugin load failures").set_defaults(func=_cmd_plugins)
+    sub.add_parser("plugins", help="list registered components and plugin load failures").set_defaults(
+        func=_cmd_plugins
+    )
 
     config = sub.add_parser("config", help="print the config template or the config reference")
     config.add_argument("what", choices=["template", "docs"])
@@ -214,9 +286,14 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("run", nargs="?", help="run name (default: the only alive run; several need a name or --all)")
     stop.add_argument("--all", action="store_true", help="stop every alive run on the cluster")
     stop.add_argument("--address", default="auto")
-    stop.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
-                      help="how long to wait for the run's driver to finish its iteration and write a final "
-                           "checkpoint before its actors are ended (default 30; a VPT iteration can take longer)")  # fmt: skip
+    stop.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to wait for the run's driver to finish its iteration and write a final "
+        "checkpoint before its actors are ended (default 30; a VPT iteration can take longer)",
+    )
     stop.set_defaults(func=_cmd_stop)
     return parser
 

@@ -38,7 +38,13 @@ CONFIG_KEYS = {
     "policy": "policy_config.name",
     "env": "env_config.name",
 }
-TITLES = {"trainer": "trainers", "replay_store": "replay stores", "logger": "loggers", "policy": "policies", "env": "envs"}
+TITLES = {
+    "trainer": "trainers",
+    "replay_store": "replay stores",
+    "logger": "loggers",
+    "policy": "policies",
+    "env": "envs",
+}
 # The base class each kind's components subclass, as (module, class). Checked without importing the
 # module: a class that subclasses it has imported it already, and the trainer's pulls in torch.
 BASE_CLASSES = {
@@ -139,7 +145,8 @@ def check_component(kind: str, cls: Any, origin: Origin) -> None:
         missing.append("its 'Config' is not a pydantic model class (the options it accepts)")
     if missing:
         raise InvalidComponentError(
-            f"{origin} registered {what} as a {kind.replace('_', ' ')}, but " + "; ".join(missing)
+            f"{origin} registered {what} as a {kind.replace('_', ' ')}, but "
+            + "; ".join(missing)
             + f". Fix the class in module {cls.__module__}, or uninstall {origin.distribution}."
         )
 

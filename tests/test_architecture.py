@@ -14,6 +14,9 @@ plugin's own modules import only what ``mineonline_core``, ``mineonline_core.err
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,8 +43,17 @@ def core_modules() -> dict[str, Path]:
 MODULES = {module_name(p) for p in CORE.rglob("*.py")}
 
 #: Bottom to top; the package ``mineonline_core`` itself (its public API) is on the top floor.
-FLOORS = (("errors",), ("contracts",), ("builtin",), ("registry",), ("config",), ("services",),
-          ("rollout", "trainer"), ("driver",), ("cli", "testing", ""))  # fmt: skip
+FLOORS = (
+    ("errors",),
+    ("contracts",),
+    ("builtin",),
+    ("registry",),
+    ("config",),
+    ("services",),
+    ("rollout", "trainer"),
+    ("driver",),
+    ("cli", "testing", ""),
+)
 PLUGIN_API = ("mineonline_core", "mineonline_core.errors", "mineonline_core.contracts")
 
 
@@ -93,7 +105,11 @@ def core_graph(*, top_level_only: bool) -> dict[str, set[str]]:
     """Core module -> the core modules it imports."""
     modules = core_modules()
     return {
-        name: {imported for imported in imports(path, top_level_only=top_level_only) if imported in modules and imported != name}
+        name: {
+            imported
+            for imported in imports(path, top_level_only=top_level_only)
+            if imported in modules and imported != name
+        }
         for name, path in modules.items()
     }
 
@@ -107,21 +123,27 @@ def test_no_import_runs_up_a_floor():
     assert upward_imports(core_graph(top_level_only=False)) == []
 
 
-@pytest.mark.parametrize("graph, found", [
-    ({"mineonline_core.rollout.worker": {"mineonline_core.driver.api"}}, True),          # up a floor
-    ({"mineonline_core.trainer.fetch": {"mineonline_core.rollout.buffer"}}, True),       # across a floor
-    ({"mineonline_core.services.runlog": {"mineonline_core.cli"}}, True),                # to the top
-    ({"mineonline_core.driver.api": {"mineonline_core.rollout.manager", "mineonline_core.errors"}}, False),
-    ({"mineonline_core.rollout.worker": {"mineonline_core.rollout.fragbuild"}}, False),  # one room
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "graph, found",
+    [
+        ({"mineonline_core.rollout.worker": {"mineonline_core.driver.api"}}, True),  # up a floor
+        ({"mineonline_core.trainer.fetch": {"mineonline_core.rollout.buffer"}}, True),  # across a floor
+        ({"mineonline_core.services.runlog": {"mineonline_core.cli"}}, True),  # to the top
+        ({"mineonline_core.driver.api": {"mineonline_core.rollout.manager", "mineonline_core.errors"}}, False),
+        ({"mineonline_core.rollout.worker": {"mineonline_core.rollout.fragbuild"}}, False),  # one room
+    ],
+)
 def test_the_floor_check_finds_upward_imports(graph, found):
     assert bool(upward_imports(graph)) == found
 
 
 def plugin_sources() -> list[Path]:
     """The plugins' and examples' own modules, without their tests."""
-    paths = [*(ROOT / "plugins").glob("*/mineonline_*.py"), *(ROOT / "plugins").glob("*/mineonline_*/*.py"),
-             *(ROOT / "examples").glob("*/mineonline_*.py")]  # fmt: skip
+    paths = [
+        *(ROOT / "plugins").glob("*/mineonline_*.py"),
+        *(ROOT / "plugins").glob("*/mineonline_*/*.py"),
+        *(ROOT / "examples").glob("*/mineonline_*.py"),
+    ]
     return sorted(p for p in paths if "tests" not in p.parts)
 
 
@@ -179,7 +201,28 @@ def test_no_import_cycles_in_the_core():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
-@pytest.mark.parametrize("graph, cyclic", [({"a": {"b"}, "b": {"a"}}, True), ({"a": {"b"}, "b": {"c"}}, False),
-                                          ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "graph, cyclic",
+    [({"a": {"b"}, "b": {"a"}}, True), ({"a": {"b"}, "b": {"c"}}, False), ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, True)],
+)
 def test_the_cycle_finder_finds_cycles(graph, cyclic):
     assert (find_cycle(graph) is not None) == cyclic
+
+
+def test_the_tree_is_formatted():
+    """``ruff format`` (the version ``pyproject.toml`` pins) leaves every file as it is: one line length,
+    one style, no diff noise from the next person's editor."""
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    assert ruff, "ruff is not installed: pip install -e '.[test]'"
+    result = subprocess.run([ruff, "format", "--check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_no_file_over_450_lines():
+    paths = [
+        p
+        for folder in ("mineonline_core", "plugins", "tests", "benchmarks", "examples")
+        for p in (ROOT / folder).rglob("*.py")
+    ]
+    long = {str(p.relative_to(ROOT)): n for p in paths if (n := len(p.read_text().splitlines())) > 450}
+    assert long == {}

@@ -146,8 +146,15 @@ def checkpoint(tmp_path: Path) -> Path:
 
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.AdamW(model.parameters())
-    return save_checkpoint(tmp_path / "checkpoints", iteration=3, model_state=model.state_dict(), optimizer_state=opt.state_dict(),
-                           scaler_state=None, trainer_state={"version": 3}, config_yaml="run_name: x\n")  # fmt: skip
+    return save_checkpoint(
+        tmp_path / "checkpoints",
+        iteration=3,
+        model_state=model.state_dict(),
+        optimizer_state=opt.state_dict(),
+        scaler_state=None,
+        trainer_state={"version": 3},
+        config_yaml="run_name: x\n",
+    )
 
 
 def test_missing_checkpoint(tmp_path: Path) -> None:
@@ -245,8 +252,9 @@ print("BEFORE", store.get("before")["x"].tolist())
 def test_full_disk_on_the_lmdb_store(tmp_path: Path) -> None:
     path = str(tmp_path / "store")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", FILL_DISK, path], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", FILL_DISK, path], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     error = next(line for line in result.stdout.splitlines() if line.startswith(("ERROR", "NO ERROR")))
     assert error.startswith("ERROR StoreFullError"), result.stdout
@@ -287,8 +295,14 @@ print("VERIFIED", [verify_checkpoint(p).name for _, p in list_checkpoints(root)]
 def test_a_full_disk_while_checkpointing(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", FULL_CHECKPOINT_DISK, str(root)], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", FULL_CHECKPOINT_DISK, str(root)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     error = next(line for line in result.stdout.splitlines() if line.startswith(("ERROR", "NO ERROR")))
     assert error.startswith("ERROR train_config.save_path: writing checkpoint_000002 under " + repr(str(root))), error
@@ -303,8 +317,15 @@ def test_a_checkpoint_directory_that_cannot_be_created(tmp_path: Path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")  # works as root too, unlike chmod
     with pytest.raises(CheckpointError) as info:
-        save_checkpoint(blocker / "checkpoints", iteration=1, model_state={}, optimizer_state={}, scaler_state=None,
-                        trainer_state={}, config_yaml="")  # fmt: skip
+        save_checkpoint(
+            blocker / "checkpoints",
+            iteration=1,
+            model_state={},
+            optimizer_state={},
+            scaler_state=None,
+            trainer_state={},
+            config_yaml="",
+        )
     assert str(blocker / "checkpoints") in str(info.value) and "free of" in str(info.value)
 
 
@@ -319,8 +340,14 @@ def test_cli_unknown_trainer_name(tmp_path: Path) -> None:
         config = tmp_path / "cartpole.yaml"
         config.write_text(yaml.safe_dump(BASE))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "check", str(config), "trainer_name=PPOTrainr"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "mineonline_core.cli", "check", str(config), "trainer_name=PPOTrainr"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     assert "PPOTrainr" in result.stderr and "PPOTrainer" in result.stderr
     assert "Traceback" not in result.stderr
@@ -335,8 +362,10 @@ def test_cli_stop_with_a_negative_grace_names_the_option_and_starts_nothing(caps
 
 
 def test_unknown_component_names_list_the_choices() -> None:
-    for override, wanted in (("rollout_config.replay_buffer_config.database_config.backend=lmbd", "lmdb"),
-                             ("logger_config.loggers=[wandbb]", "wandb")):  # fmt: skip
+    for override, wanted in (
+        ("rollout_config.replay_buffer_config.database_config.backend=lmbd", "lmdb"),
+        ("logger_config.loggers=[wandbb]", "wandb"),
+    ):
         with pytest.raises(UnknownComponentError) as info:
             resolve(load_config(BASE, [override]), get_plugin_manager())
         assert wanted in str(info.value)
@@ -363,8 +392,14 @@ def test_a_huge_network_is_refused_before_it_is_allocated(tmp_path: Path) -> Non
     config = tmp_path / "huge.yaml"
     config.write_text(yaml.safe_dump({**BASE, "policy_config": {"name": "mlp", "hidden_sizes": [1_000_000_000]}}))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", HUGE, str(4 << 30), str(config)], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", HUGE, str(4 << 30), str(config)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     message = result.stderr
     assert "13,000,000,006 parameters" in message and "48.4 GiB" in message
@@ -376,9 +411,13 @@ def test_a_run_that_cannot_fit_the_machine_is_refused_before_ray(tmp_path: Path)
     from mineonline_core.driver.api import run
     from mineonline_core.driver.budget import machine_memory
 
-    overrides = [f"output_dir={tmp_path}", "rollout_config.replay_buffer_config.database_config.backend=memory",
-                 "rollout_config.replay_buffer_config.max_chunks=100000000", "rollout_config.fragment_length=512",
-                 "train_config.context_length=512"]  # fmt: skip
+    overrides = [
+        f"output_dir={tmp_path}",
+        "rollout_config.replay_buffer_config.database_config.backend=memory",
+        "rollout_config.replay_buffer_config.max_chunks=100000000",
+        "rollout_config.fragment_length=512",
+        "train_config.context_length=512",
+    ]
     with pytest.raises(ConfigError) as info:
         run(BASE, overrides, progress=False)
     message = str(info.value)
@@ -391,9 +430,14 @@ def test_the_memory_estimate_counts_what_a_real_build_allocates() -> None:
     part is max_chunks x fragments_per_chunk x fragment_length steps of observation, action and columns."""
     from mineonline_core.driver.budget import STEP_COLUMNS_BYTES
 
-    overrides = ["policy_config.hidden_sizes=[48,40]", "rollout_config.replay_buffer_config.database_config.backend=memory",
-                 "rollout_config.replay_buffer_config.max_chunks=100", "rollout_config.replay_buffer_config.fragments_per_chunk=2",
-                 "rollout_config.fragment_length=32", "train_config.context_length=32"]  # fmt: skip
+    overrides = [
+        "policy_config.hidden_sizes=[48,40]",
+        "rollout_config.replay_buffer_config.database_config.backend=memory",
+        "rollout_config.replay_buffer_config.max_chunks=100",
+        "rollout_config.replay_buffer_config.fragments_per_chunk=2",
+        "rollout_config.fragment_length=32",
+        "train_config.context_length=32",
+    ]
     resolved = resolve(load_config(BASE, overrides), get_plugin_manager())
     real = resolved.policy_generator()
     estimate = resolved.memory
@@ -411,16 +455,36 @@ def test_the_memory_estimate_counts_the_reference_state_of_every_fragment() -> N
     computed from the real policy's ``initial_state(1)`` (a tiny VPT; VPT-2x carries 8 MiB of each)."""
     from mineonline_core.driver.budget import ESTIMATE_COLUMNS_BYTES
 
-    vpt = {"env_config": {"name": "crafter", "size": 32}, "trainer_name": "PPOTrainer",
-           "policy_config": {"name": "vpt", "hidsize": 32, "impala_chans": [8, 8, 8], "n_recurrence_layers": 2,
-                             "attention_heads": 2, "attention_memory_size": 16, "timesteps": 8}}  # fmt: skip
-    overrides = ["rollout_config.replay_buffer_config.database_config.backend=memory", "rollout_config.num_rollout_workers=3",
-                 "rollout_config.replay_buffer_config.max_chunks=40", "rollout_config.replay_buffer_config.fragments_per_chunk=2",
-                 "rollout_config.fragment_length=8", "train_config.context_length=8", "train_config.num_workers=2",
-                 "train_config.batch_size_per_gpu=3", "train_config.batches_per_iteration=2", "train_config.gradient_accumulation=1",
-                 "train_config.prefetch_batches=1"]  # fmt: skip
+    vpt = {
+        "env_config": {"name": "crafter", "size": 32},
+        "trainer_name": "PPOTrainer",
+        "policy_config": {
+            "name": "vpt",
+            "hidsize": 32,
+            "impala_chans": [8, 8, 8],
+            "n_recurrence_layers": 2,
+            "attention_heads": 2,
+            "attention_memory_size": 16,
+            "timesteps": 8,
+        },
+    }
+    overrides = [
+        "rollout_config.replay_buffer_config.database_config.backend=memory",
+        "rollout_config.num_rollout_workers=3",
+        "rollout_config.replay_buffer_config.max_chunks=40",
+        "rollout_config.replay_buffer_config.fragments_per_chunk=2",
+        "rollout_config.fragment_length=8",
+        "train_config.context_length=8",
+        "train_config.num_workers=2",
+        "train_config.batch_size_per_gpu=3",
+        "train_config.batches_per_iteration=2",
+        "train_config.gradient_accumulation=1",
+        "train_config.prefetch_batches=1",
+    ]
     without = resolve(load_config({**BASE, **vpt}, overrides), get_plugin_manager())
-    with_ref = resolve(load_config({**BASE, **vpt}, [*overrides, "train_config.kl_divergence_coef_rho=0.2"]), get_plugin_manager())
+    with_ref = resolve(
+        load_config({**BASE, **vpt}, [*overrides, "train_config.kl_divergence_coef_rho=0.2"]), get_plugin_manager()
+    )
     real = with_ref.policy_generator()
     state = sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(real.initial_state(1)))
     weights = sum(t.numel() * t.element_size() for t in real.state_dict().values())
@@ -432,11 +496,17 @@ def test_the_memory_estimate_counts_the_reference_state_of_every_fragment() -> N
     assert b["trainer ranks"] - a["trainer ranks"] == 2 * (weights + 2 * (2 * 3 * 2) * state)
     assert b["rollout workers"] - a["rollout workers"] == 3 * weights  # each runs the reference beside the policy
     assert {k: b[k] - a[k] for k in a if k not in ("replay (in memory)", "trainer ranks", "rollout workers")} == {
-        "envs": 0, "driver, bookkeeping actors and Ray": 0}
+        "envs": 0,
+        "driver, bookkeeping actors and Ray": 0,
+    }
     # The ranks' chunks scale with the micro-batch: one more chunk per micro-batch adds its fragments.
-    wider = resolve(load_config({**BASE, **vpt}, [*overrides, "train_config.batch_size_per_gpu=4"]), get_plugin_manager())
+    wider = resolve(
+        load_config({**BASE, **vpt}, [*overrides, "train_config.batch_size_per_gpu=4"]), get_plugin_manager()
+    )
     fragment = 8 * (32 * 32 * 3 + 8 + 24) + state  # observation, action, step columns, one state
-    per_chunk = 2 * (2 * fragment + 8 * ESTIMATE_COLUMNS_BYTES)  # 2 fragments: held twice (now, prefetched), estimated once
+    per_chunk = 2 * (
+        2 * fragment + 8 * ESTIMATE_COLUMNS_BYTES
+    )  # 2 fragments: held twice (now, prefetched), estimated once
     assert wider.memory.parts["trainer ranks"] - a["trainer ranks"] == 2 * 2 * per_chunk
 
 

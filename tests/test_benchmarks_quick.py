@@ -21,8 +21,14 @@ BENCH = ROOT / "benchmarks"
 
 def run_quick(script: str, *extra: str, timeout: float = 300) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--quick", *extra], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1, proc.stdout[-3000:]
@@ -78,7 +84,9 @@ def test_e2e_quick() -> None:
     mine = row["mineonline"]
     assert mine["env_steps_per_s"] > 0 and mine["samples_per_s"] > 0
     assert any(k.startswith("perf/") for k in mine["profile"])
-    assert row["env_steps_ratio_vs_plain"] == pytest.approx(mine["env_steps_per_s"] / row["plain"]["env_steps_per_s"], rel=1e-3)
+    assert row["env_steps_ratio_vs_plain"] == pytest.approx(
+        mine["env_steps_per_s"] / row["plain"]["env_steps_per_s"], rel=1e-3
+    )
 
 
 @pytest.mark.slow
@@ -103,9 +111,19 @@ def test_startup_quick() -> None:
 @pytest.mark.slow
 def test_gpu_quick() -> None:
     """bench_gpu.py's CPU smoke run: one JSON line per part, in order, the GPU-only part skipped with its reason."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "WANDB_MODE": "disabled"}
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_gpu.py"), "--quick"], capture_output=True, text=True,
-                          timeout=900, env=env, cwd=ROOT)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "WANDB_MODE": "disabled",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_gpu.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["part"] for r in records] == ["machine", "precision", "trainer", "network", "run"], proc.stdout[-3000:]
@@ -117,14 +135,20 @@ def test_gpu_quick() -> None:
     assert parts["precision"]["reference"] is True  # the flagship's KL reference
     for name, row in parts["precision"]["settings"].items():
         assert "error" not in row, (name, row)
-        assert 0 <= row["frac_clipped"] <= row["frac_ratio_off_2pct"] <= 1 and row["logprob_err_max"] >= row["logprob_err_mean"] >= 0
+        assert (
+            0 <= row["frac_clipped"] <= row["frac_ratio_off_2pct"] <= 1
+            and row["logprob_err_max"] >= row["logprob_err_mean"] >= 0
+        )
     amp = parts["precision"]["settings"]["amp"]
     assert amp["autocast_dtype"] == amp["rollout_dtype"] == "bfloat16"  # rollout computes as training does
     assert parts["precision"]["settings"]["before_amp_fp32_rollout"]["rollout_dtype"] is None
     for name, row in parts["trainer"]["configs"].items():
         assert "error" not in row, (name, row)
         assert row["trained_frames_per_s"] > 0 and row["estimate_ms_per_iteration"] > 0 and row["skipped_updates"] == 0
-    assert parts["trainer"]["configs"]["amp_2x"]["batch_size_per_gpu"] == 2 * parts["trainer"]["configs"]["amp"]["batch_size_per_gpu"]
+    assert (
+        parts["trainer"]["configs"]["amp_2x"]["batch_size_per_gpu"]
+        == 2 * parts["trainer"]["configs"]["amp"]["batch_size_per_gpu"]
+    )
     run = parts["run"]
     assert run["rc"] == 0 and run["iterations"] == 2 and run["gpu"] == "skipped: no CUDA", run
     assert 0 < run["first_iteration_s"] < run["wall_s"] and run["trained_frames_per_wall_s_steady"] > 0

@@ -16,8 +16,13 @@ from mineonline_core.contracts.store import MemoryStore
 
 
 def make_fragment(stream: str, index: int, version: int, T: int = 4) -> dict:
-    return {F.STREAM: stream, F.INDEX: index, F.VERSION: np.full(T, version, np.int64),
-            F.REWARD: np.arange(T, dtype=np.float32) + index, F.LOGPROB: np.zeros(T, np.float32)}  # fmt: skip
+    return {
+        F.STREAM: stream,
+        F.INDEX: index,
+        F.VERSION: np.full(T, version, np.int64),
+        F.REWARD: np.arange(T, dtype=np.float32) + index,
+        F.LOGPROB: np.zeros(T, np.float32),
+    }
 
 
 class Harness:
@@ -295,8 +300,9 @@ def test_rebuild_from_store_restores_chunks_and_drops_stale_and_partial_data() -
             await old.add("s", i, version=3)
         await old.add("t", 0, version=0)
         await old.add("t", 1, version=0)
-        fresh = ReplayBuffer(store_client=old.store, max_chunks=100, max_reuse=1, max_staleness=1,
-                             fragments_per_chunk=2, version=3)  # fmt: skip
+        fresh = ReplayBuffer(
+            store_client=old.store, max_chunks=100, max_reuse=1, max_staleness=1, fragments_per_chunk=2, version=3
+        )
         rebuilt = await fresh.rebuild_from_store()
         return old, fresh, rebuilt
 
@@ -321,7 +327,7 @@ def test_sample_times_out_and_says_why_no_chunk_is_eligible() -> None:
         await h.buffer.set_version(1)
         with pytest.raises(SampleTimeout) as slow:
             await h.buffer.sample(3, for_version=2, timeout=0.05)
-        assert (await h.buffer.sample(2, timeout=1.0))  # the lock is free again after a timeout
+        assert await h.buffer.sample(2, timeout=1.0)  # the lock is free again after a timeout
         return str(slow.value)
 
     message = run(go())

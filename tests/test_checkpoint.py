@@ -18,17 +18,33 @@ from mineonline_core.testing.kit import mlp_policy
 def _save(root: Path, iteration: int, policy=None, keep: int | None = None) -> Path:
     policy = policy or mlp_policy()
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    policy(input={"obs": torch.zeros(1, 1, 4)}, state_in=None, context={"first": torch.ones(1, 1, dtype=torch.bool)})[0]["vpred"].sum().backward()
+    policy(input={"obs": torch.zeros(1, 1, 4)}, state_in=None, context={"first": torch.ones(1, 1, dtype=torch.bool)})[
+        0
+    ]["vpred"].sum().backward()
     opt.step()
-    return ckpt.save_checkpoint(root, iteration=iteration, model_state=policy.state_dict(), optimizer_state=opt.state_dict(),
-                                scaler_state={}, trainer_state={"version": iteration + 3, "rho": 0.5, "learning_rate": 1e-3, "extra": {}},
-                                config_yaml="train_config:\n  save_interval: 10\n", keep_interval=keep)  # fmt: skip
+    return ckpt.save_checkpoint(
+        root,
+        iteration=iteration,
+        model_state=policy.state_dict(),
+        optimizer_state=opt.state_dict(),
+        scaler_state={},
+        trainer_state={"version": iteration + 3, "rho": 0.5, "learning_rate": 1e-3, "extra": {}},
+        config_yaml="train_config:\n  save_interval: 10\n",
+        keep_interval=keep,
+    )
 
 
 def test_layout_manifest_and_weights_only_load(tmp_path):
     path = _save(tmp_path, 7)
     assert path.name == "checkpoint_000007"
-    assert sorted(p.name for p in path.iterdir()) == ["config.yaml", "manifest.json", "model.pt", "optimizer.pt", "scaler.pt", "trainer.pt"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "config.yaml",
+        "manifest.json",
+        "model.pt",
+        "optimizer.pt",
+        "scaler.pt",
+        "trainer.pt",
+    ]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dir left behind
     manifest = json.loads((path / "manifest.json").read_text())
     assert set(manifest["files"]) == {"config.yaml", "model.pt", "optimizer.pt", "scaler.pt", "trainer.pt"}
@@ -109,9 +125,16 @@ def test_fit_rejects_unwritable_save_path_before_ray(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     config = OnlineConfig(train_config={"save_path": str(blocker / "ckpt")})
-    trainer = BaseTrainer(rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path))
+    trainer = BaseTrainer(
+        rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+    )
     with pytest.raises(ConfigError, match="train_config.save_path"):
         trainer.fit()
-    relative = BaseTrainer(rollout_manager=None, policy_generator=mlp_policy, env_generator=None,
-                           config=OnlineConfig(train_config={"save_path": "ck"}), run_dir=str(tmp_path))  # fmt: skip
+    relative = BaseTrainer(
+        rollout_manager=None,
+        policy_generator=mlp_policy,
+        env_generator=None,
+        config=OnlineConfig(train_config={"save_path": "ck"}),
+        run_dir=str(tmp_path),
+    )
     assert relative.save_dir == tmp_path.resolve() / "ck"

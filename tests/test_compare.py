@@ -22,18 +22,29 @@ CONFIG = {
     "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
     "policy_config": {"name": "mlp", "hidden_sizes": [16]},
     "rollout_config": {
-        "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 32,
+        "num_rollout_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "fragment_length": 32,
         "worker_config": {"num_envs": 2, "batch_size": 2},
         "replay_buffer_config": {"fragments_per_chunk": 1, "database_config": {"backend": "memory"}},
         "episode_statistics_config": {"window": 5},
     },
     "train_config": {
-        "num_workers": 1, "num_cpus_per_worker": 0.5, "num_iterations": 2, "vf_warmup": 0, "batch_size_per_gpu": 2,
-        "batches_per_iteration": 2, "gradient_accumulation": 1, "context_length": 16, "save_interval": 1,
-        "keep_interval": 1, "record_video_interval": 0, "learning_rate": 1e-3,
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "num_iterations": 2,
+        "vf_warmup": 0,
+        "batch_size_per_gpu": 2,
+        "batches_per_iteration": 2,
+        "gradient_accumulation": 1,
+        "context_length": 16,
+        "save_interval": 1,
+        "keep_interval": 1,
+        "record_video_interval": 0,
+        "learning_rate": 1e-3,
     },
     "logger_config": {"loggers": []},
-}  # fmt: skip
+}
 
 
 def _run(root: Path, name: str, **changes: object) -> Path:
@@ -47,8 +58,11 @@ def _run(root: Path, name: str, **changes: object) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
-    return {"a": _run(root, "lr1e-3-s0", seed=0), "b": _run(root, "lr1e-3-s1", seed=1),
-            "c": _run(root, "lr3e-3-s0", seed=0, train={"learning_rate": 3e-3})}  # fmt: skip
+    return {
+        "a": _run(root, "lr1e-3-s0", seed=0),
+        "b": _run(root, "lr1e-3-s1", seed=1),
+        "c": _run(root, "lr3e-3-s0", seed=0, train={"learning_rate": 3e-3}),
+    }
 
 
 def test_repeated_steps_do_not_zig_zag(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -76,8 +90,13 @@ def test_seeds_are_aggregated_and_runs_overlaid(runs: dict[str, Path], tmp_path:
     both = np.stack([np.interp(seeds.steps, *r.series[RETURN_KEY]) for r in groups[0]])
     assert np.allclose(seeds.mean, both.mean(0))
     assert np.allclose(np.subtract(seeds.high, seeds.mean), t975(2) * both.std(0, ddof=1) / np.sqrt(2))
-    done = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "report", *map(str, runs.values()), "--output",
-                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "mineonline_core.cli", "report", *map(str, runs.values()), "--output", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     image = load_png(tmp_path / "compare_episode_return_mean.png")
     assert image.shape[0] > 300 and image.shape[1] > 500

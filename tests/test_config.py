@@ -105,9 +105,7 @@ MINESTUDIO_EXAMPLE = {
 GATE_KL_EXAMPLE = copy.deepcopy(MINESTUDIO_EXAMPLE)
 GATE_KL_EXAMPLE["rollout_config"]["to_send_queue_size"] = 6
 GATE_KL_EXAMPLE["rollout_config"]["worker_config"].update(num_envs=12, batch_size=6)
-GATE_KL_EXAMPLE["train_config"].update(
-    batches_per_iteration=200, kl_divergence_coef_rho=0.2, save_path="output"
-)
+GATE_KL_EXAMPLE["train_config"].update(batches_per_iteration=200, kl_divergence_coef_rho=0.2, save_path="output")
 
 
 def _leaves(tree: dict, prefix: tuple = ()):
@@ -189,15 +187,11 @@ def test_minestudio_python_module_with_generators(tmp_path):
 
 def test_module_generators_pickle_by_value_for_ray_workers(tmp_path):
     module_file = tmp_path / "gen_config.py"
-    module_file.write_text(
-        "FACTOR = 7\n\ndef env_generator():\n    return FACTOR * 6\n\nonline_dict = {}\n"
-    )
+    module_file.write_text("FACTOR = 7\n\ndef env_generator():\n    return FACTOR * 6\n\nonline_dict = {}\n")
     payload = cloudpickle.dumps(load_config(module_file).env_generator)
     # A fresh interpreter cannot import the user's file; the function must travel by value.
     script = "import pickle, sys; print(pickle.loads(sys.stdin.buffer.read())())"
-    result = subprocess.run(
-        [sys.executable, "-c", script], input=payload, capture_output=True, check=True, cwd="/"
-    )
+    result = subprocess.run([sys.executable, "-c", script], input=payload, capture_output=True, check=True, cwd="/")
     assert result.stdout.strip() == b"42"
 
 

@@ -61,9 +61,7 @@ keys = st.one_of(
     st.tuples(st.sampled_from(KEY_PATHS), st.integers(0, 30)).map(
         lambda pair: pair[0][0][:-1] + (pair[0][0][-1][: pair[1]] + "x",)
     ),
-    st.tuples(st.sampled_from(SECTIONS), st.text(min_size=1, max_size=6)).map(
-        lambda pair: pair[0] + (pair[1],)
-    ),
+    st.tuples(st.sampled_from(SECTIONS), st.text(min_size=1, max_size=6)).map(lambda pair: pair[0] + (pair[1],)),
 )
 
 
@@ -81,8 +79,6 @@ def _build(items: list[tuple[tuple, object]]) -> dict:
     return data
 
 
-
-
 def _typed(annotation: object) -> st.SearchStrategy:
     """A value of the field's own type and usual range (these configs mostly validate)."""
     if section_type(annotation) is not None:
@@ -98,9 +94,7 @@ def _typed(annotation: object) -> st.SearchStrategy:
     return st.sampled_from(["lmdb", "run-1", "output", None, "PPOTrainer"])
 
 
-typed_items = st.sampled_from(KEY_PATHS).flatmap(
-    lambda item: st.tuples(st.just(item[0]), _typed(item[1]))
-)
+typed_items = st.sampled_from(KEY_PATHS).flatmap(lambda item: st.tuples(st.just(item[0]), _typed(item[1])))
 # Weighted towards well-formed input so both outcomes are exercised, not just the first error.
 values = st.one_of(plausible, garbage)
 items = st.one_of(typed_items, typed_items, typed_items, st.tuples(keys, values))
@@ -111,9 +105,7 @@ override_values = st.one_of(
 )
 overrides = st.lists(
     st.one_of(
-        st.tuples(st.sampled_from(KEY_PATHS), override_values).map(
-            lambda pair: ".".join(pair[0][0]) + "=" + pair[1]
-        ),
+        st.tuples(st.sampled_from(KEY_PATHS), override_values).map(lambda pair: ".".join(pair[0][0]) + "=" + pair[1]),
         st.text(max_size=15),
     ),
     max_size=2,

@@ -21,18 +21,27 @@ NONE = dict.fromkeys(CRAFTER_ACHIEVEMENTS, 0)
 
 
 def crafter_episode(**unlocked: int) -> dict:
-    return {"return": float(sum(unlocked.values())), "discounted_return": 0.0, "length": 100, "task": None,
-            "achievements": {**NONE, **unlocked}, "truncated": False, "stream": "0.0.0"}  # fmt: skip
+    return {
+        "return": float(sum(unlocked.values())),
+        "discounted_return": 0.0,
+        "length": 100,
+        "task": None,
+        "achievements": {**NONE, **unlocked},
+        "truncated": False,
+        "stream": "0.0.0",
+    }
 
 
 def test_all_episode_rates_and_score_count_every_episode_not_the_window() -> None:
     stats = EpisodeStatistics(window=2, report_every=100)
-    stats.add_episodes([
-        crafter_episode(collect_wood=3, place_table=1),
-        crafter_episode(collect_wood=1),
-        crafter_episode(wake_up=1),
-        crafter_episode(collect_wood=2, collect_diamond=1),
-    ])  # fmt: skip
+    stats.add_episodes(
+        [
+            crafter_episode(collect_wood=3, place_table=1),
+            crafter_episode(collect_wood=1),
+            crafter_episode(wake_up=1),
+            crafter_episode(collect_wood=2, collect_diamond=1),
+        ]
+    )
     s = stats.summary()
     assert s["crafter/all_episodes/count"] == 4.0
     assert s["crafter/all_episodes/success/collect_wood"] == 0.75  # unlocked in 3 of 4 episodes, however often
@@ -48,8 +57,13 @@ def test_all_episode_rates_and_score_count_every_episode_not_the_window() -> Non
 
 def test_episodes_without_crafter_achievements_are_not_crafter_episodes() -> None:
     stats = EpisodeStatistics(window=10, report_every=100)
-    stats.add_episodes([crafter_episode(collect_wood=1), {**crafter_episode(), "achievements": {"kill_entity:cow": 1}},
-                        {**crafter_episode(), "achievements": None}])  # fmt: skip
+    stats.add_episodes(
+        [
+            crafter_episode(collect_wood=1),
+            {**crafter_episode(), "achievements": {"kill_entity:cow": 1}},
+            {**crafter_episode(), "achievements": None},
+        ]
+    )
     s = stats.summary()
     assert s["crafter/all_episodes/count"] == 1.0 and s["crafter/all_episodes/success/collect_wood"] == 1.0
     assert not any(k.startswith("crafter/") for k in EpisodeStatistics(window=3).summary())
@@ -69,8 +83,19 @@ def test_real_crafter_episodes_give_the_rates_crafter_reports() -> None:
             _, reward, terminated, truncated, info = env.step(int(rng.integers(17)))
             total, length, done = total + float(reward), length + 1, terminated or truncated
         ends.append(info["achievements"])
-        stats.add_episodes([{"return": total, "discounted_return": 0.0, "length": length, "task": None,
-                             "achievements": info["achievements"], "truncated": bool(truncated), "stream": "0.0.0"}])  # fmt: skip
+        stats.add_episodes(
+            [
+                {
+                    "return": total,
+                    "discounted_return": 0.0,
+                    "length": length,
+                    "task": None,
+                    "achievements": info["achievements"],
+                    "truncated": bool(truncated),
+                    "stream": "0.0.0",
+                }
+            ]
+        )
     s = stats.summary()
     expected = {name: float(np.mean([end[name] > 0 for end in ends])) for name in CRAFTER_ACHIEVEMENTS}
     assert any(0 < rate for rate in expected.values())  # random play unlocks a few achievements
@@ -108,7 +133,10 @@ def test_seeds_are_averaged_with_the_population_std() -> None:
 
 def test_success_table_lists_every_achievement_and_both_scores() -> None:
     rates = {name: 0.0 for name in CRAFTER_ACHIEVEMENTS} | {"collect_wood": 0.9}
-    rows = [{"seed": s, "final_crafter_score": 1.5, "paper_crafter": {"score": 0.42, "episodes": 7, "success": rates}} for s in (0, 1)]
+    rows = [
+        {"seed": s, "final_crafter_score": 1.5, "paper_crafter": {"score": 0.42, "episodes": 7, "success": rates}}
+        for s in (0, 1)
+    ]
     table = bench_learning.success_table(rows).splitlines()
     assert table[0].split() == ["achievement", "seed", "0", "seed", "1"]
     assert table[1].split() == ["collect_wood", "90.0%", "90.0%"]  # most often unlocked first

@@ -26,7 +26,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 # The pages issue 9 asks for; each must exist and be reachable from the README.
-REQUIRED_PAGES = ("architecture.md", "plugins.md", "minestudio.md", "cluster.md", "troubleshooting.md", "configuration.md", "many-runs.md")
+REQUIRED_PAGES = (
+    "architecture.md",
+    "plugins.md",
+    "minestudio.md",
+    "cluster.md",
+    "troubleshooting.md",
+    "configuration.md",
+    "many-runs.md",
+)
 
 SHELL = {"bash", "sh", "shell", "console"}
 PYTHON = {"python", "py", "python3"}
@@ -125,8 +133,11 @@ def test_extract_blocks_reads_markers(tmp_path: Path) -> None:
     )
     blocks = extract_blocks(page)
     assert [(b.lang, b.runnable, b.slow, b.line) for b in blocks] == [
-        ("bash", True, False, 4), ("python", True, False, 8), ("sh", True, True, 14), ("yaml", False, False, 19),
-    ]  # fmt: skip
+        ("bash", True, False, 4),
+        ("python", True, False, 8),
+        ("sh", True, True, 14),
+        ("yaml", False, False, 19),
+    ]
     assert blocks[0].code == "echo hi\n" and blocks[2].code == "make demo\n```\n"
 
 
@@ -148,8 +159,10 @@ def test_runnable_block(block: Block) -> None:
 
 def test_anchors_follow_github_slugs(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("# Title\n\n## 4. Place the store on a node with disk\n\n```bash\n# not a heading\n```\n"
-                    "### `run --resume` and Ctrl-C\n")  # fmt: skip
+    page.write_text(
+        "# Title\n\n## 4. Place the store on a node with disk\n\n```bash\n# not a heading\n```\n"
+        "### `run --resume` and Ctrl-C\n"
+    )
     assert _anchors(page) == {"title", "4-place-the-store-on-a-node-with-disk", "run---resume-and-ctrl-c"}
 
 

@@ -34,17 +34,23 @@ from tests.test_docs import ROOT, RUNNABLE, _env
 SLOW_BLOCKS = [block for block in RUNNABLE if block.slow]
 # Smaller iterations, same count: enough to train, checkpoint, resume and evaluate for real.
 SHRINK = [
-    "rollout_config.worker_config.num_envs=2", "rollout_config.worker_config.batch_size=2",
-    "train_config.batch_size_per_gpu=2", "train_config.batches_per_iteration=1", "train_config.epochs_per_iteration=1",
-    "rollout_config.fragment_length=16", "train_config.context_length=16",
-]  # fmt: skip
+    "rollout_config.worker_config.num_envs=2",
+    "rollout_config.worker_config.batch_size=2",
+    "train_config.batch_size_per_gpu=2",
+    "train_config.batches_per_iteration=1",
+    "train_config.epochs_per_iteration=1",
+    "rollout_config.fragment_length=16",
+    "train_config.context_length=16",
+]
 
 
 def _overlay_venv(where: Path) -> Path:
     """A venv whose interpreter also sees this environment's packages; what pip installs lands in it."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(where), "platbase": str(where)}))
-    (purelib / "_mineonline_overlay.pth").write_text(f"import site; site.addsitedir({sysconfig.get_path('purelib')!r})\n")
+    (purelib / "_mineonline_overlay.pth").write_text(
+        f"import site; site.addsitedir({sysconfig.get_path('purelib')!r})\n"
+    )
     return where
 
 
@@ -82,8 +88,14 @@ def test_every_slow_docs_block_runs_with_short_iterations(tmp_path: Path) -> Non
     env = _env()
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
     for block in SLOW_BLOCKS:
-        done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", _prelude(venv) + block.code], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=900)  # fmt: skip
+        done = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", _prelude(venv) + block.code],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, (
             f"{block.id} exited with {done.returncode}\n--- stdout ---\n{done.stdout[-4000:]}\n"
             f"--- stderr ---\n{done.stderr[-6000:]}"

@@ -121,11 +121,19 @@ BREACHES = [
     ("nan_reward", "test_steps_stay_in_the_spaces_with_finite_rewards_and_boolean_ends", "not finite"),
     ("int_ends", "test_steps_stay_in_the_spaces_with_finite_rewards_and_boolean_ends", "not a bool"),
     ("info_list", "test_steps_stay_in_the_spaces_with_finite_rewards_and_boolean_ends", "info is a list"),
-    ("limit_as_terminal", "test_an_episode_cut_by_the_time_limit_is_truncated_not_terminated", "without truncated=True"),
+    (
+        "limit_as_terminal",
+        "test_an_episode_cut_by_the_time_limit_is_truncated_not_terminated",
+        "without truncated=True",
+    ),
     ("never_ends", "test_an_episode_cut_by_the_time_limit_is_truncated_not_terminated", "time_limit=8"),
     ("unseeded", "test_the_same_seed_and_actions_give_the_same_episode", "under the same seed"),
     ("close_raises", "test_close_works_after_use_and_on_a_fresh_env", "close failed"),
-    ("subprocess_fails", "test_the_generator_builds_resets_and_steps_in_an_env_subprocess", "only builds in the process"),
+    (
+        "subprocess_fails",
+        "test_the_generator_builds_resets_and_steps_in_an_env_subprocess",
+        "only builds in the process",
+    ),
 ]
 
 

@@ -67,15 +67,22 @@ class HangsAtStep(MinecraftCallback):
 
 
 def broken_sim(callback: MinecraftCallback) -> functools.partial:
-    return with_fake_engine(functools.partial(MinecraftSim, obs_size=(128, 128), num_empty_frames=1, callbacks=[callback]))
+    return with_fake_engine(
+        functools.partial(MinecraftSim, obs_size=(128, 128), num_empty_frames=1, callbacks=[callback])
+    )
 
 
 def test_check_reports_the_envs_own_exception_in_seconds(tmp_path: Path) -> None:
     config = tmp_path / "broken_cow.py"
     config.write_text(BROKEN)
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "check", str(config)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "mineonline_core.cli", "check", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     elapsed = time.monotonic() - t0
     assert out.returncode == 2, out.stderr
     assert "raised RuntimeError: the world failed to load while being reset" in out.stderr
@@ -123,11 +130,18 @@ def test_worker_stops_with_the_envs_exception_not_a_warmup_timeout(env_processes
     from mineonline_core.testing.kit import mlp_policy
 
     policy = mlp_policy()  # never runs: no env ever starts
-    collector = tk.collector(policy=policy, env_fns=[adapted(broken_sim(NoWorld()))] * 2, fragment_length=4,
-                             batch_size=1, env_processes=env_processes)  # fmt: skip
+    collector = tk.collector(
+        policy=policy,
+        env_fns=[adapted(broken_sim(NoWorld()))] * 2,
+        fragment_length=4,
+        batch_size=1,
+        env_processes=env_processes,
+    )
     # The event is the message (the env's exception after 3 failures), not how fast it came: the warm-up
     # timeout is generous so that only a worker that waits for it, not load, fails the match.
     t0 = time.monotonic()
-    with pytest.raises(RunFailedError, match="RuntimeError: the world failed to load while being built or reset, 3 times"):
+    with pytest.raises(
+        RunFailedError, match="RuntimeError: the world failed to load while being built or reset, 3 times"
+    ):
         collector.warmup(timeout=600.0)
     print(f"FIGURE worker stopped with the env's exception after {time.monotonic() - t0:.1f}s")

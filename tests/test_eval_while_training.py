@@ -27,15 +27,34 @@ from mineonline_core.trainer import checkpoint as ckpt
 
 ITERATIONS = 4
 TRAIN = {
-    "num_workers": 1, "num_cpus_per_worker": 1.0, "num_iterations": ITERATIONS, "batch_size_per_gpu": 2,
-    "batches_per_iteration": 2, "gradient_accumulation": 1, "context_length": 16, "save_interval": 1, "keep_interval": 1,
-    "record_video_interval": 0, "learning_rate": 3e-2, "eval_interval": 1, "eval_episodes": 2, "eval_deterministic": True,
+    "num_workers": 1,
+    "num_cpus_per_worker": 1.0,
+    "num_iterations": ITERATIONS,
+    "batch_size_per_gpu": 2,
+    "batches_per_iteration": 2,
+    "gradient_accumulation": 1,
+    "context_length": 16,
+    "save_interval": 1,
+    "keep_interval": 1,
+    "record_video_interval": 0,
+    "learning_rate": 3e-2,
+    "eval_interval": 1,
+    "eval_episodes": 2,
+    "eval_deterministic": True,
     "eval_num_cpus": 0.5,
-}  # fmt: skip
+}
 ROLLOUT = {
-    "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 32, "worker_config": {"num_envs": 2, "batch_size": 2},
-    "replay_buffer_config": {"fragments_per_chunk": 1, "max_staleness": 3, "max_reuse": 2, "database_config": {"backend": "memory"}},
-}  # fmt: skip
+    "num_rollout_workers": 1,
+    "num_cpus_per_worker": 0.5,
+    "fragment_length": 32,
+    "worker_config": {"num_envs": 2, "batch_size": 2},
+    "replay_buffer_config": {
+        "fragments_per_chunk": 1,
+        "max_staleness": 3,
+        "max_reuse": 2,
+        "database_config": {"backend": "memory"},
+    },
+}
 
 
 def records_of(run_dir: Path) -> list[dict]:
@@ -56,7 +75,10 @@ def assert_kept_weights_are_those_of(run_dir: Path, iteration: int) -> None:
 
 
 def test_eval_config_is_checked_before_ray_starts() -> None:
-    with pytest.raises(ConfigError, match=r"keep_best_metric is 'eval/return_mean' but eval_interval is 0.*Fix: set train_config.eval_interval"):
+    with pytest.raises(
+        ConfigError,
+        match=r"keep_best_metric is 'eval/return_mean' but eval_interval is 0.*Fix: set train_config.eval_interval",
+    ):
         load_config({"train_config": {"keep_best": True, "keep_best_metric": "eval/return_mean"}})
     with pytest.raises(ConfigError, match=r"eval_interval \(10\) exceeds num_iterations \(5\)"):
         load_config({"train_config": {"eval_interval": 10, "num_iterations": 5}})
@@ -69,12 +91,15 @@ def test_eval_config_is_checked_before_ray_starts() -> None:
 
 def test_eval_metrics_on_the_step_axis_and_keep_best_by_eval(tmp_path, local_ray) -> None:
     config = {
-        "run_name": "evaluated", "output_dir": str(tmp_path), "logger_config": {"loggers": []},
+        "run_name": "evaluated",
+        "output_dir": str(tmp_path),
+        "logger_config": {"loggers": []},
         "env_config": {"name": "gymnasium", "id": "CartPole-v1", "max_episode_steps": 60},
-        "policy_config": {"name": "mlp", "hidden_sizes": [16]}, "rollout_config": ROLLOUT,
+        "policy_config": {"name": "mlp", "hidden_sizes": [16]},
+        "rollout_config": ROLLOUT,
         # vf_warmup: iteration 1 publishes no version, so its evaluation takes weights of its own
         "train_config": {**TRAIN, "keep_best": True, "keep_best_metric": "eval/return_mean", "vf_warmup": 1},
-    }  # fmt: skip
+    }
     result = run(config, progress=False)
     assert result["status"] == "completed"
     run_dir = tmp_path / "evaluated"
@@ -86,7 +111,11 @@ def test_eval_metrics_on_the_step_axis_and_keep_best_by_eval(tmp_path, local_ray
     assert evals and evaluated == sorted(set(evaluated))
     for r in evals:  # on the training's step axis: the env steps of the iteration whose weights were evaluated
         assert r["step"] == step_of[int(r["eval/iteration"])]
-        assert r["eval/episodes"] == 2 and r["eval/length_mean"] >= 1 and {"eval/return_std", "eval/model_version"} <= r.keys()
+        assert (
+            r["eval/episodes"] == 2
+            and r["eval/length_mean"] >= 1
+            and {"eval/return_std", "eval/model_version"} <= r.keys()
+        )
     assert len(evals) + last(records, "eval/skipped") == ITERATIONS  # every due evaluation logged or counted
     assert last(records, "eval/failed") == 0
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -101,7 +130,9 @@ def test_eval_metrics_on_the_step_axis_and_keep_best_by_eval(tmp_path, local_ray
     assert best["env_steps"] == step_of[best_iteration]
     assert_kept_weights_are_those_of(run_dir, best_iteration)
     # `mineonline eval` of the kept checkpoint, on the evaluation's seeds, reports the same return
-    again = evaluate(best_root, episodes=2, deterministic=True, seed=EVAL_SEED_OFFSET, output=tmp_path / "again", progress=False)
+    again = evaluate(
+        best_root, episodes=2, deterministic=True, seed=EVAL_SEED_OFFSET, output=tmp_path / "again", progress=False
+    )
     assert again["return_mean"] == returns[best_iteration]
 
 
@@ -146,9 +177,11 @@ def test_evaluation_never_blocks_training(tmp_path, local_ray) -> None:
     source = tmp_path / "held_config.py"
     last_checkpoint = run_dir / "checkpoints" / f"checkpoint_{ITERATIONS:06d}"
     train = {**TRAIN, "keep_best": True, "keep_best_metric": "eval/return_mean"}
-    source.write_text(GATED.format(last=str(last_checkpoint), timed_out=str(timed_out), offset=EVAL_SEED_OFFSET)
-                      + f"\nonline_dict = {{'run_name': 'held', 'output_dir': {str(tmp_path)!r}, 'logger_config': {{'loggers': []}}, "
-                        f"'rollout_config': {ROLLOUT!r}, 'train_config': {train!r}}}\n")  # fmt: skip
+    source.write_text(
+        GATED.format(last=str(last_checkpoint), timed_out=str(timed_out), offset=EVAL_SEED_OFFSET)
+        + f"\nonline_dict = {{'run_name': 'held', 'output_dir': {str(tmp_path)!r}, 'logger_config': {{'loggers': []}}, "
+        f"'rollout_config': {ROLLOUT!r}, 'train_config': {train!r}}}\n"
+    )
     result = run(source, progress=False)
     assert result["status"] == "completed" and result["iteration"] == ITERATIONS
     assert not timed_out.exists()  # the held evaluation was released by training's last checkpoint
@@ -177,8 +210,13 @@ def test_a_failed_evaluation_is_counted_and_a_dead_evaluator_replaced(local_ray,
     from mineonline_core.trainer.evaluation import EvaluationClient
 
     config = OnlineConfig(train_config={"eval_interval": 1, "eval_episodes": 1, "eval_num_cpus": 0.5})
-    kwargs = {"name": "faulty/evaluator_0", "namespace": NAMESPACE, "config": config, "policy_generator": partial(TinyMLPPolicy, obs_dim=3),
-              "env_generator": partial(faulty_counting, 0, at_steps=(2,))}  # fmt: skip
+    kwargs = {
+        "name": "faulty/evaluator_0",
+        "namespace": NAMESPACE,
+        "config": config,
+        "policy_generator": partial(TinyMLPPolicy, obs_dim=3),
+        "env_generator": partial(faulty_counting, 0, at_steps=(2,)),
+    }
     client = EvaluationClient(start=lambda: start_evaluator(**kwargs), logger_hub=None)
     weights = ray.put({k: v.numpy() for k, v in TinyMLPPolicy(obs_dim=3).state_dict().items()})
     assert client.request(iteration=1, version=1, env_steps=10, weights=weights)

@@ -27,7 +27,7 @@ from mineonline_core.driver.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PY_CONFIG = '''
+PY_CONFIG = """
 import gymnasium as gym
 
 from mineonline_core.contracts.envs import adapt_env
@@ -44,7 +44,7 @@ def policy_generator():
 
 online_dict = {"train_config": {"learning_rate": 1e-3, "num_iterations": 5}, "logger_config": {"loggers": []},
                "rollout_config": {"replay_buffer_config": {"database_config": {"backend": "memory"}}}}
-'''
+"""
 
 
 def write_checkpoint(source, overrides, output_dir: Path, *, iteration: int = 3) -> Path:
@@ -61,7 +61,9 @@ def write_checkpoint(source, overrides, output_dir: Path, *, iteration: int = 3)
 
 
 def test_checkpoint_config_is_resolved_with_overrides(tmp_path: Path) -> None:
-    path = write_checkpoint(ROOT / "examples" / "cartpole.yaml", ["run_name=lr", "train_config.learning_rate=0.5"], tmp_path)
+    path = write_checkpoint(
+        ROOT / "examples" / "cartpole.yaml", ["run_name=lr", "train_config.learning_rate=0.5"], tmp_path
+    )
     saved = yaml.safe_load((path / "config.yaml").read_text())
     assert saved["train_config"]["learning_rate"] == 0.5  # the override, not the file's 1.0e-3
     assert saved["rollout_config"]["worker_config"]["step_timeout"] == 60.0  # defaults included
@@ -74,7 +76,10 @@ def test_python_config_generators_are_named_and_survive_the_file(tmp_path: Path)
     config.write_text(PY_CONFIG)
     path = write_checkpoint(config, ["run_name=py"], tmp_path / "runs")
     saved = yaml.safe_load((path / "config.yaml").read_text())
-    assert saved["policy_generator"] == f"{config}:policy_generator" and saved["env_generator"] == f"{config}:env_generator"
+    assert (
+        saved["policy_generator"] == f"{config}:policy_generator"
+        and saved["env_generator"] == f"{config}:env_generator"
+    )
     weights = torch.load(path / "model.pt", weights_only=True)
     config.unlink()  # the original file is gone: the checkpoint's copy of its text rebuilds the generators
     policy = load_policy(path)
@@ -89,8 +94,11 @@ def test_act_follows_the_policy_and_carries_state(tmp_path: Path) -> None:
     env = policy.make_env()
     obs, _ = env.reset(seed=1)
     action, state = policy.act(obs, deterministic=True)
-    logits = policy.policy(input={"obs": torch.as_tensor(obs["obs"])[None, None]}, state_in=None,
-                           context={"first": torch.ones(1, 1, dtype=torch.bool)})[0]["pi_logits"]  # fmt: skip
+    logits = policy.policy(
+        input={"obs": torch.as_tensor(obs["obs"])[None, None]},
+        state_in=None,
+        context={"first": torch.ones(1, 1, dtype=torch.bool)},
+    )[0]["pi_logits"]
     assert int(action) == int(logits.argmax(-1))
     assert env.action_space.contains(np.int64(action))
     obs, *_ = env.step(action)
@@ -99,9 +107,13 @@ def test_act_follows_the_policy_and_carries_state(tmp_path: Path) -> None:
 
 
 def test_recurrent_act_resets_only_at_episode_start(tmp_path: Path) -> None:
-    config = {"env_config": {"name": "crafter", "length": 20}, "policy_config": {"name": "cnn_gru", "hidden_size": 16, "channels": [4, 8, 8]},
-              "logger_config": {"loggers": []}, "run_name": "rec",
-              "rollout_config": {"replay_buffer_config": {"database_config": {"backend": "memory"}}}}  # fmt: skip
+    config = {
+        "env_config": {"name": "crafter", "length": 20},
+        "policy_config": {"name": "cnn_gru", "hidden_size": 16, "channels": [4, 8, 8]},
+        "logger_config": {"loggers": []},
+        "run_name": "rec",
+        "rollout_config": {"replay_buffer_config": {"database_config": {"backend": "memory"}}},
+    }
     write_checkpoint(config, [], tmp_path)
     policy = load_policy(tmp_path / "rec")
     env = policy.make_env()
@@ -109,17 +121,39 @@ def test_recurrent_act_resets_only_at_episode_start(tmp_path: Path) -> None:
     _, state0, _ = policy.step(obs)
     _, carried, value_carried = policy.step(obs, state0)
     _, _, value_fresh = policy.step(obs)
-    assert not all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(state0), torch.utils._pytree.tree_leaves(carried)))
+    assert not all(
+        torch.equal(a, b)
+        for a, b in zip(torch.utils._pytree.tree_leaves(state0), torch.utils._pytree.tree_leaves(carried))
+    )
     assert value_carried != value_fresh  # the state passed back is used
 
 
 def test_eval_command_writes_crafter_report_and_readable_videos(tmp_path: Path) -> None:
-    config = {"env_config": {"name": "crafter", "length": 25}, "policy_config": {"name": "cnn_gru", "hidden_size": 16, "channels": [4, 8, 8]},
-              "logger_config": {"loggers": []}, "run_name": "craft",
-              "rollout_config": {"replay_buffer_config": {"database_config": {"backend": "memory"}}}}  # fmt: skip
+    config = {
+        "env_config": {"name": "crafter", "length": 25},
+        "policy_config": {"name": "cnn_gru", "hidden_size": 16, "channels": [4, 8, 8]},
+        "logger_config": {"loggers": []},
+        "run_name": "craft",
+        "rollout_config": {"replay_buffer_config": {"database_config": {"backend": "memory"}}},
+    }
     write_checkpoint(config, [], tmp_path)
-    done = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "eval", str(tmp_path / "craft"), "--episodes", "2",
-                           "--video", "--no-progress", "env_config.length=15"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mineonline_core.cli",
+            "eval",
+            str(tmp_path / "craft"),
+            "--episodes",
+            "2",
+            "--video",
+            "--no-progress",
+            "env_config.length=15",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     out = tmp_path / "craft" / "eval" / "checkpoint_000003"
     result = json.loads((out / "eval.json").read_text())
@@ -153,8 +187,10 @@ def test_minestudio_reward_events_are_counted(tmp_path: Path) -> None:
         JudgeResetCallback(4),
         SummonMobsCallback([{"name": "cow", "number": 1, "range_x": [0, 0], "range_z": [2, 2]}]),
         CommandsCallback(["/give @p minecraft:iron_sword 1"]),
-        RewardsCallback([{"event": "kill_entity", "objects": ["cow"], "reward": 1.0, "identity": "kill_cow", "max_reward_times": 5}]),
-    ]  # fmt: skip
+        RewardsCallback(
+            [{"event": "kill_entity", "objects": ["cow"], "reward": 1.0, "identity": "kill_cow", "max_reward_times": 5}]
+        ),
+    ]
     with fake_engine():
         env = adapt_env(MinecraftSim(obs_size=(32, 32), num_empty_frames=1, callbacks=callbacks))
     episode = run_episode(Scripted(), env, deterministic=False, seed=None, record=False)

@@ -20,16 +20,28 @@ from mineonline_ppo import PPOTrainer
 
 
 def make_trainer(tmp_path, **train) -> PPOTrainer:
-    train = {"num_iterations": 5, "batches_per_iteration": 2, "batch_size_per_gpu": 2, "gradient_accumulation": 1,
-             "context_length": 8, "learning_rate": 1e-2, "max_skipped_updates": 3, **train}  # fmt: skip
+    train = {
+        "num_iterations": 5,
+        "batches_per_iteration": 2,
+        "batch_size_per_gpu": 2,
+        "gradient_accumulation": 1,
+        "context_length": 8,
+        "learning_rate": 1e-2,
+        "max_skipped_updates": 3,
+        **train,
+    }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = PPOTrainer(rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path))
+    trainer = PPOTrainer(
+        rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+    )
     trainer.setup_rank(local=True)
     return trainer
 
 
 def make_batch(trainer: PPOTrainer, *, nan_reward: bool) -> dict:
-    streams = rollout_fragments(trainer.policy, lambda i: cartpole(12), num_envs=2, fragment_length=8, fragments_per_env=2)
+    streams = rollout_fragments(
+        trainer.policy, lambda i: cartpole(12), num_envs=2, fragment_length=8, fragments_per_env=2
+    )
     chunks = chunks_of(streams, 1)
     if nan_reward:
         chunks[1][0][F.REWARD][3] = np.nan  # one stored step of one chunk, as an env that returned NaN left it

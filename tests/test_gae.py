@@ -12,9 +12,15 @@ G, LAM = 0.9, 0.8
 def gae(reward, value, next_value, terminated, truncated, bootstrap):
     t = lambda x, d=torch.float32: torch.tensor([x], dtype=d)  # noqa: E731
     adv, ret = compute_gae(
-        reward=t(reward), value=t(value), next_value=torch.tensor([next_value]), terminated=t(terminated, torch.bool),
-        truncated=t(truncated, torch.bool), bootstrap=t(bootstrap), discount=G, gae_lambda=LAM,
-    )  # fmt: skip
+        reward=t(reward),
+        value=t(value),
+        next_value=torch.tensor([next_value]),
+        terminated=t(terminated, torch.bool),
+        truncated=t(truncated, torch.bool),
+        bootstrap=t(bootstrap),
+        discount=G,
+        gae_lambda=LAM,
+    )
     return adv[0].tolist(), ret[0].tolist()
 
 
@@ -65,9 +71,16 @@ def test_terminal_at_last_step_ignores_next_value():
 def test_batch_rows_are_independent():
     torch.manual_seed(0)
     n, length = 3, 7
-    kw = dict(reward=torch.randn(n, length), value=torch.randn(n, length), next_value=torch.randn(n),
-              terminated=torch.rand(n, length) < 0.2, truncated=torch.rand(n, length) < 0.2,
-              bootstrap=torch.randn(n, length), discount=G, gae_lambda=LAM)  # fmt: skip
+    kw = dict(
+        reward=torch.randn(n, length),
+        value=torch.randn(n, length),
+        next_value=torch.randn(n),
+        terminated=torch.rand(n, length) < 0.2,
+        truncated=torch.rand(n, length) < 0.2,
+        bootstrap=torch.randn(n, length),
+        discount=G,
+        gae_lambda=LAM,
+    )
     adv, _ = compute_gae(**kw)
     for i in range(n):
         row = {k: (v[i : i + 1] if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}

@@ -46,10 +46,15 @@ def test_keep_best_writes_one_loadable_checkpoint_and_survives_resume(tmp_path) 
     from mineonline_ppo import PPOTrainer
 
     def trainer(**train):
-        config = OnlineConfig(train_config={"keep_best": True, "save_path": "ckpt", "keep_interval": 1, **train},
-                              rollout_config={"episode_statistics_config": {"window": 2}}, env_config={"name": "gymnasium", "id": "CartPole-v1"},
-                              policy_config={"name": "mlp", "hidden_sizes": [32, 32]})  # fmt: skip
-        t = PPOTrainer(rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path))
+        config = OnlineConfig(
+            train_config={"keep_best": True, "save_path": "ckpt", "keep_interval": 1, **train},
+            rollout_config={"episode_statistics_config": {"window": 2}},
+            env_config={"name": "gymnasium", "id": "CartPole-v1"},
+            policy_config={"name": "mlp", "hidden_sizes": [32, 32]},
+        )
+        t = PPOTrainer(
+            rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+        )
         t.setup_rank(local=True)
         return t
 

@@ -35,8 +35,14 @@ def vpt_policy(seed: int = 0) -> torch.nn.Module:
     from mineonline_vpt import VPTPolicy
 
     torch.manual_seed(seed)
-    small = {"hidsize": 32, "impala_chans": [8, 16, 16], "n_recurrence_layers": 2, "attention_heads": 4,
-             "attention_memory_size": 10, "timesteps": 4}  # fmt: skip
+    small = {
+        "hidsize": 32,
+        "impala_chans": [8, 16, 16],
+        "n_recurrence_layers": 2,
+        "attention_heads": 4,
+        "attention_memory_size": 10,
+        "timesteps": 4,
+    }
     obs = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)})
     return VPTPolicy.build(small, observation_space=obs, action_space=gym.spaces.Discrete(3))
 
@@ -45,24 +51,48 @@ POLICIES = {"gru": tk.cnn_policy, "vpt": vpt_policy}
 
 
 def make_trainer(tmp_path, policy_fn, **train) -> PPOTrainer:
-    train = {"num_iterations": 5, "batches_per_iteration": 2, "batch_size_per_gpu": 2, "gradient_accumulation": 2,
-             "context_length": CONTEXT, "learning_rate": 1e-3, "discount": 0.9, "zero_initial_vf": False, **train}  # fmt: skip
-    config = OnlineConfig(train_config=train, rollout_config={"fragment_length": FRAGMENT,
-                          "replay_buffer_config": {"fragments_per_chunk": PER_CHUNK}})  # fmt: skip
-    trainer = PPOTrainer(rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config,
-                         run_dir=str(tmp_path))  # fmt: skip
+    train = {
+        "num_iterations": 5,
+        "batches_per_iteration": 2,
+        "batch_size_per_gpu": 2,
+        "gradient_accumulation": 2,
+        "context_length": CONTEXT,
+        "learning_rate": 1e-3,
+        "discount": 0.9,
+        "zero_initial_vf": False,
+        **train,
+    }
+    config = OnlineConfig(
+        train_config=train,
+        rollout_config={"fragment_length": FRAGMENT, "replay_buffer_config": {"fragments_per_chunk": PER_CHUNK}},
+    )
+    trainer = PPOTrainer(
+        rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config, run_dir=str(tmp_path)
+    )
     trainer.setup_rank(local=True)
     trainer.iteration = 1
     return trainer
 
 
-def collect(behaviour: torch.nn.Module, reference: torch.nn.Module | None, *, num_envs: int = 4,
-            fragments_per_env: int = 4, mean_length: int = 11) -> list[list[dict]]:  # fmt: skip
+def collect(
+    behaviour: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    *,
+    num_envs: int = 4,
+    fragments_per_env: int = 4,
+    mean_length: int = 11,
+) -> list[list[dict]]:
     """Chunks of ``PER_CHUNK`` consecutive fragments per env, from a ``FragmentCollector`` over
     inline ``TinyImageEnv``s whose episodes end at random (inside fragments and chunks)."""
     envs = [functools.partial(tk.TinyImageEnv, seed=i, mean_length=mean_length) for i in range(num_envs)]
-    collector = tk.collector(policy=copy.deepcopy(behaviour), env_fns=envs, fragment_length=FRAGMENT,
-                             batch_size=num_envs, env_processes=False, seed=0)  # fmt: skip
+    collector = tk.collector(
+        policy=copy.deepcopy(behaviour),
+        env_fns=envs,
+        fragment_length=FRAGMENT,
+        batch_size=num_envs,
+        env_processes=False,
+        seed=0,
+    )
     if reference is not None:
         collector.set_reference(reference.state_dict())
     try:
@@ -99,12 +129,15 @@ def drift(policy: torch.nn.Module, scale: float = 0.3, seed: int = 1) -> None:
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_first_step_on_version0_data_is_on_policy_and_kl_to_an_identical_reference_is_0(tmp_path, name):
-    trainer = make_trainer(tmp_path, POLICIES[name], kl_divergence_coef_rho=0.5, batches_per_iteration=2,
-                           gradient_accumulation=2)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path, POLICIES[name], kl_divergence_coef_rho=0.5, batches_per_iteration=2, gradient_accumulation=2
+    )
     chunks = collect(trainer.policy, trainer.reference, num_envs=2)
     batch = batch_of(trainer, chunks)
     first = batch[F.FIRST]
-    assert first.shape == (4, PER_CHUNK * FRAGMENT) and first[:, 1:].any() and not first[:, 0].all()  # resets inside chunks
+    assert (
+        first.shape == (4, PER_CHUNK * FRAGMENT) and first[:, 1:].any() and not first[:, 0].all()
+    )  # resets inside chunks
     # Two micro-batches of two chunks, one optimiser step after both.
     metrics = trainer.train(batch)
     # The training forward reproduces rollout's log-probs (§5.3): the proximal policy is the behaviour policy.
@@ -126,14 +159,18 @@ def test_stale_data_ratio_is_taken_against_the_stored_behaviour_logprob(tmp_path
     batch = assemble_chunks(collect(behaviour, None))
     stored = batch[F.LOGPROB].clone()  # what rollout recorded, before the trainer's estimate step
     with torch.no_grad():
-        latents, _ = forward_sequence(trainer.policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=CONTEXT)
+        latents, _ = forward_sequence(
+            trainer.policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=CONTEXT
+        )
         log_weight = trainer.policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"]) - stored
     batch = trainer.estimate(batch=batch)
     expected_kl = ((log_weight.exp() - 1) - log_weight).mean().item()
     assert expected_kl > 1e-3
     metrics = trainer.train(batch)  # one optimiser step, after every micro-batch
     assert metrics["trainer/behaviour_kl"] == pytest.approx(expected_kl, rel=1e-3)
-    assert metrics["trainer/behaviour_weight_mean"] == pytest.approx(log_weight.exp().clamp(max=2.0).mean().item(), rel=1e-3)
+    assert metrics["trainer/behaviour_weight_mean"] == pytest.approx(
+        log_weight.exp().clamp(max=2.0).mean().item(), rel=1e-3
+    )
     assert metrics["trainer/approx_kl"] == pytest.approx(0.0, abs=1e-6) and metrics["trainer/clipfrac"] == 0.0
 
 
@@ -186,8 +223,14 @@ def test_precision_never_turns_on_policy_data_off_policy(tmp_path, name, use_amp
 
 def test_drifted_reference_carries_its_own_state_from_each_episode_start(tmp_path):
     """B3: chunks that start mid-episode; the exact KL runs both policies over whole streams."""
-    trainer = make_trainer(tmp_path, tk.cnn_policy, kl_divergence_coef_rho=0.5, batches_per_iteration=1,
-                           batch_size_per_gpu=4, gradient_accumulation=1)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        tk.cnn_policy,
+        kl_divergence_coef_rho=0.5,
+        batches_per_iteration=1,
+        batch_size_per_gpu=4,
+        gradient_accumulation=1,
+    )
     drift(trainer.reference, 0.05)
     chunks = collect(trainer.policy, trainer.reference, fragments_per_env=4, mean_length=40)
     streams = [chunks[i : i + 2] for i in range(0, len(chunks), 2)]  # per env: fragments 0-1, then 2-3
@@ -197,8 +240,9 @@ def test_drifted_reference_carries_its_own_state_from_each_episode_start(tmp_pat
     # Exact: both policies over each env's whole stream from its start, then the KL on the later chunk.
     with torch.no_grad():
         pi, _ = forward_sequence(trainer.policy, whole[F.OBS], whole[F.STATE_IN], whole[F.FIRST], context_length=1)
-        ref, _ = forward_sequence(trainer.reference, whole[F.OBS], trainer.reference.initial_state(4), whole[F.FIRST],
-                                  context_length=1)  # fmt: skip
+        ref, _ = forward_sequence(
+            trainer.reference, whole[F.OBS], trainer.reference.initial_state(4), whole[F.FIRST], context_length=1
+        )
         kl = trainer.policy.pi_head.kl_divergence(pi["pi_logits"], ref["pi_logits"])
     exact = kl.reshape(4, -1)[:, PER_CHUNK * FRAGMENT :].mean().item()
     assert exact > 1e-3
@@ -212,8 +256,15 @@ def test_clip_vloss_is_centred_on_the_value_heads_output_at_the_start_of_the_upd
     (its first update), so a centre re-normalised with the updated statistics lies far away."""
     chunks, grads, metrics = None, {}, {}
     for clip_vloss in (False, True):
-        trainer = make_trainer(tmp_path, tk.cnn_policy, use_normalized_vf=True, clip_vloss=clip_vloss, ppo_clip=0.05,
-                               batches_per_iteration=4, gradient_accumulation=4)  # fmt: skip
+        trainer = make_trainer(
+            tmp_path,
+            tk.cnn_policy,
+            use_normalized_vf=True,
+            clip_vloss=clip_vloss,
+            ppo_clip=0.05,
+            batches_per_iteration=4,
+            gradient_accumulation=4,
+        )
         chunks = chunks or collect(trainer.policy, None)
         grads[clip_vloss], metrics[clip_vloss] = first_step_gradients(trainer, batch_of(trainer, chunks))
     assert metrics[True]["trainer/value_loss"] == pytest.approx(metrics[False]["trainer/value_loss"], rel=1e-6)
@@ -226,8 +277,9 @@ def test_clip_vloss_is_centred_on_the_value_heads_output_at_the_start_of_the_upd
 def test_the_normalised_value_head_regresses_normalised_returns(tmp_path):
     """The value target is the return in the head's units after the normaliser's update; the first
     step's value loss is measured from the head's start output (``old_vpred``)."""
-    trainer = make_trainer(tmp_path, tk.cnn_policy, use_normalized_vf=True, batches_per_iteration=4,
-                           gradient_accumulation=4)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path, tk.cnn_policy, use_normalized_vf=True, batches_per_iteration=4, gradient_accumulation=4
+    )
     batch = batch_of(trainer, collect(trainer.policy, None))
     start, returns = batch[F.OLD_VPRED].clone(), batch[F.RETURN].clone()
     metrics = trainer.train(batch)  # one optimiser step, after every micro-batch

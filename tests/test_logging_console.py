@@ -29,7 +29,12 @@ def test_jsonl_records_histograms_videos_and_summary(tmp_path, capsys):
     assert len(records) == 4
     assert records[0]["step"] == 100 and records[0]["trainer/policy_loss"] == 0.25 and records[0]["time"] > 0
     assert records[1]["trainer/policy_loss"] is None and records[1]["trainer/grad_norm"] is None  # valid JSON
-    assert records[2] == {"step": 200, "time": records[2]["time"], "trainer/advantages/mean": 2.0, "trainer/advantages/std": 1.0}
+    assert records[2] == {
+        "step": 200,
+        "time": records[2]["time"],
+        "trainer/advantages/mean": 2.0,
+        "trainer/advantages/std": 1.0,
+    }
     assert records[3]["video"] == "video/worker_0" and records[3]["path"] == "videos/v.mp4"
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["episode/return_mean"] == 3.0 and summary["env_steps"] == 300
@@ -48,7 +53,9 @@ def test_summary_table_groups_by_namespace():
     from rich.console import Console
 
     buf = io.StringIO()
-    Console(file=buf, width=120).print(summary_table({"trainer/a": 1.5, "trainer/b": 2.0, "episode/return_mean": 1234567.0}, env_steps=42))
+    Console(file=buf, width=120).print(
+        summary_table({"trainer/a": 1.5, "trainer/b": 2.0, "episode/return_mean": 1234567.0}, env_steps=42)
+    )
     text = buf.getvalue()
     assert text.count("trainer") == 1  # the group name is printed once
     assert "1,234,567" in text and "42" in text
@@ -66,14 +73,25 @@ def test_progress_plain_lines_when_not_a_tty():
     out, clock = io.StringIO(), FakeClock()
     p = Progress(10, file=out, interval_s=10.0, clock=clock)
     assert not p.tty
-    p.update({"trainer/iteration": 2, "env_steps": 2048, "rollout/env_steps_per_s": 512.0, "episode/return_mean": 1.5, "replay/staleness_mean": 0.5, "trainer/policy_loss": 0.02})
+    p.update(
+        {
+            "trainer/iteration": 2,
+            "env_steps": 2048,
+            "rollout/env_steps_per_s": 512.0,
+            "episode/return_mean": 1.5,
+            "replay/staleness_mean": 0.5,
+            "trainer/policy_loss": 0.02,
+        }
+    )
     clock.t = 5.0
     p.update({"trainer/iteration": 3, "env_steps": 3072})  # within the interval: no line
     clock.t = 20.0
     p.update({"trainer/iteration": 6, "env_steps": 6144, "trainer/samples_per_s": 100.0, "logger/errors": 1.0})
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith("iter 2/10 | env_steps 2,048 | env steps/s (rollout) 512 | return mean 1.5 | staleness mean 0.5 | policy loss 0.02")
+    assert lines[0].startswith(
+        "iter 2/10 | env_steps 2,048 | env steps/s (rollout) 512 | return mean 1.5 | staleness mean 0.5 | policy loss 0.02"
+    )
     # 4 iterations in 20 s since the first one seen -> 5 s each, 4 left -> 20 s
     assert "iter 6/10" in lines[1] and "samples/s (train) 100" in lines[1] and "ETA 0:20" in lines[1]
     assert "logger errors 1" in lines[1]

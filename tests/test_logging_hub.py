@@ -58,7 +58,14 @@ class BrokenAtStart(Logger):
 
 
 def make_hub(tmp_path, loggers, **kw):
-    return LoggerHub(run_dir=str(tmp_path), loggers=[(cls, LoggerOptions()) for cls in loggers], config={"seed": 1}, num_iterations=10, video_dir="videos", **kw)
+    return LoggerHub(
+        run_dir=str(tmp_path),
+        loggers=[(cls, LoggerOptions()) for cls in loggers],
+        config={"seed": 1},
+        num_iterations=10,
+        video_dir="videos",
+        **kw,
+    )
 
 
 def recorder(hub) -> RecordingLogger:
@@ -163,7 +170,13 @@ def test_video_written_and_forwarded(tmp_path):
 
 def test_hub_without_videos_finishes(tmp_path):
     # record_video_interval: 0 means no video ever reaches the hub; the run still ends cleanly.
-    hub = LoggerHub(run_dir=str(tmp_path), loggers=[(ConsoleLogger, ConsoleOptions())], config={}, num_iterations=3, video_dir="videos")
+    hub = LoggerHub(
+        run_dir=str(tmp_path),
+        loggers=[(ConsoleLogger, ConsoleOptions())],
+        config={},
+        num_iterations=3,
+        video_dir="videos",
+    )
     for it in range(1, 4):
         hub.add_env_steps(100)
         hub.log_metrics({"trainer/iteration": it, "trainer/policy_loss": 1.0 / it})

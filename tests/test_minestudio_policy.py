@@ -18,13 +18,17 @@ from mineonline_core.testing.minecraft import import_minestudio_vpt
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(os.environ.get("MINEONLINE_VPT_FIXTURES") or ROOT.parent / "shared" / "fixtures") / "vpt_public"
-pytestmark = pytest.mark.skipif(not (FIXTURE / "public.model").exists(), reason="the shared VPT fixture is not beside this checkout")
+pytestmark = pytest.mark.skipif(
+    not (FIXTURE / "public.model").exists(), reason="the shared VPT fixture is not beside this checkout"
+)
 
 
 @pytest.fixture(scope="module")
 def minestudio_vpt() -> torch.nn.Module:
     """MineStudio's own loader and class, on the small random VPT files in place of the released ones."""
-    return import_minestudio_vpt().load_vpt_policy(str(FIXTURE / "public.model"), str(FIXTURE / "public.weights")).eval()
+    return (
+        import_minestudio_vpt().load_vpt_policy(str(FIXTURE / "public.model"), str(FIXTURE / "public.weights")).eval()
+    )
 
 
 def test_the_real_class_breaks_the_guarantees_the_refusal_names(minestudio_vpt: torch.nn.Module) -> None:
@@ -33,7 +37,9 @@ def test_the_real_class_breaks_the_guarantees_the_refusal_names(minestudio_vpt: 
     state = [s.clone() for s in minestudio_vpt.initial_state(1)]
     with torch.no_grad():
         no_firsts, _ = minestudio_vpt({"image": image}, state, context={"first": torch.zeros(1, 4, dtype=torch.bool)})
-        a_first, _ = minestudio_vpt({"image": image}, state, context={"first": torch.tensor([[False, False, True, False]])})
+        a_first, _ = minestudio_vpt(
+            {"image": image}, state, context={"first": torch.tensor([[False, False, True, False]])}
+        )
     torch.testing.assert_close(no_firsts["vpred"], a_first["vpred"])  # an episode start changes nothing
     assert minestudio_vpt.initial_state(2)[0] is minestudio_vpt.initial_state(2)[0]  # one cached state, shared
     normalizer = minestudio_vpt.value_head.normalizer
@@ -45,13 +51,17 @@ def test_the_real_class_breaks_the_guarantees_the_refusal_names(minestudio_vpt: 
 
 
 def test_prepare_policy_refuses_minestudio_policies(minestudio_vpt: torch.nn.Module) -> None:
-    with pytest.raises(ConfigError, match=r"minestudio\.models\.vpt\.body\.VPTPolicy.*context\['first'\].*mineonline_vpt\.load_vpt_policy"):
+    with pytest.raises(
+        ConfigError,
+        match=r"minestudio\.models\.vpt\.body\.VPTPolicy.*context\['first'\].*mineonline_vpt\.load_vpt_policy",
+    ):
         prepare_policy(minestudio_vpt, use_normalized_vf=True)
 
 
 def test_check_refuses_it_before_ray_starts(tmp_path: Path) -> None:
     config = tmp_path / "minestudio_policy.py"
-    config.write_text(textwrap.dedent(f'''
+    config.write_text(
+        textwrap.dedent(f"""
         import functools
 
         from minestudio.simulator import MinecraftSim
@@ -66,8 +76,14 @@ def test_check_refuses_it_before_ray_starts(tmp_path: Path) -> None:
 
 
         online_dict = {{"rollout_config": {{"replay_buffer_config": {{"database_config": {{"backend": "memory"}}}}}}}}
-    '''))
-    out = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "check", str(config)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    """)
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "mineonline_core.cli", "check", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr
     assert "a MineStudio policy class" in out.stderr and "policy_config: {name: vpt" in out.stderr

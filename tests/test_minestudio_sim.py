@@ -36,14 +36,22 @@ ATTACK = {"buttons": np.array([4]), "camera": np.array([60])}  # VPT's joint cod
 def sim_factory(time_limit: int = 3, **kwargs) -> functools.partial:
     """A picklable MinecraftSim factory on the fake engine (a partial of MineStudio's own class)."""
     callbacks = [JudgeResetCallback(time_limit), *kwargs.pop("callbacks", [])]
-    return with_fake_engine(functools.partial(MinecraftSim, obs_size=(128, 128), num_empty_frames=2, callbacks=callbacks, **kwargs))
+    return with_fake_engine(
+        functools.partial(MinecraftSim, obs_size=(128, 128), num_empty_frames=2, callbacks=callbacks, **kwargs)
+    )
 
 
 def small_vpt(env) -> torch.nn.Module:
     from mineonline_vpt import VPTPolicy
 
-    options = {"hidsize": 32, "impala_chans": [8, 8, 8], "n_recurrence_layers": 1, "attention_heads": 2,
-               "attention_memory_size": 16, "timesteps": 8}  # fmt: skip
+    options = {
+        "hidsize": 32,
+        "impala_chans": [8, 8, 8],
+        "n_recurrence_layers": 1,
+        "attention_heads": 2,
+        "attention_memory_size": 16,
+        "timesteps": 8,
+    }
     return VPTPolicy.build(options, observation_space=env.observation_space, action_space=env.action_space)
 
 
@@ -87,7 +95,9 @@ def test_cow_example_callbacks_drive_the_engine() -> None:
 
 def test_kill_entity_rewards_and_achievements() -> None:
     cow_ahead = SummonMobsCallback([{"name": "cow", "number": 1, "range_x": [0, 0], "range_z": [2, 2]}])
-    reward = RewardsCallback([{"event": "kill_entity", "objects": ["cow"], "reward": 1.0, "identity": "kill_cow", "max_reward_times": 5}])
+    reward = RewardsCallback(
+        [{"event": "kill_entity", "objects": ["cow"], "reward": 1.0, "identity": "kill_cow", "max_reward_times": 5}]
+    )
     sword = CommandsCallback(["/give @p minecraft:iron_sword 1"])
     env = adapt_env(sim_factory(time_limit=3, callbacks=[cow_ahead, sword, reward])())
     env.reset()
@@ -114,8 +124,14 @@ def test_stored_actions_are_the_sampled_codes(env_processes: bool) -> None:
         return action
 
     policy.pi_head.sample = spy
-    collector = tk.collector(policy=policy, env_fns=[adapted(make)], fragment_length=6, batch_size=1,
-                             env_processes=env_processes, step_timeout=60.0)  # fmt: skip
+    collector = tk.collector(
+        policy=policy,
+        env_fns=[adapted(make)],
+        fragment_length=6,
+        batch_size=1,
+        env_processes=env_processes,
+        step_timeout=60.0,
+    )
     try:
         fragments = collector.collect(2)
     finally:
@@ -123,6 +139,7 @@ def test_stored_actions_are_the_sampled_codes(env_processes: bool) -> None:
     stored = {key: np.concatenate([f["action"][key] for f in fragments]) for key in ("buttons", "camera")}
     for key in stored:
         np.testing.assert_array_equal(stored[key], np.stack([s[key] for s in sampled[:12]]))
+
     # The check has teeth: some of these codes come back different from MineStudio's own round trip.
     def round_trip(t: int) -> tuple[int, int]:
         env_action = sim.agent_action_to_env_action({k: stored[k][t] for k in stored})
@@ -142,7 +159,9 @@ def test_without_minestudio_the_error_names_what_is_missing(monkeypatch: pytest.
         resolve(load_config(COW), get_plugin_manager())
 
 
-@pytest.mark.skipif(not (FIXTURE / "public.model").exists(), reason="the shared VPT fixture is not beside this checkout")
+@pytest.mark.skipif(
+    not (FIXTURE / "public.model").exists(), reason="the shared VPT fixture is not beside this checkout"
+)
 def test_cow_example_resolves_and_collects_with_vpt(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VPT_MODEL", str(FIXTURE / "public.model"))
     monkeypatch.setenv("VPT_WEIGHTS", str(FIXTURE / "public.weights"))
@@ -150,8 +169,15 @@ def test_cow_example_resolves_and_collects_with_vpt(monkeypatch: pytest.MonkeyPa
     assert loaded.config.rollout_config.worker_config.num_envs == 12  # MineStudio's values, unchanged
     loaded.env_generator = with_fake_engine(loaded.env_generator)
     resolved = resolve(loaded, get_plugin_manager())
-    collector = tk.collector(policy=resolved.policy_generator(), env_fns=[adapted(resolved.env_generator)] * 2,
-                             fragment_length=8, batch_size=2, discount=0.999, step_timeout=60.0, max_env_restarts=3)  # fmt: skip
+    collector = tk.collector(
+        policy=resolved.policy_generator(),
+        env_fns=[adapted(resolved.env_generator)] * 2,
+        fragment_length=8,
+        batch_size=2,
+        discount=0.999,
+        step_timeout=60.0,
+        max_env_restarts=3,
+    )
     try:
         fragments = collector.collect(2)
     finally:

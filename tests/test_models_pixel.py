@@ -39,13 +39,17 @@ class TestImpalaResNetPolicy(PolicyConformance):
 
     def make_policy(self) -> ImpalaResNetPolicy:
         config = ImpalaResNetPolicy.Config(**SMALL_RESNET)
-        return ImpalaResNetPolicy.build(config, observation_space=self.observation_space, action_space=self.action_space)
+        return ImpalaResNetPolicy.build(
+            config, observation_space=self.observation_space, action_space=self.action_space
+        )
 
 
 class TestImpalaResNetPolicyWithoutNorms(TestImpalaResNetPolicy):
     def make_policy(self) -> ImpalaResNetPolicy:
         config = ImpalaResNetPolicy.Config(**SMALL_RESNET, group_norm=False, layer_norm=False)
-        return ImpalaResNetPolicy.build(config, observation_space=self.observation_space, action_space=self.action_space)
+        return ImpalaResNetPolicy.build(
+            config, observation_space=self.observation_space, action_space=self.action_space
+        )
 
 
 def _shapes(module: nn.Module, kind: type) -> list[tuple[int, ...]]:
@@ -56,7 +60,10 @@ def test_cnn_is_the_nature_cnn_with_a_512_unit_layer_on_crafter_images() -> None
     policy = CNNPolicy.build(CNNPolicy.Config(), observation_space=CRAFTER_OBS, action_space=CRAFTER_ACTIONS)
     convs = [m for m in policy.modules() if isinstance(m, nn.Conv2d)]
     assert [(c.in_channels, c.out_channels, c.kernel_size, c.stride) for c in convs] == [
-        (3, 32, (8, 8), (4, 4)), (32, 64, (4, 4), (2, 2)), (64, 64, (3, 3), (1, 1))]  # fmt: skip
+        (3, 32, (8, 8), (4, 4)),
+        (32, 64, (4, 4), (2, 2)),
+        (64, 64, (3, 3), (1, 1)),
+    ]
     # 64x64 -> 15x15 -> 6x6 -> 4x4 feature maps: 64 * 16 = 1024 inputs to the fully connected layer.
     assert _shapes(policy, nn.Linear) == [(512, 1024), (17, 512), (1, 512)]
     assert policy.initial_state(4) is None
@@ -64,8 +71,11 @@ def test_cnn_is_the_nature_cnn_with_a_512_unit_layer_on_crafter_images() -> None
 
 def test_cnn_scales_pixels_to_the_unit_interval() -> None:
     torch.manual_seed(0)
-    policy = CNNPolicy.build(CNNPolicy.Config(channels=[4, 8, 8], hidden_size=16), observation_space=CRAFTER_OBS,
-                             action_space=CRAFTER_ACTIONS).eval()  # fmt: skip
+    policy = CNNPolicy.build(
+        CNNPolicy.Config(channels=[4, 8, 8], hidden_size=16),
+        observation_space=CRAFTER_OBS,
+        action_space=CRAFTER_ACTIONS,
+    ).eval()
     image = torch.randint(0, 256, (2, 3, 64, 64, 3), dtype=torch.uint8)
     with torch.no_grad():
         latents, _ = policy({"image": image}, None, {"first": torch.zeros(2, 3, dtype=torch.bool)})
@@ -75,7 +85,9 @@ def test_cnn_scales_pixels_to_the_unit_interval() -> None:
 
 
 def test_impala_resnet_default_is_moon_et_al_architecture() -> None:
-    policy = ImpalaResNetPolicy.build(ImpalaResNetPolicy.Config(), observation_space=CRAFTER_OBS, action_space=CRAFTER_ACTIONS)
+    policy = ImpalaResNetPolicy.build(
+        ImpalaResNetPolicy.Config(), observation_space=CRAFTER_OBS, action_space=CRAFTER_ACTIONS
+    )
     convs = [m for m in policy.modules() if isinstance(m, nn.Conv2d)]
     # Three stages of one conv and two residual blocks of two convs, all 3x3.
     assert [c.out_channels for c in convs] == [64] * 5 + [128] * 10
@@ -126,7 +138,10 @@ def test_pixel_policies_refuse_an_env_without_images(cls: type) -> None:
 
 
 def test_a_bad_width_is_refused_with_its_key() -> None:
-    config = {"env_config": {"name": "crafter", "length": 20}, "policy_config": {"name": "impala_resnet", "channels": [16, 0]}}
+    config = {
+        "env_config": {"name": "crafter", "length": 20},
+        "policy_config": {"name": "impala_resnet", "channels": [16, 0]},
+    }
     with pytest.raises(ConfigError, match=r"policy_config\.channels"):
         resolve(load_config(config), get_plugin_manager())
 

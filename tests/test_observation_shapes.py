@@ -47,8 +47,9 @@ def test_the_probe_passes_an_env_whose_observations_match_its_space() -> None:
 @pytest.mark.parametrize("env_processes", [True, False], ids=["processes", "inline"])
 def test_a_policy_that_cannot_take_the_observations_names_the_envs_and_shapes(env_processes: bool) -> None:
     envs = [functools.partial(tk.counting, i) for i in range(2)]
-    collector = tk.collector(policy=tk.TinyGRUPolicy(obs_dim=5), env_fns=envs, fragment_length=4, batch_size=2,
-                             env_processes=env_processes)  # fmt: skip
+    collector = tk.collector(
+        policy=tk.TinyGRUPolicy(obs_dim=5), env_fns=envs, fragment_length=4, batch_size=2, env_processes=env_processes
+    )
     try:
         collector.warmup(timeout=120)
         with pytest.raises(RunFailedError) as info:

@@ -26,7 +26,9 @@ TORCH = "torch==2.13.0"  # the Makefile's pin: the CPU wheel on this machine's l
 
 def _run(command: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> str:
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(map(str, command))} exited with {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{' '.join(map(str, command))} exited with {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done.stdout
 
 
@@ -53,8 +55,21 @@ def test_wheels_install_into_a_fresh_venv_and_train(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
     sources = _copy_sources(tmp_path / "src")
     # The build backend (setuptools) comes from this venv: no download, no isolated build env.
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-          *map(str, sources)], cwd=tmp_path)  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            *map(str, sources),
+        ],
+        cwd=tmp_path,
+    )
     built = sorted(p.name.split("-")[0] for p in wheels.glob("*.whl"))
     assert len(built) == len(sources), built
     built_s = time.monotonic() - started
@@ -72,23 +87,51 @@ def test_wheels_install_into_a_fresh_venv_and_train(tmp_path: Path) -> None:
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", WANDB_MODE="disabled")
     work = tmp_path / "user"  # outside the checkout: only what the wheels installed can be imported
     work.mkdir()
-    where = _run([str(venv / "bin" / "python"), "-c", "import mineonline_core, mineonline_ppo; print(mineonline_core.__file__); print(mineonline_ppo.__file__)"],
-                 cwd=work, env=env)  # fmt: skip
+    where = _run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import mineonline_core, mineonline_ppo; print(mineonline_core.__file__); print(mineonline_ppo.__file__)",
+        ],
+        cwd=work,
+        env=env,
+    )
     assert all(line.startswith(str(venv)) for line in where.split()), where
     listing = _run([str(venv / "bin" / "mineonline"), "plugins"], cwd=work, env=env)
-    for component in ("PPOTrainer", "VTraceTrainer", "ReinforceTrainer", "lmdb", "memory", "wandb", "vpt", "cnn_gru", "crafter", "gymnasium"):
+    for component in (
+        "PPOTrainer",
+        "VTraceTrainer",
+        "ReinforceTrainer",
+        "lmdb",
+        "memory",
+        "wandb",
+        "vpt",
+        "cnn_gru",
+        "crafter",
+        "gymnasium",
+    ):
         assert component in listing, listing
     assert "failed to load" not in listing, listing
     assert "mineonline-ppo 0.1.0" in listing and "mineonline-lmdb-buffer 0.1.0" in listing
 
     shutil.copy2(ROOT / "examples" / "cartpole.yaml", work / "cartpole.yaml")
-    overrides = ["run_name=wheel", "train_config.num_iterations=2", "train_config.save_interval=2",
-                 "rollout_config.replay_buffer_config.database_config.backend=lmdb"]  # fmt: skip
-    out = _run([str(venv / "bin" / "mineonline"), "run", "cartpole.yaml", *overrides, "--no-progress"], cwd=work, env=env)
+    overrides = [
+        "run_name=wheel",
+        "train_config.num_iterations=2",
+        "train_config.save_interval=2",
+        "rollout_config.replay_buffer_config.database_config.backend=lmdb",
+    ]
+    out = _run(
+        [str(venv / "bin" / "mineonline"), "run", "cartpole.yaml", *overrides, "--no-progress"], cwd=work, env=env
+    )
     assert "run wheel completed" in out, out[-2000:]
     assert (work / "runs" / "wheel" / "checkpoints" / "checkpoint_000002" / "manifest.json").is_file()
     assert (work / "runs" / "wheel" / "replay_buffer" / "mineonline-store.json").is_file()
-    out = _run([str(venv / "bin" / "mineonline"), "eval", "runs/wheel", "--episodes", "2", "--no-progress"], cwd=work, env=env)
+    out = _run(
+        [str(venv / "bin" / "mineonline"), "eval", "runs/wheel", "--episodes", "2", "--no-progress"], cwd=work, env=env
+    )
     assert "2 episodes of" in out
-    print(f"FIGURE wheels built in {built_s:.0f}s, fresh venv installed in {installed_s:.0f}s, "
-          f"whole test {time.monotonic() - started:.0f}s")
+    print(
+        f"FIGURE wheels built in {built_s:.0f}s, fresh venv installed in {installed_s:.0f}s, "
+        f"whole test {time.monotonic() - started:.0f}s"
+    )

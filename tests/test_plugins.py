@@ -66,7 +66,11 @@ def test_core_defaults_are_registered(plugin_manager: PluginManager) -> None:
 
 def test_entry_point_discovery(entry_points: list[FakeEntryPoint]) -> None:
     store = make_store("fast")
-    entry_points.append(FakeEntryPoint("fast", plugin_module("fast", mineonline_register_replay_stores=lambda register: register(store))))
+    entry_points.append(
+        FakeEntryPoint(
+            "fast", plugin_module("fast", mineonline_register_replay_stores=lambda register: register(store))
+        )
+    )
     pm = get_plugin_manager()
     assert pm.lookup("replay_store", "fast") is store
     origin = pm.registries["replay_store"].origin("fast")
@@ -76,7 +80,11 @@ def test_entry_point_discovery(entry_points: list[FakeEntryPoint]) -> None:
 def test_broken_plugin_does_not_break_others(entry_points: list[FakeEntryPoint]) -> None:
     store = make_store("good")
     entry_points.append(FakeEntryPoint("broken", ImportError("No module named 'lmdb'"), dist="mineonline-broken"))
-    entry_points.append(FakeEntryPoint("good", plugin_module("good", mineonline_register_replay_stores=lambda register: register(store))))
+    entry_points.append(
+        FakeEntryPoint(
+            "good", plugin_module("good", mineonline_register_replay_stores=lambda register: register(store))
+        )
+    )
     pm = get_plugin_manager()
     assert pm.lookup("replay_store", "good") is store
     (failure,) = pm.load_failures
@@ -88,8 +96,20 @@ def test_broken_plugin_does_not_break_others(entry_points: list[FakeEntryPoint])
 
 
 def test_duplicate_name_names_both_origins(entry_points: list[FakeEntryPoint]) -> None:
-    entry_points.append(FakeEntryPoint("first", plugin_module("first", mineonline_register_replay_stores=lambda register: register(make_store("dup"))), dist="dist-one"))
-    entry_points.append(FakeEntryPoint("second", plugin_module("second", mineonline_register_replay_stores=lambda register: register(make_store("dup"))), dist="dist-two"))
+    entry_points.append(
+        FakeEntryPoint(
+            "first",
+            plugin_module("first", mineonline_register_replay_stores=lambda register: register(make_store("dup"))),
+            dist="dist-one",
+        )
+    )
+    entry_points.append(
+        FakeEntryPoint(
+            "second",
+            plugin_module("second", mineonline_register_replay_stores=lambda register: register(make_store("dup"))),
+            dist="dist-two",
+        )
+    )
     with pytest.raises(DuplicateComponentError) as info:
         get_plugin_manager()
     assert "dist-one" in str(info.value) and "dist-two" in str(info.value) and "'dup'" in str(info.value)
@@ -114,12 +134,17 @@ def test_unknown_name_message(plugin_manager: PluginManager) -> None:
 def test_component_without_name_is_rejected(plugin_manager: PluginManager) -> None:
     nameless = type("Nameless", (MemoryStore,), {"name": ""})
     with pytest.raises(InvalidComponentError, match="no string class attribute 'name'"):
-        with registered(plugin_manager, plugin_module("nameless", mineonline_register_replay_stores=lambda register: register(nameless))):
+        with registered(
+            plugin_manager,
+            plugin_module("nameless", mineonline_register_replay_stores=lambda register: register(nameless)),
+        ):
             pass
 
 
 @pytest.mark.parametrize("kind", sorted(REGISTRATION_HOOKS))
-def test_a_class_that_is_not_a_component_is_refused_naming_the_plugin_and_the_base(plugin_manager: PluginManager, kind: str) -> None:
+def test_a_class_that_is_not_a_component_is_refused_naming_the_plugin_and_the_base(
+    plugin_manager: PluginManager, kind: str
+) -> None:
     class NotAComponent:
         name = "Bogus"
 
@@ -140,8 +165,10 @@ def test_a_trainer_with_a_config_that_is_not_a_pydantic_model_is_refused(plugin_
 
     bare = type("NotATrainer", (), {"name": "Bogus"})  # the issue's own example
     wrong_config = type("DictConfigTrainer", (BaseTrainer,), {"name": "DictConfig", "Config": dict})
-    for cls, expected in ((bare, "does not subclass mineonline_core.trainer.base.BaseTrainer"),
-                          (wrong_config, "'Config' is not a pydantic model class")):  # fmt: skip
+    for cls, expected in (
+        (bare, "does not subclass mineonline_core.trainer.base.BaseTrainer"),
+        (wrong_config, "'Config' is not a pydantic model class"),
+    ):
         module = plugin_module("bad", mineonline_register_trainers=lambda register, cls=cls: register(cls))
         with pytest.raises(InvalidComponentError, match=expected):
             with registered(plugin_manager, module):
@@ -151,7 +178,13 @@ def test_a_trainer_with_a_config_that_is_not_a_pydantic_model_is_refused(plugin_
 
 def test_an_installed_plugin_with_an_invalid_class_is_a_load_failure(entry_points: list[FakeEntryPoint]) -> None:
     bare = type("NotATrainer", (), {"name": "Bogus"})
-    entry_points.append(FakeEntryPoint("bogus", plugin_module("bogus", mineonline_register_trainers=lambda register: register(bare)), dist="mineonline-bogus"))
+    entry_points.append(
+        FakeEntryPoint(
+            "bogus",
+            plugin_module("bogus", mineonline_register_trainers=lambda register: register(bare)),
+            dist="mineonline-bogus",
+        )
+    )
     pm = get_plugin_manager()
     (failure,) = pm.load_failures
     assert failure.distribution == "mineonline-bogus" and "does not subclass" in failure.error
@@ -161,8 +194,12 @@ def test_an_installed_plugin_with_an_invalid_class_is_a_load_failure(entry_point
 
 def test_cli_unknown_trainer_is_one_message_without_traceback() -> None:
     cli = Path(sys.executable).parent / "mineonline"
-    proc = subprocess.run([str(cli), "check", str(ROOT / "examples" / "cartpole.yaml"), "trainer_name=PPOTrainr"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [str(cli), "check", str(ROOT / "examples" / "cartpole.yaml"), "trainer_name=PPOTrainr"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "PPOTrainer" in proc.stderr and "trainer_name" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -188,7 +225,9 @@ def _register_one(pm: PluginManager, hook: str, kind: str, cls: type) -> None:
 def test_hook_mineonline_register_trainers(plugin_manager: PluginManager) -> None:
     from mineonline_core.trainer.base import BaseTrainer
 
-    _register_one(plugin_manager, "mineonline_register_trainers", "trainer", type("T", (BaseTrainer,), {"name": "HookTrainer"}))
+    _register_one(
+        plugin_manager, "mineonline_register_trainers", "trainer", type("T", (BaseTrainer,), {"name": "HookTrainer"})
+    )
 
 
 def test_hook_mineonline_register_replay_stores(plugin_manager: PluginManager) -> None:
@@ -205,7 +244,9 @@ def test_hook_mineonline_register_loggers(plugin_manager: PluginManager) -> None
 def test_hook_mineonline_register_policies(plugin_manager: PluginManager) -> None:
     from mineonline_core.builtin.models import MLPPolicy
 
-    _register_one(plugin_manager, "mineonline_register_policies", "policy", type("P", (MLPPolicy,), {"name": "hookpolicy"}))
+    _register_one(
+        plugin_manager, "mineonline_register_policies", "policy", type("P", (MLPPolicy,), {"name": "hookpolicy"})
+    )
 
 
 def test_hook_mineonline_register_envs(plugin_manager: PluginManager) -> None:
@@ -216,7 +257,10 @@ def test_hook_mineonline_register_envs(plugin_manager: PluginManager) -> None:
 
 def test_hook_mineonline_run_start(plugin_manager: PluginManager) -> None:
     seen: list[tuple] = []
-    with registered(plugin_manager, plugin_module("start", mineonline_run_start=lambda config, run_dir: seen.append((config, run_dir)))):
+    with registered(
+        plugin_manager,
+        plugin_module("start", mineonline_run_start=lambda config, run_dir: seen.append((config, run_dir))),
+    ):
         plugin_manager.hook.mineonline_run_start(config="cfg", run_dir="/tmp/run")
     assert seen == [("cfg", "/tmp/run")]
 

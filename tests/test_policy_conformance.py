@@ -14,8 +14,11 @@ class TestMLPPolicy(PolicyConformance):
     action_space = gym.spaces.Discrete(2)
 
     def make_policy(self) -> MLPPolicy:
-        return MLPPolicy.build(MLPPolicy.Config(hidden_sizes=[16, 16]), observation_space=self.observation_space,
-                               action_space=self.action_space)  # fmt: skip
+        return MLPPolicy.build(
+            MLPPolicy.Config(hidden_sizes=[16, 16]),
+            observation_space=self.observation_space,
+            action_space=self.action_space,
+        )
 
 
 class TestRecurrentCNNPolicy(PolicyConformance):
@@ -24,4 +27,6 @@ class TestRecurrentCNNPolicy(PolicyConformance):
 
     def make_policy(self) -> RecurrentCNNPolicy:
         config = RecurrentCNNPolicy.Config(channels=[4, 8, 8], hidden_size=16)
-        return RecurrentCNNPolicy.build(config, observation_space=self.observation_space, action_space=self.action_space)
+        return RecurrentCNNPolicy.build(
+            config, observation_space=self.observation_space, action_space=self.action_space
+        )

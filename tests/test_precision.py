@@ -26,13 +26,21 @@ from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer
 from mineonline_vpt import VPTPolicy
 
-SMALL_VPT = {"hidsize": 32, "impala_chans": [8, 16, 16], "n_recurrence_layers": 2, "attention_heads": 4,
-             "attention_memory_size": 10, "timesteps": 4}  # fmt: skip
+SMALL_VPT = {
+    "hidsize": 32,
+    "impala_chans": [8, 16, 16],
+    "n_recurrence_layers": 2,
+    "attention_heads": 4,
+    "attention_memory_size": 10,
+    "timesteps": 4,
+}
 
 
 def tiny_vpt(seed: int = 0) -> VPTPolicy:
     torch.manual_seed(seed)
-    return VPTPolicy.build(SMALL_VPT, observation_space=tk.TinyImageEnv().observation_space, action_space=gym.spaces.Discrete(3))
+    return VPTPolicy.build(
+        SMALL_VPT, observation_space=tk.TinyImageEnv().observation_space, action_space=gym.spaces.Discrete(3)
+    )
 
 
 @pytest.fixture
@@ -62,13 +70,23 @@ DECISIONS = [
 @pytest.mark.parametrize(("use_amp", "amp_dtype", "device", "bf16", "dtype", "scaler"), DECISIONS)
 def test_decision(use_amp: bool, amp_dtype: str, device: str, bf16: bool, dtype: str | None, scaler: bool) -> None:
     for tf32 in (False, True):
-        decided = PrecisionChoice(use_amp=use_amp, amp_dtype=amp_dtype, allow_tf32=tf32).decide(device_type=device, bf16_supported=bf16)
-        assert (decided.dtype, decided.grad_scaler, decided.allow_tf32, decided.device_type) == (dtype, scaler, tf32, device)
+        decided = PrecisionChoice(use_amp=use_amp, amp_dtype=amp_dtype, allow_tf32=tf32).decide(
+            device_type=device, bf16_supported=bf16
+        )
+        assert (decided.dtype, decided.grad_scaler, decided.allow_tf32, decided.device_type) == (
+            dtype,
+            scaler,
+            tf32,
+            device,
+        )
 
 
 @pytest.mark.parametrize("amp_dtype", ["auto", "bfloat16"])
 def test_bfloat16_on_a_gpu_without_it_is_refused(amp_dtype: str) -> None:
-    with pytest.raises(ConfigError, match=f"amp_dtype is '{amp_dtype}'.*does not support bfloat16.*Fix: set train_config.amp_dtype: float16"):
+    with pytest.raises(
+        ConfigError,
+        match=f"amp_dtype is '{amp_dtype}'.*does not support bfloat16.*Fix: set train_config.amp_dtype: float16",
+    ):
         PrecisionChoice(use_amp=True, amp_dtype=amp_dtype).decide(device_type="cuda", bf16_supported=False)
 
 
@@ -92,14 +110,20 @@ def test_autocast_follows_the_decision() -> None:
 
 # -- refused before Ray --------------------------------------------------------------------------
 
-BASE = {"run_name": "precision", "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
-        "logger_config": {"loggers": []}}  # fmt: skip
+BASE = {
+    "run_name": "precision",
+    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+    "policy_config": {"name": "mlp"},
+    "logger_config": {"loggers": []},
+}
 
 
 def test_amp_dtype_values_and_amp_dtype_without_use_amp_are_refused() -> None:
     with pytest.raises(ConfigError, match="train_config.amp_dtype.*'fp8'"):
         load_config(BASE, ["train_config.amp_dtype=fp8"])
-    with pytest.raises(ConfigError, match="amp_dtype is 'float16' but use_amp is false.*Fix: set train_config.use_amp: true"):
+    with pytest.raises(
+        ConfigError, match="amp_dtype is 'float16' but use_amp is false.*Fix: set train_config.use_amp: true"
+    ):
         load_config(BASE, ["train_config.amp_dtype=float16"])
 
 
@@ -108,7 +132,9 @@ def test_bfloat16_on_a_gpu_the_driver_sees_without_it_is_refused(monkeypatch: py
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(P, "_cuda_bf16", lambda: False)
     cfg = OnlineConfig(train_config={"use_amp": True, "num_gpus_per_worker": 1.0})
-    with pytest.raises(ConfigError, match=r"cuda device \(train_config.num_gpus_per_worker > 0\) does not support bfloat16"):
+    with pytest.raises(
+        ConfigError, match=r"cuda device \(train_config.num_gpus_per_worker > 0\) does not support bfloat16"
+    ):
         check_consistency(cfg)
     check_consistency(OnlineConfig(train_config={"use_amp": True, "amp_dtype": "float16", "num_gpus_per_worker": 1.0}))
     check_consistency(OnlineConfig(train_config={"use_amp": True}))  # on CPU: bfloat16 everywhere
@@ -116,7 +142,9 @@ def test_bfloat16_on_a_gpu_the_driver_sees_without_it_is_refused(monkeypatch: py
 
 def test_float16_with_a_policy_that_does_not_declare_it_is_refused_before_ray() -> None:
     with pytest.raises(ConfigError, match="amp_dtype is 'float16'.*MLPPolicy does not declare supports_float16.*Fix"):
-        resolve(load_config(BASE, ["train_config.use_amp=true", "train_config.amp_dtype=float16"]), get_plugin_manager())
+        resolve(
+            load_config(BASE, ["train_config.use_amp=true", "train_config.amp_dtype=float16"]), get_plugin_manager()
+        )
     assert float16_problem(PrecisionChoice(use_amp=True, amp_dtype="float16"), tiny_vpt()) is None
     assert float16_problem(PrecisionChoice(use_amp=True, amp_dtype="bfloat16"), tk.mlp_policy()) is None
 
@@ -131,19 +159,30 @@ def test_rollout_logprobs_are_computed_in_the_training_dtype(tf32_on, amp_dtype:
     torch.set_num_threads(1)
     choice = PrecisionChoice(use_amp=True, amp_dtype=amp_dtype)
     policy = tiny_vpt(1)
-    c = tk.collector(policy=policy, env_fns=[lambda i=i: tk.TinyImageEnv(seed=i) for i in range(2)], fragment_length=8,
-                     batch_size=2, env_processes=False, precision=choice)  # fmt: skip
+    c = tk.collector(
+        policy=policy,
+        env_fns=[lambda i=i: tk.TinyImageEnv(seed=i) for i in range(2)],
+        fragment_length=8,
+        batch_size=2,
+        env_processes=False,
+        precision=choice,
+    )
     try:
         frags = c.collect(4)
     finally:
         c.close()
-    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32  # set by the process itself
+    assert (
+        not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    )  # set by the process itself
     batch = assemble_chunks([[f] for f in frags])
 
     def max_ratio_error(precision: P.Precision) -> float:
         with torch.no_grad(), precision.autocast():
-            latents, _ = policy(input=to_torch(batch[F.OBS]), state_in=to_torch(batch[F.STATE_IN]),
-                                context={"first": to_torch(batch[F.FIRST])})  # fmt: skip
+            latents, _ = policy(
+                input=to_torch(batch[F.OBS]),
+                state_in=to_torch(batch[F.STATE_IN]),
+                context={"first": to_torch(batch[F.FIRST])},
+            )
         logp = policy.pi_head.logprob(to_torch(batch[F.ACTION]), latents["pi_logits"])
         return float(((logp - torch.as_tensor(batch[F.LOGPROB])).exp() - 1).abs().max())
 
@@ -158,25 +197,51 @@ def test_rollout_logprobs_are_computed_in_the_training_dtype(tf32_on, amp_dtype:
 @pytest.mark.parametrize("amp_dtype", ["bfloat16", "float16"])
 def test_ppo_trains_vpt_under_autocast(tmp_path, tf32_on, amp_dtype: str) -> None:
     torch.set_num_threads(1)
-    train = {"num_iterations": 2, "batches_per_iteration": 2, "batch_size_per_gpu": 2, "gradient_accumulation": 2,
-             "context_length": 8, "learning_rate": 1e-3, "use_amp": True, "amp_dtype": amp_dtype}  # fmt: skip
+    train = {
+        "num_iterations": 2,
+        "batches_per_iteration": 2,
+        "batch_size_per_gpu": 2,
+        "gradient_accumulation": 2,
+        "context_length": 8,
+        "learning_rate": 1e-3,
+        "use_amp": True,
+        "amp_dtype": amp_dtype,
+    }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = PPOTrainer(rollout_manager=None, policy_generator=tiny_vpt, env_generator=None, config=config, run_dir=str(tmp_path))
+    trainer = PPOTrainer(
+        rollout_manager=None, policy_generator=tiny_vpt, env_generator=None, config=config, run_dir=str(tmp_path)
+    )
     trainer.setup_rank(local=True)
     trainer.iteration = 1
-    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32  # set by the process itself
+    assert (
+        not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    )  # set by the process itself
     with trainer.autocast():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == getattr(torch, amp_dtype)
     # The scaler follows the policy: float16 on CPU trains unscaled, on CUDA it would be scaled.
-    assert trainer.scaler.is_enabled() is PrecisionChoice.from_config(trainer.train_config).on(trainer.device).grad_scaler is False
+    assert (
+        trainer.scaler.is_enabled()
+        is PrecisionChoice.from_config(trainer.train_config).on(trainer.device).grad_scaler
+        is False
+    )
     with trainer.autocast():  # what the rollout worker does (config/precision.py)
-        streams = tk.rollout_fragments(trainer.policy, lambda i: tk.TinyImageEnv(seed=i), num_envs=2, fragment_length=8, fragments_per_env=4)
-    batch = estimate_advantages(trainer.model, assemble_chunks(tk.chunks_of(streams, 2)), version=0, context_length=8,
-                                discount=0.99, gae_lambda=0.95)  # fmt: skip
+        streams = tk.rollout_fragments(
+            trainer.policy, lambda i: tk.TinyImageEnv(seed=i), num_envs=2, fragment_length=8, fragments_per_env=4
+        )
+    batch = estimate_advantages(
+        trainer.model,
+        assemble_chunks(tk.chunks_of(streams, 2)),
+        version=0,
+        context_length=8,
+        discount=0.99,
+        gae_lambda=0.95,
+    )
     before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
     metrics = trainer.train(batch)
     assert all(np.isfinite(v) for v in metrics.values()), metrics
     assert metrics["trainer/grad_norm"] > 0 and metrics["trainer/clipfrac"] == 0.0
     changed = {k for k, v in trainer.policy.named_parameters() if not torch.equal(before[k], v.detach())}
-    assert any(k.startswith("net.recurrent_layer") for k in changed) and any(k.startswith("net.img_process") for k in changed)
+    assert any(k.startswith("net.recurrent_layer") for k in changed) and any(
+        k.startswith("net.img_process") for k in changed
+    )
     assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())

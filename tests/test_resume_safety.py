@@ -23,21 +23,32 @@ from mineonline_core.driver.continuity import resume_point
 from mineonline_core.trainer import checkpoint as ckpt
 
 CONFIG = {
-    "run_name": "safe", "seed": 0,
+    "run_name": "safe",
+    "seed": 0,
     "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
     "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
     "rollout_config": {
-        "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 32,
+        "num_rollout_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "fragment_length": 32,
         "worker_config": {"num_envs": 2, "batch_size": 2},
         "replay_buffer_config": {"fragments_per_chunk": 1, "database_config": {"backend": "memory"}},
     },
     "train_config": {
-        "num_workers": 1, "num_cpus_per_worker": 0.5, "num_iterations": 2, "vf_warmup": 0, "batch_size_per_gpu": 2,
-        "batches_per_iteration": 2, "gradient_accumulation": 1, "context_length": 16, "save_interval": 1,
-        "keep_interval": 1, "record_video_interval": 0,
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "num_iterations": 2,
+        "vf_warmup": 0,
+        "batch_size_per_gpu": 2,
+        "batches_per_iteration": 2,
+        "gradient_accumulation": 1,
+        "context_length": 16,
+        "save_interval": 1,
+        "keep_interval": 1,
+        "record_video_interval": 0,
     },
     "logger_config": {"loggers": []},
-}  # fmt: skip
+}
 KEPT = ("run.json", "config.yaml", "metrics.jsonl")
 
 
@@ -87,8 +98,12 @@ def test_resume_refuses_continuity_breaking_edits_listing_each(run_dir: Path) ->
     before = _snapshot(run_dir)
     started = time.monotonic()
     with pytest.raises(ConfigError) as info:
-        run(None, ["policy_config.hidden_sizes=[64]", "rollout_config.fragment_length=16", "train_config.learning_rate=1e-3"],
-            resume=str(run_dir), progress=False)  # fmt: skip
+        run(
+            None,
+            ["policy_config.hidden_sizes=[64]", "rollout_config.fragment_length=16", "train_config.learning_rate=1e-3"],
+            resume=str(run_dir),
+            progress=False,
+        )
     elapsed = time.monotonic() - started
     message = str(info.value)
     assert "policy_config.hidden_sizes: [32, 32] in checkpoint_000002, [64] now" in message
@@ -137,8 +152,13 @@ def test_a_forced_change_of_the_network_still_fails_before_ray(run_dir: Path) ->
 def test_resume_from_a_chosen_checkpoint_with_force(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
     chosen = run_dir / "checkpoints" / "checkpoint_000001"
-    result = run(None, ["train_config.num_iterations=3", "rollout_config.fragment_length=16"], resume=str(chosen),
-                 force=True, progress=False)  # fmt: skip
+    result = run(
+        None,
+        ["train_config.num_iterations=3", "rollout_config.fragment_length=16"],
+        resume=str(chosen),
+        force=True,
+        progress=False,
+    )
     assert result["status"] == "completed" and result["iteration"] == 3
     out = capsys.readouterr().out
     assert "resume: rollout_config.fragment_length: 32 -> 16  (breaks continuity; --force)" in out
@@ -175,6 +195,11 @@ def test_a_failed_attempt_to_continue_leaves_the_run_records_as_they_were(run_di
     inherit the failed attempt's overrides."""
     before = _snapshot(run_dir)
     with pytest.raises(ConfigError, match="CPUs"):
-        run(None, ["train_config.num_iterations=5", "train_config.num_cpus_per_worker=64"], resume=str(run_dir), progress=False)
+        run(
+            None,
+            ["train_config.num_iterations=5", "train_config.num_cpus_per_worker=64"],
+            resume=str(run_dir),
+            progress=False,
+        )
     assert _snapshot(run_dir) == before
     assert json.loads((run_dir / "run.json").read_text())["overrides"] == []

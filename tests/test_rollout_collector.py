@@ -16,8 +16,26 @@ from mineonline_core.errors import RunFailedError
 from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.collector import FragmentCollector
 
-COLUMNS = {F.OBS, F.NEXT_OBS, F.ACTION, F.REWARD, F.TERMINATED, F.TRUNCATED, F.FIRST, F.LOGPROB, F.VPRED,
-           F.BOOTSTRAP, F.STATE_IN, F.REF_STATE_IN, F.EPISODE_ID, F.VERSION, F.STREAM, F.INDEX, F.WORKER_ID, F.ENV_ID}  # fmt: skip
+COLUMNS = {
+    F.OBS,
+    F.NEXT_OBS,
+    F.ACTION,
+    F.REWARD,
+    F.TERMINATED,
+    F.TRUNCATED,
+    F.FIRST,
+    F.LOGPROB,
+    F.VPRED,
+    F.BOOTSTRAP,
+    F.STATE_IN,
+    F.REF_STATE_IN,
+    F.EPISODE_ID,
+    F.VERSION,
+    F.STREAM,
+    F.INDEX,
+    F.WORKER_ID,
+    F.ENV_ID,
+}
 
 
 counting, time_limited, faulty = tk.counting, tk.time_limited_counting, tk.faulty_counting
@@ -25,8 +43,9 @@ counting, time_limited, faulty = tk.counting, tk.time_limited_counting, tk.fault
 
 def make(env_fns, *, policy=None, T=4, batch_size=2, **kwargs) -> FragmentCollector:
     torch.manual_seed(0)
-    return tk.collector(policy=policy or tk.TinyGRUPolicy(), env_fns=env_fns, fragment_length=T, batch_size=batch_size,
-                        **kwargs)  # fmt: skip
+    return tk.collector(
+        policy=policy or tk.TinyGRUPolicy(), env_fns=env_fns, fragment_length=T, batch_size=batch_size, **kwargs
+    )
 
 
 def by_stream(frags: list[dict]) -> dict[str, list[dict]]:
@@ -60,7 +79,9 @@ def replay(policy, frag: dict) -> tuple[np.ndarray, np.ndarray, list]:
 
 @pytest.mark.parametrize("env_processes", [True, False], ids=["processes", "inline"])
 def test_fragment_columns_shapes_and_episode_boundaries(env_processes: bool) -> None:
-    c = make([functools.partial(counting, i, image=True) for i in range(3)], T=4, batch_size=2, env_processes=env_processes)
+    c = make(
+        [functools.partial(counting, i, image=True) for i in range(3)], T=4, batch_size=2, env_processes=env_processes
+    )
     try:
         c.warmup(timeout=120)  # as a worker does: an env process that starts late must not miss the window
         frags = c.collect(18)
@@ -71,8 +92,14 @@ def test_fragment_columns_shapes_and_episode_boundaries(env_processes: bool) -> 
     assert f[F.OBS]["obs"].shape == (4, 3) and f[F.OBS]["image"].shape == (4, 8, 8, 3)
     assert f[F.OBS]["image"].dtype == np.uint8 and f[F.NEXT_OBS]["obs"].shape == (1, 3)
     assert f[F.ACTION].shape == (4,) and f[F.ACTION].dtype == np.int64
-    for col, dtype in ((F.REWARD, np.float32), (F.LOGPROB, np.float32), (F.VPRED, np.float32),
-                       (F.BOOTSTRAP, np.float32), (F.EPISODE_ID, np.int64), (F.VERSION, np.int64)):  # fmt: skip
+    for col, dtype in (
+        (F.REWARD, np.float32),
+        (F.LOGPROB, np.float32),
+        (F.VPRED, np.float32),
+        (F.BOOTSTRAP, np.float32),
+        (F.EPISODE_ID, np.int64),
+        (F.VERSION, np.int64),
+    ):
         assert f[col].shape == (4,) and f[col].dtype == dtype, col
     for col in (F.TERMINATED, F.TRUNCATED, F.FIRST):
         assert f[col].dtype == bool
@@ -105,8 +132,13 @@ def test_fragment_columns_shapes_and_episode_boundaries(env_processes: bool) -> 
 @pytest.mark.parametrize("env_processes", [True, False], ids=["processes", "inline"])
 def test_recurrent_state_and_truncation_bootstrap_reproduce_rollout(env_processes: bool) -> None:
     policy = tk.TinyGRUPolicy()
-    c = make([functools.partial(time_limited, i) for i in range(2)], policy=policy, T=7, batch_size=1,
-             env_processes=env_processes)  # fmt: skip
+    c = make(
+        [functools.partial(time_limited, i) for i in range(2)],
+        policy=policy,
+        T=7,
+        batch_size=1,
+        env_processes=env_processes,
+    )
     try:
         frags = c.collect(8)
     finally:
@@ -125,7 +157,11 @@ def test_recurrent_state_and_truncation_bootstrap_reproduce_rollout(env_processe
             final = torch.as_tensor(f[F.OBS]["obs"][t].copy())
             final[1] += 1  # the final observation the env returned
             with torch.no_grad():
-                latents, _ = policy(input={"obs": final[None, None]}, state_in=states[t], context={"first": torch.zeros(1, 1, dtype=torch.bool)})
+                latents, _ = policy(
+                    input={"obs": final[None, None]},
+                    state_in=states[t],
+                    context={"first": torch.zeros(1, 1, dtype=torch.bool)},
+                )
             assert f[F.BOOTSTRAP][t] == pytest.approx(latents["vpred"].item(), abs=1e-5)
             assert f[F.BOOTSTRAP][t] != 0.0
         assert np.all(f[F.BOOTSTRAP][~f[F.TRUNCATED]] == 0.0)
@@ -161,7 +197,9 @@ def test_weights_load_off_the_stepping_thread_and_only_complete_loads_swap_in() 
         c.step()
         assert c.policy is policy and c.version == 0
         c.set_weights(new, 1)  # loads into the standby; the policy stepping now is untouched
-        assert c.policy is policy and not torch.equal(policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"]))
+        assert c.policy is policy and not torch.equal(
+            policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"])
+        )
         newer = {k: v + 1.0 for k, v in new.items()}
         c.set_weights(newer, 2)  # a second load before any step: the latest complete one wins
         c.step()
@@ -184,8 +222,16 @@ def test_env_fault_is_rebuilt_and_closed_as_truncated(mode: str) -> None:
     # A generous step_timeout except where a hang is the fault: on a machine loaded far beyond its
     # cores a healthy step can take a second, and must not be taken for a hang.
     step_timeout = 2.0 if mode == "hang" else 30.0
-    c = make(fns, policy=tk.TinyMLPPolicy(), T=5, batch_size=1, step_timeout=step_timeout, startup_timeout=60,
-             backoff_base=0.01, env_processes=not inline)  # fmt: skip
+    c = make(
+        fns,
+        policy=tk.TinyMLPPolicy(),
+        T=5,
+        batch_size=1,
+        step_timeout=step_timeout,
+        startup_timeout=60,
+        backoff_base=0.01,
+        env_processes=not inline,
+    )
     frags: list[dict] = []
     try:  # until the faulty env has lived through two faults (a rebuild takes longer than a step)
         while sum(f[F.STREAM] == "0.0.1" for f in frags) < 4:
@@ -228,8 +274,12 @@ def test_env_failing_every_step_fails_loudly_after_max_restarts() -> None:
 
 
 def test_restart_interval_rebuilds_envs_and_truncates() -> None:
-    c = make([functools.partial(counting, i, episode_len=10_000) for i in range(2)], policy=tk.TinyMLPPolicy(),
-             T=8, restart_interval=0.3)  # fmt: skip
+    c = make(
+        [functools.partial(counting, i, episode_len=10_000) for i in range(2)],
+        policy=tk.TinyMLPPolicy(),
+        T=8,
+        restart_interval=0.3,
+    )
     try:
         end, frags = time.monotonic() + 60, []  # a bound, not a timing: stops at 2 recycled episodes
         while sum(int(f[F.TRUNCATED].sum()) for f in frags) < 2 and time.monotonic() < end:
@@ -273,8 +323,13 @@ def test_env_factory_that_cannot_be_unpickled_fails_at_once_with_the_fix() -> No
 @pytest.mark.parametrize("env_processes", [False, True])
 def test_a_failed_reset_after_a_terminal_keeps_the_terminal_step(env_processes):
     """B1: the step that ended the episode happened; only the automatic reset after it failed."""
-    c = make([functools.partial(tk.counting_failing_reset, 0)], batch_size=1, T=6, backoff_base=0.0,
-             env_processes=env_processes)  # fmt: skip
+    c = make(
+        [functools.partial(tk.counting_failing_reset, 0)],
+        batch_size=1,
+        T=6,
+        backoff_base=0.0,
+        env_processes=env_processes,
+    )
     try:
         frags = c.collect(2)
         records = c.episode_records()

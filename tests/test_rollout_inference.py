@@ -31,10 +31,13 @@ def batch(seed: int, n: int = 2, values: int = 1) -> dict:
     """``n`` action rows (the first one starts an episode) and ``values`` value-only rows."""
     rng = np.random.default_rng(seed)
     rows = n + values
-    return {"obs": {"obs": rng.normal(size=(rows, 1, 3)).astype(np.float32)},
-            "state": [rng.normal(size=(rows, 8)).astype(np.float32)],
-            "first": np.array([[i == 0] for i in range(rows)]), "n": n,
-            "ref_state": [rng.normal(size=(n, 8)).astype(np.float32)]}  # fmt: skip
+    return {
+        "obs": {"obs": rng.normal(size=(rows, 1, 3)).astype(np.float32)},
+        "state": [rng.normal(size=(rows, 8)).astype(np.float32)],
+        "first": np.array([[i == 0] for i in range(rows)]),
+        "n": n,
+        "ref_state": [rng.normal(size=(n, 8)).astype(np.float32)],
+    }
 
 
 def test_server_coalesces_workers_and_reproduces_the_local_forward(local_ray) -> None:
@@ -44,7 +47,9 @@ def test_server_coalesces_workers_and_reproduces_the_local_forward(local_ray) ->
     torch.manual_seed(1)
     reference = GRU()
     config = tk.rollout_config(inference="shared", inference_wait_ms=60_000)
-    server = ray.remote(InferenceServer).options(num_cpus=0, max_concurrency=8).remote(policy_generator=GRU, config=config)
+    server = (
+        ray.remote(InferenceServer).options(num_cpus=0, max_concurrency=8).remote(policy_generator=GRU, config=config)
+    )
     try:
         assert ray.get(server.wait_weights.remote(0.0, 2)) == (False, None)  # no weights yet
         server.update_weights.remote([ray.put(numpy_state(behaviour)), ray.put(numpy_state(reference))], 3)
@@ -70,14 +75,19 @@ def test_server_coalesces_workers_and_reproduces_the_local_forward(local_ray) ->
         with torch.no_grad():
             for b, reply in zip(batches.values(), replies):
                 obs, first = {"obs": torch.as_tensor(b["obs"]["obs"])}, torch.as_tensor(b["first"])
-                latents, state_out = behaviour(input=obs, state_in=[torch.as_tensor(b["state"][0])], context={"first": first})
+                latents, state_out = behaviour(
+                    input=obs, state_in=[torch.as_tensor(b["state"][0])], context={"first": first}
+                )
                 logprob = behaviour.pi_head.logprob(torch.tensor(reply["action"]), latents["pi_logits"]).reshape(-1)
                 np.testing.assert_allclose(reply["logprob"], logprob.numpy(), atol=1e-6)
                 np.testing.assert_allclose(reply["vpred"], latents["vpred"].reshape(-1).numpy(), atol=1e-6)
                 np.testing.assert_allclose(reply["state_out"][0], state_out[0].numpy(), atol=1e-6)
                 n = b["n"]
-                _, ref_out = reference(input={"obs": obs["obs"][:n]}, state_in=[torch.as_tensor(b["ref_state"][0])],
-                                       context={"first": first[:n]})  # fmt: skip
+                _, ref_out = reference(
+                    input={"obs": obs["obs"][:n]},
+                    state_in=[torch.as_tensor(b["ref_state"][0])],
+                    context={"first": first[:n]},
+                )
                 np.testing.assert_allclose(reply["ref_state_out"][0], ref_out[0].numpy(), atol=1e-6)
                 assert reply["version"] == 3 and reply["action"].shape == (3, 1)
     finally:
@@ -86,17 +96,28 @@ def test_server_coalesces_workers_and_reproduces_the_local_forward(local_ray) ->
 
 def online_dict(tmp_path, **rollout) -> dict:
     return {
-        "run_name": "shared-inference", "output_dir": str(tmp_path), "seed": 1,
+        "run_name": "shared-inference",
+        "output_dir": str(tmp_path),
+        "seed": 1,
         "rollout_config": {
-            "num_rollout_workers": 2, "num_cpus_per_worker": 0.5, "fragment_length": 16, "inference": "shared",
-            "inference_wait_ms": 1000, "worker_config": {"num_envs": 2, "batch_size": 2, "env_processes": False},
-            "replay_buffer_config": {"max_chunks": 10_000, "max_reuse": 1, "max_staleness": 100,
-                                     "fragments_per_report": 10_000, "database_config": {"backend": "memory"}},
+            "num_rollout_workers": 2,
+            "num_cpus_per_worker": 0.5,
+            "fragment_length": 16,
+            "inference": "shared",
+            "inference_wait_ms": 1000,
+            "worker_config": {"num_envs": 2, "batch_size": 2, "env_processes": False},
+            "replay_buffer_config": {
+                "max_chunks": 10_000,
+                "max_reuse": 1,
+                "max_staleness": 100,
+                "fragments_per_report": 10_000,
+                "database_config": {"backend": "memory"},
+            },
             **rollout,
         },
         "train_config": {"num_workers": 1, "num_cpus_per_worker": 0.5, "context_length": 16},
         "logger_config": {"loggers": []},
-    }  # fmt: skip
+    }
 
 
 def weights(version: int) -> dict[str, np.ndarray]:
@@ -156,16 +177,23 @@ def test_each_step_records_the_version_and_states_that_chose_it(local_ray, tmp_p
             h = [torch.as_tensor(frag[F.STATE_IN][0])]
             for t in range(len(first)):
                 policy = policies[int(frag[F.VERSION][t])]
-                latents, h = policy(input={"obs": obs[t : t + 1, None]}, state_in=h, context={"first": first[t : t + 1, None]})
+                latents, h = policy(
+                    input={"obs": obs[t : t + 1, None]}, state_in=h, context={"first": first[t : t + 1, None]}
+                )
                 logprob = policy.pi_head.logprob(torch.as_tensor(frag[F.ACTION][t : t + 1, None]), latents["pi_logits"])
                 np.testing.assert_allclose(frag[F.LOGPROB][t], float(logprob), atol=1e-5)
                 versions.add(int(frag[F.VERSION][t]))
             stream = key.rsplit(".", 1)[0]
-            expected = reference.initial_state(1)[0] if frag[F.FIRST][0] or stream not in ref_state else ref_state[stream]
+            expected = (
+                reference.initial_state(1)[0] if frag[F.FIRST][0] or stream not in ref_state else ref_state[stream]
+            )
             carried += not frag[F.FIRST][0] and stream in ref_state
             np.testing.assert_allclose(frag[F.REF_STATE_IN][0], expected.numpy(), atol=1e-6)
-            _, (ref_state[stream],) = reference(input={"obs": obs[None]}, state_in=[torch.as_tensor(frag[F.REF_STATE_IN][0])],
-                                                context={"first": first[None]})  # fmt: skip
+            _, (ref_state[stream],) = reference(
+                input={"obs": obs[None]},
+                state_in=[torch.as_tensor(frag[F.REF_STATE_IN][0])],
+                context={"first": first[None]},
+            )
     assert versions == {1, 3} and carried  # some reference state was carried across fragments
 
 
@@ -218,7 +246,9 @@ def test_killed_server_and_worker_restart_without_losing_states_or_weights(local
     with torch.no_grad():  # every step still matches the state it was stored with (nothing lost or mixed)
         for frag in fragments:
             obs, first = torch.tensor(frag[F.OBS]["obs"]), torch.tensor(frag[F.FIRST])
-            latents, _ = policy(input={"obs": obs[None]}, state_in=[torch.tensor(frag[F.STATE_IN][0])], context={"first": first[None]})
+            latents, _ = policy(
+                input={"obs": obs[None]}, state_in=[torch.tensor(frag[F.STATE_IN][0])], context={"first": first[None]}
+            )
             logprob = policy.pi_head.logprob(torch.tensor(frag[F.ACTION])[None], latents["pi_logits"]).reshape(-1)
             np.testing.assert_allclose(frag[F.LOGPROB], logprob.numpy(), atol=1e-5)
 
@@ -244,21 +274,34 @@ def test_a_run_trains_through_the_shared_inference_server(local_ray, tmp_path, m
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     config = {
-        "run_name": "shared-e2e", "output_dir": str(tmp_path),
+        "run_name": "shared-e2e",
+        "output_dir": str(tmp_path),
         "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
         "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
         "rollout_config": {
-            "num_rollout_workers": 2, "num_cpus_per_worker": 0.25, "fragment_length": 32, "inference": "shared",
+            "num_rollout_workers": 2,
+            "num_cpus_per_worker": 0.25,
+            "fragment_length": 32,
+            "inference": "shared",
             "worker_config": {"num_envs": 2, "batch_size": 2},
             "replay_buffer_config": {"max_staleness": 3, "max_reuse": 2, "database_config": {"backend": "memory"}},
         },
         "train_config": {
-            "num_workers": 1, "num_cpus_per_worker": 0.5, "num_iterations": 3, "vf_warmup": 1, "batch_size_per_gpu": 2,
-            "batches_per_iteration": 2, "gradient_accumulation": 1, "context_length": 16, "save_interval": 3, "record_video_interval": 0,
-            "learning_rate": 1e-3, "kl_divergence_coef_rho": 0.1,
+            "num_workers": 1,
+            "num_cpus_per_worker": 0.5,
+            "num_iterations": 3,
+            "vf_warmup": 1,
+            "batch_size_per_gpu": 2,
+            "batches_per_iteration": 2,
+            "gradient_accumulation": 1,
+            "context_length": 16,
+            "save_interval": 3,
+            "record_video_interval": 0,
+            "learning_rate": 1e-3,
+            "kl_divergence_coef_rho": 0.1,
         },
         "logger_config": {"loggers": []},
-    }  # fmt: skip
+    }
     result = run(config, progress=False)
     assert result["status"] == "completed"
     summary = result["summary"]

@@ -22,17 +22,27 @@ ENV = functools.partial(tk.cartpole, 50)
 
 def online_dict(tmp_path, **rollout) -> dict:
     return {
-        "run_name": "rollout-smoke", "output_dir": str(tmp_path), "seed": 1,
+        "run_name": "rollout-smoke",
+        "output_dir": str(tmp_path),
+        "seed": 1,
         "rollout_config": {
-            "num_rollout_workers": 2, "num_cpus_per_worker": 0.5, "fragment_length": 16, "to_send_queue_size": 1,
+            "num_rollout_workers": 2,
+            "num_cpus_per_worker": 0.5,
+            "fragment_length": 16,
+            "to_send_queue_size": 1,
             "worker_config": {"num_envs": 2, "batch_size": 2, "step_timeout": 30},
-            "replay_buffer_config": {"max_chunks": 64, "max_reuse": 1, "max_staleness": 1,
-                                     "fragments_per_report": 10_000, "database_config": {"backend": "memory"}},
+            "replay_buffer_config": {
+                "max_chunks": 64,
+                "max_reuse": 1,
+                "max_staleness": 1,
+                "fragments_per_report": 10_000,
+                "database_config": {"backend": "memory"},
+            },
             **rollout,
         },
         "train_config": {"num_workers": 1, "num_cpus_per_worker": 0.5, "context_length": 16},
         "logger_config": {"loggers": []},
-    }  # fmt: skip
+    }
 
 
 def weights(version: int) -> dict[str, np.ndarray]:
@@ -117,11 +127,20 @@ def test_full_send_queue_blocks_collection(local_ray) -> None:
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     client = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
-    buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
-        store_client=client, max_chunks=1000, max_reuse=1, max_staleness=100)  # fmt: skip
+    buffer = (
+        ray.remote(ReplayBuffer)
+        .options(num_cpus=0)
+        .remote(store_client=client, max_chunks=1000, max_reuse=1, max_staleness=100)
+    )
     store = GatedStore()
-    worker = RolloutWorker(worker_id=5, config=tk.rollout_config(num_envs=2, batch_size=1, fragment_length=8, to_send_queue_size=1),
-                           policy_generator=POLICY, env_generator=ENV, store_client=store, buffer=buffer)  # fmt: skip
+    worker = RolloutWorker(
+        worker_id=5,
+        config=tk.rollout_config(num_envs=2, batch_size=1, fragment_length=8, to_send_queue_size=1),
+        policy_generator=POLICY,
+        env_generator=ENV,
+        store_client=store,
+        buffer=buffer,
+    )
     try:
         worker.update_weights([ray.put(weights(2))], 2)
         deadline = time.monotonic() + 60
@@ -149,12 +168,21 @@ def test_a_failed_background_thread_is_raised_by_every_later_call(local_ray) -> 
     from mineonline_core.errors import RunFailedError
     from mineonline_core.rollout.buffer import ReplayBuffer
 
-    buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
-        store_client=None, max_chunks=10, max_reuse=1, max_staleness=1)  # fmt: skip
+    buffer = (
+        ray.remote(ReplayBuffer)
+        .options(num_cpus=0)
+        .remote(store_client=None, max_chunks=10, max_reuse=1, max_staleness=1)
+    )
     broken_env = functools.partial(tk.faulty_counting, 0, raise_rate=1.0)
     config = tk.rollout_config(num_envs=1, batch_size=1, fragment_length=4, to_send_queue_size=1, max_env_restarts=0)
-    worker = RolloutWorker(worker_id=7, config=config, policy_generator=tk.TinyMLPPolicy, env_generator=broken_env,
-                           store_client=None, buffer=buffer)  # fmt: skip
+    worker = RolloutWorker(
+        worker_id=7,
+        config=config,
+        policy_generator=tk.TinyMLPPolicy,
+        env_generator=broken_env,
+        store_client=None,
+        buffer=buffer,
+    )
     try:
         worker.update_weights([ray.put({k: v.numpy() for k, v in tk.TinyMLPPolicy().state_dict().items()})], 1)
         deadline = time.monotonic() + 60
@@ -190,13 +218,25 @@ def test_recorded_episode_is_encoded_and_sent_with_env_steps(local_ray) -> None:
     ray = local_ray
     from mineonline_core.rollout.buffer import ReplayBuffer
 
-    buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
-        store_client=None, max_chunks=10_000, max_reuse=1, max_staleness=100)  # fmt: skip
+    buffer = (
+        ray.remote(ReplayBuffer)
+        .options(num_cpus=0)
+        .remote(store_client=None, max_chunks=10_000, max_reuse=1, max_staleness=100)
+    )
     hub, store = RecordingHub(), MemoryStore(path="unused")
     image_env = functools.partial(tk.counting, 0, episode_len=12, image=True)
     config = tk.rollout_config(num_envs=1, batch_size=1, fragment_length=4, to_send_queue_size=4, video_fps=10)
-    worker = RolloutWorker(worker_id=0, config=config, policy_generator=tk.TinyMLPPolicy, env_generator=image_env,
-                           store_client=store, buffer=buffer, stats=RecordingHub(), logger_hub=hub, report_interval=0.2)  # fmt: skip
+    worker = RolloutWorker(
+        worker_id=0,
+        config=config,
+        policy_generator=tk.TinyMLPPolicy,
+        env_generator=image_env,
+        store_client=store,
+        buffer=buffer,
+        stats=RecordingHub(),
+        logger_hub=hub,
+        report_interval=0.2,
+    )
     try:
         worker.update_weights([ray.put({k: v.numpy() for k, v in tk.TinyMLPPolicy().state_dict().items()})], 1)
         deadline = time.monotonic() + 60
@@ -227,18 +267,29 @@ def test_worker_records_the_reference_policys_own_state_at_each_fragment_start(l
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
-    buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
-        store_client=store, max_chunks=1000, max_reuse=1, max_staleness=100)  # fmt: skip
+    buffer = (
+        ray.remote(ReplayBuffer)
+        .options(num_cpus=0)
+        .remote(store_client=store, max_chunks=1000, max_reuse=1, max_staleness=100)
+    )
     policy_fn = functools.partial(tk.TinyGRUPolicy, 3, 2)
     torch.manual_seed(0)
     behaviour = {k: v.numpy() for k, v in policy_fn().state_dict().items()}
     torch.manual_seed(1)
     reference = policy_fn()
     config = tk.rollout_config(num_envs=2, batch_size=2, fragment_length=4, to_send_queue_size=4, env_processes=False)
-    worker = RolloutWorker(worker_id=0, config=config, policy_generator=policy_fn,
-                           env_generator=functools.partial(tk.counting, 0, 5), store_client=store, buffer=buffer)  # fmt: skip
+    worker = RolloutWorker(
+        worker_id=0,
+        config=config,
+        policy_generator=policy_fn,
+        env_generator=functools.partial(tk.counting, 0, 5),
+        store_client=store,
+        buffer=buffer,
+    )
     try:
-        worker.update_weights([ray.put(behaviour), ray.put({k: v.numpy() for k, v in reference.state_dict().items()})], 1)
+        worker.update_weights(
+            [ray.put(behaviour), ray.put({k: v.numpy() for k, v in reference.state_dict().items()})], 1
+        )
         deadline = time.monotonic() + 60
         while len(store.keys()) < 16 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -282,14 +333,25 @@ def test_minestudio_start_rolloutmanager_starts_the_run_and_claims_its_directory
         assert (tmp_path / "public-entry" / "config.yaml").is_file()
         ray.get(manager.wait_ready.remote(120), timeout=150)
         second = subprocess.run(
-            [sys.executable, "-c", "import json, sys\n"
-             "from mineonline_core.config import load_config\n"
-             "from mineonline_core.registry import get_plugin_manager\n"
-             "from mineonline_core.driver.rundir import claim_run\n"
-             "claim_run(load_config(json.loads(sys.argv[1])).config, get_plugin_manager())", json.dumps(data)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert second.returncode != 0 and "RunInUseError" in second.stderr and "is in use by another mineonline run" in second.stderr
+            [
+                sys.executable,
+                "-c",
+                "import json, sys\n"
+                "from mineonline_core.config import load_config\n"
+                "from mineonline_core.registry import get_plugin_manager\n"
+                "from mineonline_core.driver.rundir import claim_run\n"
+                "claim_run(load_config(json.loads(sys.argv[1])).config, get_plugin_manager())",
+                json.dumps(data),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (
+            second.returncode != 0
+            and "RunInUseError" in second.stderr
+            and "is in use by another mineonline run" in second.stderr
+        )
     finally:
         ray.get(manager.shutdown.remote(), timeout=60)
         ray.kill(manager)

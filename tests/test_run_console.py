@@ -14,8 +14,16 @@ from mineonline_core.services.runlog import LOG_FILE, MARK, RunLog
 
 # The noise of issue 16, seen on the console of healthy runs before: Ray Train's controller and
 # placement-group cleaner, C++ log lines of actor processes, Ray's prefix of streamed actor output.
-NOISE = ("PlacementGroupCleaner", "GetTimeoutError", "core_worker.cc", "TrainController", "pid=", "Traceback",
-         "authentication_token_setup", "Started a local Ray instance")  # fmt: skip
+NOISE = (
+    "PlacementGroupCleaner",
+    "GetTimeoutError",
+    "core_worker.cc",
+    "TrainController",
+    "pid=",
+    "Traceback",
+    "authentication_token_setup",
+    "Started a local Ray instance",
+)
 
 CARTPOLE = """
 run_name: {name}
@@ -113,8 +121,14 @@ class _Printer:
 
 
 def test_actor_output_goes_to_the_file_and_marked_lines_to_the_console(tmp_path, capsys):
-    batch = {"pid": 7, "actor_name": "RolloutManager", "lines": [f"{MARK}WARNING: rollout worker 0 restarted",
-             "[2026-11-24 06:19:48 E 7 7] core_worker.cc:2465: constructor arguments"]}  # fmt: skip
+    batch = {
+        "pid": 7,
+        "actor_name": "RolloutManager",
+        "lines": [
+            f"{MARK}WARNING: rollout worker 0 restarted",
+            "[2026-11-24 06:19:48 E 7 7] core_worker.cc:2465: constructor arguments",
+        ],
+    }
     for verbose in (False, True):
         printer = _Printer()
         with RunLog(tmp_path, verbose=verbose) as run_log:
@@ -168,7 +182,11 @@ def test_an_actors_warning_reaches_the_console_as_one_line(tmp_path):
     proc = _mineonline(str(config), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if "the step counts as failed" in line]
-    assert len(warnings) == 1 and warnings[0].startswith("WARNING: worker 0 env 0: ") and warnings[0].endswith("(RolloutWorker)"), proc.stderr[-3000:]
+    assert (
+        len(warnings) == 1
+        and warnings[0].startswith("WARNING: worker 0 env 0: ")
+        and warnings[0].endswith("(RolloutWorker)")
+    ), proc.stderr[-3000:]
     assert "reward" in warnings[0]
 
 

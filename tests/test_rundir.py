@@ -69,8 +69,15 @@ def _refused(config: dict) -> RunInUseError:
 
 def _owner(config: dict) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", OWNER, json.dumps(config)], cwd=ROOT, env=env, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OWNER, json.dumps(config)],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     line = proc.stdout.readline()
     assert line.strip() == "ready", proc.stderr.read()[-2000:] if proc.poll() is not None else line
     return proc
@@ -98,8 +105,12 @@ def test_a_second_run_on_a_live_lmdb_store_is_refused_and_its_fragments_survive(
     store opens the path without ``resume`` and clears the first run's 60 fragments."""
     store = tmp_path / "shared-store"
     db = {"backend": "lmdb", "path": str(store), "num_shards": 2}
-    first = {**BASE, "run_name": "first", "output_dir": str(tmp_path),
-             "rollout_config": {"replay_buffer_config": {"database_config": db}}}  # fmt: skip
+    first = {
+        **BASE,
+        "run_name": "first",
+        "output_dir": str(tmp_path),
+        "rollout_config": {"replay_buffer_config": {"database_config": db}},
+    }
     owner = _owner(first)
     try:
         message = str(_refused({**first, "run_name": "second"}))
@@ -111,7 +122,9 @@ def test_a_second_run_on_a_live_lmdb_store_is_refused_and_its_fragments_survive(
     assert not (tmp_path / "second" / "run.json").exists()
 
 
-def test_a_stale_lock_of_a_killed_owner_is_taken_over_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_stale_lock_of_a_killed_owner_is_taken_over_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     config = {**BASE, "output_dir": str(tmp_path)}
     owner = _owner(config)
     os.kill(owner.pid, signal.SIGKILL)  # no release: the lock file still names it
@@ -122,7 +135,9 @@ def test_a_stale_lock_of_a_killed_owner_is_taken_over_with_a_warning(tmp_path: P
             record = json.loads((tmp_path / "owned" / LOCK_NAME).read_text())
             assert record["pid"] == os.getpid() and record["host"] == socket.gethostname() and record["started"]
             assert ownership.locks
-    assert any(f"pid {owner.pid}" in r.message and "no longer running" in r.message for r in caplog.records), caplog.text
+    assert any(f"pid {owner.pid}" in r.message and "no longer running" in r.message for r in caplog.records), (
+        caplog.text
+    )
     assert (tmp_path / "owned" / LOCK_NAME).read_text() == ""  # released: free, not stale
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="mineonline"), claim(tmp_path / "owned", run_name="owned"):

@@ -28,12 +28,25 @@ AUTH_OFF = re.compile(r"RAY_AUTH_MODE['\"]?\s*[\]:=,]\s*['\"]?dis" + r"abled")
 def _project_files() -> list[Path]:
     """The project's own files: what git tracks or would track (ignored venvs and runs are not ours)."""
     try:
-        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                                capture_output=True, check=True, timeout=60).stdout.decode().split("\0")  # fmt: skip
+        listed = (
+            subprocess.run(
+                ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                cwd=ROOT,
+                capture_output=True,
+                check=True,
+                timeout=60,
+            )
+            .stdout.decode()
+            .split("\0")
+        )
         paths = [ROOT / name for name in listed if name]
     except (OSError, subprocess.SubprocessError):
         paths = list(ROOT.rglob("*"))
-    return [p for p in paths if not any(part in SKIP_DIRS or part.endswith(".egg-info") for part in p.relative_to(ROOT).parts)]
+    return [
+        p
+        for p in paths
+        if not any(part in SKIP_DIRS or part.endswith(".egg-info") for part in p.relative_to(ROOT).parts)
+    ]
 
 
 def _files(*suffixes: str, names: tuple[str, ...] = ()) -> list[Path]:
@@ -90,7 +103,10 @@ def test_every_torch_load_is_weights_only() -> None:
         for match in TORCH_LOAD.finditer(source):
             call = _call_text(source, match.start())
             # A test that shows what a malicious file would do loads it unsafely on purpose, and says so.
-            deliberate = "tests" in path.relative_to(ROOT).parts and "# unsafe on purpose" in source[match.start():match.start() + len(call) + 40]
+            deliberate = (
+                "tests" in path.relative_to(ROOT).parts
+                and "# unsafe on purpose" in source[match.start() : match.start() + len(call) + 40]
+            )
             if not re.search(r"weights_only\s*=\s*True", call) and not deliberate:
                 line = source.count("\n", 0, match.start()) + 1
                 bad.append(f"{path.relative_to(ROOT)}:{line}: {call[:120]}")
@@ -139,7 +155,9 @@ def _vault_logger() -> type:
         model_config = ConfigDict(extra="ignore")
         api_token: str | None = None
 
-    return type("VaultLogger", (Logger,), {"name": "vault", "Config": VaultOptions, "log_metrics": lambda self, m, s: None})
+    return type(
+        "VaultLogger", (Logger,), {"name": "vault", "Config": VaultOptions, "log_metrics": lambda self, m, s: None}
+    )
 
 
 @pytest.fixture
@@ -167,11 +185,17 @@ def test_no_secret_reaches_the_run_directory(tmp_path: Path, vault_pm) -> None:
     from mineonline_core.driver.resolve import resolve
 
     source = tmp_path / "cfg.yaml"
-    source.write_text(yaml.safe_dump({
-        "run_name": "secret-run", "output_dir": str(tmp_path / "runs"),
-        "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
-        "logger_config": {"loggers": ["vault"], "project": "p", "api_token": SECRET},
-    }))  # fmt: skip
+    source.write_text(
+        yaml.safe_dump(
+            {
+                "run_name": "secret-run",
+                "output_dir": str(tmp_path / "runs"),
+                "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+                "policy_config": {"name": "mlp"},
+                "logger_config": {"loggers": ["vault"], "project": "p", "api_token": SECRET},
+            }
+        )
+    )
     override = f"logger_config.api_token={OTHER_SECRET}"
     resolved = resolve(load_config(source, [override]), vault_pm)
     assert resolved.loggers[-1][1].api_token == OTHER_SECRET  # the run itself gets the value
@@ -195,17 +219,34 @@ def test_no_secret_reaches_checkpoints(tmp_path: Path, vault_pm) -> None:
     from mineonline_core.trainer import checkpoint as ckpt
     from mineonline_ppo import PPOTrainer
 
-    data = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
-            "logger_config": {"loggers": ["vault"], "api_token": SECRET}}  # fmt: skip
+    data = {
+        "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+        "policy_config": {"name": "mlp"},
+        "logger_config": {"loggers": ["vault"], "api_token": SECRET},
+    }
     resolved = resolve(load_config(data), vault_pm, probe=False)
     assert resolved.source_text is None and api._public_source(resolved) is None
     resolved.source_text = f'online_dict = {{"logger_config": {{"api_token": "{SECRET}"}}}}\n'
     text = api._public_source(resolved)
     assert SECRET not in text and '"api_token": "<redacted>"' in text
-    trainer = PPOTrainer(rollout_manager=None, policy_generator=resolved.policy_generator, env_generator=resolved.env_generator,
-                         config=resolved.config, run_dir=str(tmp_path), whole_config=resolved.source_text)  # fmt: skip
-    saved = ckpt.save_checkpoint(tmp_path / "ck", iteration=1, model_state={}, optimizer_state={}, scaler_state=None,
-                                 trainer_state={"version": 0}, config_yaml=yaml.safe_dump(trainer.saved_config), source_text=trainer.whole_config)  # fmt: skip
+    trainer = PPOTrainer(
+        rollout_manager=None,
+        policy_generator=resolved.policy_generator,
+        env_generator=resolved.env_generator,
+        config=resolved.config,
+        run_dir=str(tmp_path),
+        whole_config=resolved.source_text,
+    )
+    saved = ckpt.save_checkpoint(
+        tmp_path / "ck",
+        iteration=1,
+        model_state={},
+        optimizer_state={},
+        scaler_state=None,
+        trainer_state={"version": 0},
+        config_yaml=yaml.safe_dump(trainer.saved_config),
+        source_text=trainer.whole_config,
+    )
     files = {p.name: p.read_bytes() for p in saved.iterdir()}
     assert "source_config.txt" in files and "config.yaml" in files
     assert [name for name, raw in files.items() if SECRET.encode() in raw] == []
@@ -240,25 +281,44 @@ def test_environment_variables_are_saved_as_the_expression(tmp_path: Path, monke
     assert public["train_config"]["save_path"] == "${oc.env:MINEONLINE_TEST_PRIVATE}"
     run_dir = api._prepare_run_dir(resolve(loaded, get_plugin_manager()))
     text = (run_dir / "config.yaml").read_text()
-    assert "private-value-from-env" not in text and yaml.safe_load(text)["logger_config"]["project"].startswith("${oc.env:")
+    assert "private-value-from-env" not in text and yaml.safe_load(text)["logger_config"]["project"].startswith(
+        "${oc.env:"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "check", str(source)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "mineonline_core.cli", "check", str(source)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "${oc.env:MINEONLINE_TEST_PRIVATE}" in result.stdout
     assert "private-value-from-env" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("override", [f"api_key={SECRET}", f"logger_config.api_key={SECRET}", f"train_config.token={SECRET}",
-                                      f"logger_config.settings.api_key={SECRET}", f"logger_config.settings={{api_key: {SECRET}}}"])  # fmt: skip
+@pytest.mark.parametrize(
+    "override",
+    [
+        f"api_key={SECRET}",
+        f"logger_config.api_key={SECRET}",
+        f"train_config.token={SECRET}",
+        f"logger_config.settings.api_key={SECRET}",
+        f"logger_config.settings={{api_key: {SECRET}}}",
+    ],
+)
 def test_config_errors_never_echo_a_secret(override: str) -> None:
     from mineonline_core.config import load_config
     from mineonline_core.errors import ConfigError
     from mineonline_core.registry import get_plugin_manager
     from mineonline_core.driver.resolve import resolve
 
-    data = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
-            "logger_config": {"loggers": ["wandb"]}}  # fmt: skip
+    data = {
+        "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+        "policy_config": {"name": "mlp"},
+        "logger_config": {"loggers": ["wandb"]},
+    }
     with pytest.raises(ConfigError) as info:
         resolve(load_config(data, [override]), get_plugin_manager(), probe=False)
     assert SECRET not in str(info.value) and "<redacted>" in str(info.value), str(info.value)
@@ -272,8 +332,11 @@ def test_wandb_settings_are_an_allow_list(key: str) -> None:
     from mineonline_core.registry import get_plugin_manager
     from mineonline_core.driver.resolve import resolve
 
-    data = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
-            "logger_config": {"loggers": ["wandb"], "settings": {"console": "wrap", key: "https://attacker.example"}}}  # fmt: skip
+    data = {
+        "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+        "policy_config": {"name": "mlp"},
+        "logger_config": {"loggers": ["wandb"], "settings": {"console": "wrap", key: "https://attacker.example"}},
+    }
     with pytest.raises(ConfigError) as info:
         resolve(load_config(data), get_plugin_manager(), probe=False)
     message = str(info.value)
@@ -282,7 +345,9 @@ def test_wandb_settings_are_an_allow_list(key: str) -> None:
     resolve(load_config(data), get_plugin_manager(), probe=False)  # display settings stay allowed
 
 
-def test_a_secret_override_is_not_replayed_by_resume(tmp_path: Path, vault_pm, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_secret_override_is_not_replayed_by_resume(
+    tmp_path: Path, vault_pm, caplog: pytest.LogCaptureFixture
+) -> None:
     """run.json keeps ``key=<redacted>``; ``--resume`` drops it with a warning instead of setting the
     credential to the placeholder."""
     from mineonline_core.driver import api
@@ -291,12 +356,24 @@ def test_a_secret_override_is_not_replayed_by_resume(tmp_path: Path, vault_pm, c
     from mineonline_core.driver.resume import plan_resume
     from mineonline_core.trainer import checkpoint as ckpt
 
-    data = {"run_name": "r", "output_dir": str(tmp_path), "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-            "policy_config": {"name": "mlp"}, "logger_config": {"loggers": ["vault"]}}  # fmt: skip
+    data = {
+        "run_name": "r",
+        "output_dir": str(tmp_path),
+        "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+        "policy_config": {"name": "mlp"},
+        "logger_config": {"loggers": ["vault"]},
+    }
     overrides = [f"logger_config.api_token={SECRET}", "train_config.learning_rate=1e-3"]
     run_dir = api._prepare_run_dir(resolve(load_config(data, overrides), vault_pm, probe=False), overrides=overrides)
-    ckpt.save_checkpoint(run_dir / "checkpoints", iteration=1, model_state={}, optimizer_state={}, scaler_state=None,
-                         trainer_state={}, config_yaml=(run_dir / "config.yaml").read_text())  # fmt: skip
+    ckpt.save_checkpoint(
+        run_dir / "checkpoints",
+        iteration=1,
+        model_state={},
+        optimizer_state={},
+        scaler_state=None,
+        trainer_state={},
+        config_yaml=(run_dir / "config.yaml").read_text(),
+    )
     with caplog.at_level("WARNING", logger="mineonline"):
         plan = plan_resume(str(run_dir), [])
     assert plan.recorded == ["train_config.learning_rate=1e-3"]
@@ -318,5 +395,5 @@ def test_joining_a_cluster_presents_the_token(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append((kwargs, os.environ.get("RAY_AUTH_MODE"))))
     monkeypatch.setattr(lifecycle, "check_token", lambda address: None)  # no cluster at that address to ask
     api.init_ray("10.0.0.1:6379")
-    (kwargs, mode), = calls
+    ((kwargs, mode),) = calls
     assert kwargs["address"] == "10.0.0.1:6379" and mode == "token"

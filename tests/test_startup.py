@@ -10,8 +10,16 @@ import sys
 
 from mineonline_core.config.generators import Deferred
 
-BOOKKEEPING = ("mineonline_core.rollout.manager", "mineonline_core.rollout.buffer", "mineonline_core.rollout.stats",
-               "mineonline_core.services.storehost", "mineonline_core.services.gpulease", "mineonline_core.services.loggerhub", "mineonline_core.driver.progress", "mineonline_lmdb.store")  # fmt: skip
+BOOKKEEPING = (
+    "mineonline_core.rollout.manager",
+    "mineonline_core.rollout.buffer",
+    "mineonline_core.rollout.stats",
+    "mineonline_core.services.storehost",
+    "mineonline_core.services.gpulease",
+    "mineonline_core.services.loggerhub",
+    "mineonline_core.driver.progress",
+    "mineonline_lmdb.store",
+)
 
 
 def _fresh_python(code: str) -> str:

@@ -76,7 +76,9 @@ def test_window_means_and_crafter_rates():
 
 def test_per_task_breakdown_and_no_crafter_keys_without_achievements():
     stats = EpisodeStatistics(window=10, report_every=100)
-    stats.add_episodes([episode(1.0, task="hunt cow"), episode(3.0, task="hunt cow"), episode(10.0, task="mine/log"), episode(0.0)])
+    stats.add_episodes(
+        [episode(1.0, task="hunt cow"), episode(3.0, task="hunt cow"), episode(10.0, task="mine/log"), episode(0.0)]
+    )
     s = stats.summary()
     assert s["episode/hunt_cow/return_mean"] == 2.0 and s["episode/hunt_cow/count"] == 2.0
     assert s["episode/mine_log/return_mean"] == 10.0 and s["episode/mine_log/count"] == 1.0

@@ -22,8 +22,14 @@ def ray_local():
 
 @pytest.fixture
 def host(ray_local, tmp_path):
-    handle = start_store_host(store_cls=MemoryStore, path=str(tmp_path / "replay"), num_shards=2, resume=False,
-                              options={}, name=f"store-{tmp_path.name}")
+    handle = start_store_host(
+        store_cls=MemoryStore,
+        path=str(tmp_path / "replay"),
+        num_shards=2,
+        resume=False,
+        options={},
+        name=f"store-{tmp_path.name}",
+    )
     yield handle
     ray.get(handle.close.remote())
     ray.kill(handle)

@@ -18,9 +18,13 @@ from mineonline_ppo import PPOTrainer
 
 
 def make_trainer(tmp_path, manager=None, cls=PPOTrainer) -> PPOTrainer:
-    config = OnlineConfig(train_config={"context_length": 8, "batches_per_iteration": 2, "gradient_accumulation": 1},
-                          rollout_config={"fragment_length": 8})  # fmt: skip
-    trainer = cls(rollout_manager=manager, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path))
+    config = OnlineConfig(
+        train_config={"context_length": 8, "batches_per_iteration": 2, "gradient_accumulation": 1},
+        rollout_config={"fragment_length": 8},
+    )
+    trainer = cls(
+        rollout_manager=manager, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+    )
     trainer.setup_rank(local=True)
     return trainer
 
@@ -95,7 +99,9 @@ def test_a_failed_broadcast_surfaces_on_the_next_iteration_with_its_cause(tmp_pa
         trainer._publish_weights()  # returns: the failure happens on the broadcast thread
         trainer._broadcast[1].exception()  # wait for it to fail
     assert any("model version 4" in r.getMessage() and r.exc_info for r in caplog.records)  # logged where it failed
-    with pytest.raises(RunFailedError, match=r"Broadcasting model version 4 .* failed: MemoryError: object store full") as info:
+    with pytest.raises(
+        RunFailedError, match=r"Broadcasting model version 4 .* failed: MemoryError: object store full"
+    ) as info:
         trainer.run_iteration(5)  # before it fetches anything
     assert isinstance(info.value.__cause__, MemoryError)
     assert trainer._broadcast is None  # raised once, not again at the next broadcast

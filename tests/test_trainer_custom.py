@@ -49,12 +49,24 @@ def test_custom_trainer_selected_by_name_and_trains(tmp_path):
     try:
         cls = pm.lookup("trainer", OnlineConfig(trainer_name="ReinforceTrainer").trainer_name)
         assert cls is module.ReinforceTrainer
-        config = OnlineConfig(trainer_name="ReinforceTrainer", train_config={"learning_rate": 1e-2, "context_length": 8, "vf_coef": 0.25})
-        trainer = cls(rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path))
+        config = OnlineConfig(
+            trainer_name="ReinforceTrainer", train_config={"learning_rate": 1e-2, "context_length": 8, "vf_coef": 0.25}
+        )
+        trainer = cls(
+            rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+        )
         trainer.setup_rank(local=True)
-        streams = rollout_fragments(trainer.policy, lambda i: cartpole(12), num_envs=2, fragment_length=8, fragments_per_env=2)
-        batch = estimate_advantages(trainer.model, assemble_chunks(chunks_of(streams, 2)), version=0, context_length=8,
-                                    discount=0.9, gae_lambda=1.0)  # fmt: skip
+        streams = rollout_fragments(
+            trainer.policy, lambda i: cartpole(12), num_envs=2, fragment_length=8, fragments_per_env=2
+        )
+        batch = estimate_advantages(
+            trainer.model,
+            assemble_chunks(chunks_of(streams, 2)),
+            version=0,
+            context_length=8,
+            discount=0.9,
+            gae_lambda=1.0,
+        )
         assert trainer.options.vf_coef == 0.25
         before = trainer.policy.actor[0].weight.detach().clone()
         metrics = trainer.train(batch)

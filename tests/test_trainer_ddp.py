@@ -24,7 +24,15 @@ from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.rollout.buffer import ReplayBuffer
 from mineonline_core.contracts.fragment import fragment_meta
 from mineonline_core.services.storehost import StoreClient, start_store_host
-from mineonline_core.testing.kit import cartpole, chunks_of, ddp_fit, ddp_run, ddp_train_step, mlp_policy, rollout_fragments
+from mineonline_core.testing.kit import (
+    cartpole,
+    chunks_of,
+    ddp_fit,
+    ddp_run,
+    ddp_train_step,
+    mlp_policy,
+    rollout_fragments,
+)
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 
 # The loop and the trainer below travel to the ranks, which cannot import this file.
@@ -42,19 +50,41 @@ def test_two_ranks_equal_one_rank(tmp_path, ray_local):
     torch.manual_seed(0)
     policy = mlp_policy()
     streams = rollout_fragments(policy, lambda i: cartpole(12), num_envs=4, fragment_length=8, fragments_per_env=2)
-    batch = estimate_advantages(policy, assemble_chunks(chunks_of(streams, 1)), version=0, context_length=8,
-                                discount=0.9, gae_lambda=0.95)  # fmt: skip
+    batch = estimate_advantages(
+        policy, assemble_chunks(chunks_of(streams, 1)), version=0, context_length=8, discount=0.9, gae_lambda=0.95
+    )
     assert batch["reward"].shape == (8, 8)
     batch_path = tmp_path / "batch.pt"
     torch.save(batch, batch_path)
-    common = {"learning_rate": 1e-2, "adam_eps": 1.0, "max_grad_norm": 0.5, "batches_per_iteration": 2,
-              "gradient_accumulation": 2, "context_length": 4, "epochs_per_iteration": 2, "entropy_bonus_coef": 0.01}  # fmt: skip
+    common = {
+        "learning_rate": 1e-2,
+        "adam_eps": 1.0,
+        "max_grad_norm": 0.5,
+        "batches_per_iteration": 2,
+        "gradient_accumulation": 2,
+        "context_length": 4,
+        "epochs_per_iteration": 2,
+        "entropy_bonus_coef": 0.01,
+    }
     # The single-rank reference runs the same code in-process (no DDP wrapper, no process group).
-    ddp_train_step({"trainer_cls": "mineonline_ppo:PPOTrainer", "online": {"train_config": {**common, "batch_size_per_gpu": 4}},
-                    "batch_path": str(batch_path), "out_path": str(tmp_path / "one.pt"), "run_dir": str(tmp_path), "local": True})
+    ddp_train_step(
+        {
+            "trainer_cls": "mineonline_ppo:PPOTrainer",
+            "online": {"train_config": {**common, "batch_size_per_gpu": 4}},
+            "batch_path": str(batch_path),
+            "out_path": str(tmp_path / "one.pt"),
+            "run_dir": str(tmp_path),
+            "local": True,
+        }
+    )
     one = torch.load(tmp_path / "one.pt", weights_only=True)
-    two, _ = ddp_fit(trainer_cls="mineonline_ppo:PPOTrainer", online={"train_config": {**common, "batch_size_per_gpu": 2}},
-                     batch_path=str(batch_path), run_dir=str(tmp_path), tag="two")  # fmt: skip
+    two, _ = ddp_fit(
+        trainer_cls="mineonline_ppo:PPOTrainer",
+        online={"train_config": {**common, "batch_size_per_gpu": 2}},
+        batch_path=str(batch_path),
+        run_dir=str(tmp_path),
+        tag="two",
+    )
     initial = mlp_policy().state_dict()
     assert not torch.equal(one["actor.0.weight"], initial["actor.0.weight"])  # it did train
     assert not torch.equal(one["value_head.normalizer.running_mean"], initial["value_head.normalizer.running_mean"])
@@ -74,7 +104,9 @@ class NaNOnRank1(PPOTrainer):
         self.served = batch[F.LOGPROB].clone()
         return super().estimate(batch=batch)
 
-    def compute_loss(self, *, batch: dict[str, Any], outputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(
+        self, *, batch: dict[str, Any], outputs: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss, stats = super().compute_loss(batch=batch, outputs=outputs)
         if self.rank == 1 and self.iteration == 1 and not self.injected:
             self.injected = True
@@ -89,16 +121,23 @@ class NaNOnRank1(PPOTrainer):
 def _first_iteration(config: dict) -> None:
     """A Ray Train loop: iteration 1 on this rank at version 5; saves what the rank was served, its
     parameters before and after, and the iteration's metrics."""
-    trainer = NaNOnRank1(rollout_manager=None, policy_generator=mlp_policy, env_generator=None,
-                         config=OnlineConfig(**config["online"]), run_dir=config["run_dir"])  # fmt: skip
+    trainer = NaNOnRank1(
+        rollout_manager=None,
+        policy_generator=mlp_policy,
+        env_generator=None,
+        config=OnlineConfig(**config["online"]),
+        run_dir=config["run_dir"],
+    )
     trainer.setup_rank()
     trainer._buffer, trainer._store = config["buffer"], config["store"]
     trainer.version = 5
     initial = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
     metrics = trainer.run_iteration(1)
     params = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
-    torch.save({"served": trainer.served, "initial": initial, "params": params, "metrics": metrics},
-               Path(config["run_dir"]) / f"rank{trainer.rank}.pt")  # fmt: skip
+    torch.save(
+        {"served": trainer.served, "initial": initial, "params": params, "metrics": metrics},
+        Path(config["run_dir"]) / f"rank{trainer.rank}.pt",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -109,22 +148,44 @@ def first_iteration_on_two_ranks(ray_local, tmp_path_factory) -> tuple[list[dict
     run_dir = tmp_path_factory.mktemp("iteration")
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
-    buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
-        store_client=store, max_chunks=16, max_reuse=2, max_staleness=1, version=5)  # fmt: skip
+    buffer = (
+        ray.remote(ReplayBuffer)
+        .options(num_cpus=0)
+        .remote(store_client=store, max_chunks=16, max_reuse=2, max_staleness=1, version=5)
+    )
     known = {}
     for version in (4, 5):
-        streams = rollout_fragments(mlp_policy(), lambda i: cartpole(50), num_envs=4, fragment_length=8,
-                                    fragments_per_env=1, version=version, seed=10 * version)  # fmt: skip
+        streams = rollout_fragments(
+            mlp_policy(),
+            lambda i: cartpole(50),
+            num_envs=4,
+            fragment_length=8,
+            fragments_per_env=1,
+            version=version,
+            seed=10 * version,
+        )
         for i, (frag,) in enumerate(streams.values()):
             frag[F.STREAM] = f"v{version}.{i}"
             meta = fragment_meta(frag)
             store.put(meta["key"], frag)
             ray.get(buffer.add_fragment.remote(meta))
             known[frag[F.STREAM]] = frag[F.LOGPROB]
-    train = {"num_iterations": 2, "prefetch_batches": 0, "batches_per_iteration": 2, "batch_size_per_gpu": 2,
-             "gradient_accumulation": 1, "context_length": 8, "learning_rate": 1e-2, "record_video_interval": 0}  # fmt: skip
-    config = {"online": {"rollout_config": {"fragment_length": 8}, "train_config": train}, "run_dir": str(run_dir),
-              "buffer": buffer, "store": store}  # fmt: skip
+    train = {
+        "num_iterations": 2,
+        "prefetch_batches": 0,
+        "batches_per_iteration": 2,
+        "batch_size_per_gpu": 2,
+        "gradient_accumulation": 1,
+        "context_length": 8,
+        "learning_rate": 1e-2,
+        "record_video_interval": 0,
+    }
+    config = {
+        "online": {"rollout_config": {"fragment_length": 8}, "train_config": train},
+        "run_dir": str(run_dir),
+        "buffer": buffer,
+        "store": store,
+    }
     ddp_run(_first_iteration, config, run_dir=str(run_dir), tag="iteration")
     return [torch.load(run_dir / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)], known
 

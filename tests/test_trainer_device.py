@@ -48,27 +48,51 @@ def test_rank_device_maps_rays_gpu_to_this_process() -> None:
 
 def online(tmp_path, **train) -> dict:
     return {
-        "run_name": "device", "output_dir": str(tmp_path), "seed": 1,
+        "run_name": "device",
+        "output_dir": str(tmp_path),
+        "seed": 1,
         "rollout_config": {
-            "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 16,
+            "num_rollout_workers": 1,
+            "num_cpus_per_worker": 0.5,
+            "fragment_length": 16,
             "worker_config": {"num_envs": 2, "batch_size": 2},
-            "replay_buffer_config": {"fragments_per_chunk": 1, "max_staleness": 2, "max_reuse": 2, "max_chunks": 64,
-                                     "database_config": {"backend": "memory"}},
+            "replay_buffer_config": {
+                "fragments_per_chunk": 1,
+                "max_staleness": 2,
+                "max_reuse": 2,
+                "max_chunks": 64,
+                "database_config": {"backend": "memory"},
+            },
         },
-        "train_config": {"num_workers": 1, "num_gpus_per_worker": 0.5, "num_cpus_per_worker": 0.5, "num_iterations": 3,
-                         "vf_warmup": 0, "batch_size_per_gpu": 2, "batches_per_iteration": 2, "gradient_accumulation": 1,
-                         "context_length": 16, "save_interval": 3, "record_video_interval": 0, "learning_rate": 1e-2, **train},
+        "train_config": {
+            "num_workers": 1,
+            "num_gpus_per_worker": 0.5,
+            "num_cpus_per_worker": 0.5,
+            "num_iterations": 3,
+            "vf_warmup": 0,
+            "batch_size_per_gpu": 2,
+            "batches_per_iteration": 2,
+            "gradient_accumulation": 1,
+            "context_length": 16,
+            "save_interval": 3,
+            "record_video_interval": 0,
+            "learning_rate": 1e-2,
+            **train,
+        },
         "logger_config": {"loggers": []},
-    }  # fmt: skip
+    }
 
 
 def trainer_for(data: dict, manager=None) -> PPOTrainer:
     cfg = load_config(data).config
-    return PPOTrainer(rollout_manager=manager, policy_generator=mlp_policy, env_generator=None, config=cfg,
-                      run_dir=str(cfg.run_dir()))  # fmt: skip
+    return PPOTrainer(
+        rollout_manager=manager, policy_generator=mlp_policy, env_generator=None, config=cfg, run_dir=str(cfg.run_dir())
+    )
 
 
-def test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train(gpu_ray, tmp_path, caplog) -> None:
+def test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_to_ray_train(
+    gpu_ray, tmp_path, caplog
+) -> None:
     ray = gpu_ray
     lease, gpu_ids = lease_gpu(0.5)
     try:
@@ -86,8 +110,12 @@ def test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_
     assert not trainer.uses_ray_train()  # one rank: in the driver's process if it can
     with caplog.at_level(logging.WARNING, logger="mineonline_core.trainer.driver"):
         assert trainer._driver_device() == (None, None)
-    assert any("runs on Ray Train" in r.getMessage() and "sees no CUDA device" in r.getMessage() for r in caplog.records)
-    with pytest.raises(ConfigError, match=r"use_ray_train is false with num_gpus_per_worker 0.5.*sees no CUDA device.*Fix"):
+    assert any(
+        "runs on Ray Train" in r.getMessage() and "sees no CUDA device" in r.getMessage() for r in caplog.records
+    )
+    with pytest.raises(
+        ConfigError, match=r"use_ray_train is false with num_gpus_per_worker 0.5.*sees no CUDA device.*Fix"
+    ):
         trainer_for(online(tmp_path, use_ray_train=False))._driver_device()
     assert trainer_for(online(tmp_path, num_gpus_per_worker=0))._driver_device() == (torch.device("cpu"), None)
 
@@ -113,7 +141,9 @@ def test_one_rank_fits_in_process_on_an_explicit_device(gpu_ray, tmp_path) -> No
         final = ckpt.load_checkpoint(ckpt.latest_checkpoint(trainer.save_dir))["model"]
 
         deadline = time.monotonic() + 120
-        while [w["version"] for w in ray.get(manager.status.remote())["workers"]] != [3] and time.monotonic() < deadline:
+        while [w["version"] for w in ray.get(manager.status.remote())["workers"]] != [
+            3
+        ] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert [w["version"] for w in ray.get(manager.status.remote())["workers"]] == [3]
         buffer, store = ray.get([manager.get_buffer.remote(), manager.get_store_client.remote()])
@@ -126,9 +156,11 @@ def test_one_rank_fits_in_process_on_an_explicit_device(gpu_ray, tmp_path) -> No
         policy = mlp_policy()
         policy.load_state_dict(final)
         with torch.no_grad():
-            latents, _ = policy(input={"obs": torch.tensor(frag[F.OBS]["obs"])[None]},
-                                state_in=None,  # the MLP has no recurrent state
-                                context={"first": torch.tensor(frag[F.FIRST])[None]})  # fmt: skip
+            latents, _ = policy(
+                input={"obs": torch.tensor(frag[F.OBS]["obs"])[None]},
+                state_in=None,  # the MLP has no recurrent state
+                context={"first": torch.tensor(frag[F.FIRST])[None]},
+            )
             logp = policy.pi_head.logprob(torch.tensor(frag[F.ACTION])[None], latents["pi_logits"])[0]
         torch.testing.assert_close(logp, torch.tensor(frag[F.LOGPROB]), atol=1e-5, rtol=1e-5)
     finally:

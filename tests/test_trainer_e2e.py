@@ -19,17 +19,34 @@ CONFIG = {
     "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
     "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
     "rollout_config": {
-        "num_rollout_workers": 2, "num_cpus_per_worker": 0.25, "fragment_length": 32,
+        "num_rollout_workers": 2,
+        "num_cpus_per_worker": 0.25,
+        "fragment_length": 32,
         "worker_config": {"num_envs": 2, "batch_size": 2},
-        "replay_buffer_config": {"fragments_per_chunk": 1, "max_staleness": 3, "max_reuse": 2, "database_config": {"backend": "memory"}},
+        "replay_buffer_config": {
+            "fragments_per_chunk": 1,
+            "max_staleness": 3,
+            "max_reuse": 2,
+            "database_config": {"backend": "memory"},
+        },
     },
     "train_config": {
-        "num_workers": 2, "num_cpus_per_worker": 0.5, "num_iterations": 4, "vf_warmup": 1, "batch_size_per_gpu": 2,
-        "batches_per_iteration": 2, "gradient_accumulation": 1, "context_length": 16, "save_interval": 2,
-        "keep_interval": 2, "record_video_interval": 0, "learning_rate": 1e-3, "kl_divergence_coef_rho": 0.1,
+        "num_workers": 2,
+        "num_cpus_per_worker": 0.5,
+        "num_iterations": 4,
+        "vf_warmup": 1,
+        "batch_size_per_gpu": 2,
+        "batches_per_iteration": 2,
+        "gradient_accumulation": 1,
+        "context_length": 16,
+        "save_interval": 2,
+        "keep_interval": 2,
+        "record_video_interval": 0,
+        "learning_rate": 1e-3,
+        "kl_divergence_coef_rho": 0.1,
     },
     "logger_config": {"loggers": []},
-}  # fmt: skip
+}
 
 
 @pytest.fixture
@@ -79,7 +96,12 @@ def test_full_loop_smoke(tmp_path, ray_local, path):
     steps_at_2 = int(ckpt.load_checkpoint(saved[0][1])["trainer"]["env_steps"])
     assert steps_at_2 == next(r["step"] for r in train if r["trainer/iteration"] == 2)  # the step its metrics carry
     # It stops at its env-step budget (already spent) long before num_iterations, with a final checkpoint.
-    result = run(None, ["train_config.num_iterations=100", "train_config.max_env_steps=1"], resume=str(tmp_path / "e2e"), progress=False)
+    result = run(
+        None,
+        ["train_config.num_iterations=100", "train_config.max_env_steps=1"],
+        resume=str(tmp_path / "e2e"),
+        progress=False,
+    )
     assert result["status"] == "completed" and result["iteration"] == 3
     assert [i for i, _ in ckpt.list_checkpoints(tmp_path / "e2e" / "checkpoints")] == [2, 3]
     records = [json.loads(line) for line in (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()]

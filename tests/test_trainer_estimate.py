@@ -22,9 +22,13 @@ def test_current_policy_outputs_reproduce_the_rollout_and_feed_the_default_estim
     """A recurrent policy over chunks of two fragments, windows shorter than a fragment: what the
     helper recomputes from the stored states is what the behaviour policy recorded step by step."""
     config = OnlineConfig(train_config={"context_length": 3})
-    trainer = LossOnly(rollout_manager=None, policy_generator=cnn_policy, env_generator=None, config=config, run_dir=str(tmp_path))
+    trainer = LossOnly(
+        rollout_manager=None, policy_generator=cnn_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+    )
     trainer.setup_rank(local=True)
-    streams = rollout_fragments(trainer.policy, lambda i: TinyImageEnv(seed=i), num_envs=2, fragment_length=4, fragments_per_env=2)
+    streams = rollout_fragments(
+        trainer.policy, lambda i: TinyImageEnv(seed=i), num_envs=2, fragment_length=4, fragments_per_env=2
+    )
     batch = assemble_chunks(chunks_of(streams, 2))
     assert batch[F.FIRST][:, 1:].any()  # episodes restart inside the chunks
     current = trainer.current_policy_outputs(batch=batch)
@@ -54,12 +58,23 @@ def test_an_estimate_override_feeds_the_loss(tmp_path):
             seen.append(batch[F.ADVANTAGE])
             return super().compute_loss(batch=batch, outputs=outputs)
 
-    config = OnlineConfig(train_config={"context_length": 3, "use_normalized_vf": False, "batch_size_per_gpu": 2,
-                                        "batches_per_iteration": 1, "gradient_accumulation": 1})  # fmt: skip
-    trainer = Constant(rollout_manager=None, policy_generator=cnn_policy, env_generator=None, config=config, run_dir=str(tmp_path))
+    config = OnlineConfig(
+        train_config={
+            "context_length": 3,
+            "use_normalized_vf": False,
+            "batch_size_per_gpu": 2,
+            "batches_per_iteration": 1,
+            "gradient_accumulation": 1,
+        }
+    )
+    trainer = Constant(
+        rollout_manager=None, policy_generator=cnn_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+    )
     trainer.setup_rank(local=True)
     trainer.iteration = 1
-    streams = rollout_fragments(trainer.policy, lambda i: TinyImageEnv(seed=i), num_envs=2, fragment_length=4, fragments_per_env=2)
+    streams = rollout_fragments(
+        trainer.policy, lambda i: TinyImageEnv(seed=i), num_envs=2, fragment_length=4, fragments_per_env=2
+    )
     batch = trainer.estimate(batch=assemble_chunks(chunks_of(streams, 2)))
     metrics = trainer.train(batch)
     assert len(seen) == 3 and all(bool((a == 1).all()) for a in seen)  # windows of 3, 3 and 2 steps
@@ -72,14 +87,19 @@ def test_the_estimate_pass_runs_micro_batches_and_equals_the_whole_batch_pass(tm
     ``batch_size_per_gpu`` chunks at once (the update's shapes) and gives what one forward over
     every chunk gives."""
     config = OnlineConfig(train_config={"context_length": 3, "batch_size_per_gpu": 2})
-    trainer = LossOnly(rollout_manager=None, policy_generator=cnn_policy, env_generator=None, config=config, run_dir=str(tmp_path))
+    trainer = LossOnly(
+        rollout_manager=None, policy_generator=cnn_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+    )
     trainer.setup_rank(local=True)
-    streams = rollout_fragments(trainer.policy, lambda i: TinyImageEnv(seed=i), num_envs=5, fragment_length=4, fragments_per_env=2)
+    streams = rollout_fragments(
+        trainer.policy, lambda i: TinyImageEnv(seed=i), num_envs=5, fragment_length=4, fragments_per_env=2
+    )
     batch = assemble_chunks(chunks_of(streams, 2))
     whole = current_policy_outputs(trainer.policy, batch, context_length=3)  # every chunk in one forward
     sizes: list[int] = []
-    hook = trainer.policy.register_forward_hook(lambda m, args, kwargs, out: sizes.append(kwargs["input"]["image"].shape[0]),
-                                                with_kwargs=True)  # fmt: skip
+    hook = trainer.policy.register_forward_hook(
+        lambda m, args, kwargs, out: sizes.append(kwargs["input"]["image"].shape[0]), with_kwargs=True
+    )
     try:
         estimated = trainer.estimate(batch=dict(batch))
     finally:
@@ -88,4 +108,6 @@ def test_the_estimate_pass_runs_micro_batches_and_equals_the_whole_batch_pass(tm
     assert sizes == [2] * 4 + [2] * 4 + [1] * 4
     for key, column in (("logprob", F.LOGPROB_PROX), ("vpred", F.OLD_VPRED), ("value", F.VALUE)):
         torch.testing.assert_close(estimated[column], whole[key], atol=1e-6, rtol=0)
-    torch.testing.assert_close(trainer.current_policy_outputs(batch=batch)["next_value"], whole["next_value"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        trainer.current_policy_outputs(batch=batch)["next_value"], whole["next_value"], atol=1e-6, rtol=0
+    )

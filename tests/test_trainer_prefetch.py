@@ -28,8 +28,15 @@ class RecordingTrainer(BaseTrainer):
 
 
 def fragment(stream: str, index: int, version: int) -> dict:
-    (frag,) = tk.rollout_fragments(tk.mlp_policy(), lambda i: tk.cartpole(50), num_envs=1,
-                                   fragment_length=8, fragments_per_env=1, version=version, seed=index)["0.0.0"]  # fmt: skip
+    (frag,) = tk.rollout_fragments(
+        tk.mlp_policy(),
+        lambda i: tk.cartpole(50),
+        num_envs=1,
+        fragment_length=8,
+        fragments_per_env=1,
+        version=version,
+        seed=index,
+    )["0.0.0"]
     frag.update({F.STREAM: stream, F.INDEX: index})
     return frag
 
@@ -41,8 +48,11 @@ def setup(ray, tmp_path, *, max_staleness: int = 0, max_reuse: int = 1, **train)
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
-    buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(
-        store_client=store, max_chunks=16, max_reuse=max_reuse, max_staleness=max_staleness)  # fmt: skip
+    buffer = (
+        ray.remote(ReplayBuffer)
+        .options(num_cpus=0)
+        .remote(store_client=store, max_chunks=16, max_reuse=max_reuse, max_staleness=max_staleness)
+    )
 
     def add(stream: str, index: int, version: int) -> None:
         frag = fragment(stream, index, version)
@@ -50,15 +60,31 @@ def setup(ray, tmp_path, *, max_staleness: int = 0, max_reuse: int = 1, **train)
         store.put(meta["key"], frag)
         ray.get(buffer.add_fragment.remote(meta))
 
-    config = load_config({
-        "run_name": "prefetch", "output_dir": str(tmp_path), "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-        "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]}, "logger_config": {"loggers": []},
-        "rollout_config": {"fragment_length": 8},
-        "train_config": {"num_iterations": 3, "batch_size_per_gpu": 1, "batches_per_iteration": 1,
-                         "context_length": 8, "gradient_accumulation": 1, **train},
-    }).config  # fmt: skip
-    trainer = RecordingTrainer(rollout_manager=None, policy_generator=tk.mlp_policy, env_generator=tk.cartpole,
-                               config=config, run_dir=str(tmp_path / "run"))  # fmt: skip
+    config = load_config(
+        {
+            "run_name": "prefetch",
+            "output_dir": str(tmp_path),
+            "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+            "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
+            "logger_config": {"loggers": []},
+            "rollout_config": {"fragment_length": 8},
+            "train_config": {
+                "num_iterations": 3,
+                "batch_size_per_gpu": 1,
+                "batches_per_iteration": 1,
+                "context_length": 8,
+                "gradient_accumulation": 1,
+                **train,
+            },
+        }
+    ).config
+    trainer = RecordingTrainer(
+        rollout_manager=None,
+        policy_generator=tk.mlp_policy,
+        env_generator=tk.cartpole,
+        config=config,
+        run_dir=str(tmp_path / "run"),
+    )
     trainer.setup_rank(local=True)
     trainer._buffer, trainer._store = buffer, store
     return trainer, add, store
@@ -105,13 +131,20 @@ def test_prefetch_batches_is_the_fetch_ahead_depth(local_ray, tmp_path) -> None:
     assert trainer._prefetch[1][2].result(timeout=60)["version"].unique().tolist() == [1]
 
 
-def test_each_fetch_names_the_iteration_it_is_for_so_ranks_of_one_iteration_get_disjoint_chunks(local_ray, tmp_path) -> None:
+def test_each_fetch_names_the_iteration_it_is_for_so_ranks_of_one_iteration_get_disjoint_chunks(
+    local_ray, tmp_path
+) -> None:
     """Two ranks on one buffer (max_reuse 2, 4 chunks, 2 per iteration). Rank A fetches iteration 1
     and, ahead, iteration 2, before rank B fetches iteration 1: B must not get A's iteration-1
     chunks, which it would if A's early fetch were filed under the iteration A was in."""
     a, add, store = setup(local_ray, tmp_path, max_staleness=1, max_reuse=2, num_iterations=2)
-    b = RecordingTrainer(rollout_manager=None, policy_generator=tk.mlp_policy, env_generator=tk.cartpole,
-                         config=a.config, run_dir=str(tmp_path / "run_b"))  # fmt: skip
+    b = RecordingTrainer(
+        rollout_manager=None,
+        policy_generator=tk.mlp_policy,
+        env_generator=tk.cartpole,
+        config=a.config,
+        run_dir=str(tmp_path / "run_b"),
+    )
     b.setup_rank(local=True)
     b._buffer, b._store = a._buffer, store
     for index in range(4):
@@ -164,7 +197,9 @@ def test_a_fragment_whose_checksum_does_not_match_is_dropped_and_counted(local_r
     assert batch["version"].unique().tolist() == [0]
 
 
-def test_a_trainer_waiting_for_chunks_fails_after_progress_timeout_saying_why(local_ray, tmp_path, caplog, monkeypatch) -> None:
+def test_a_trainer_waiting_for_chunks_fails_after_progress_timeout_saying_why(
+    local_ray, tmp_path, caplog, monkeypatch
+) -> None:
     ray = local_ray
     from mineonline_core.errors import RunFailedError
     from mineonline_core.rollout.buffer import ReplayBuffer
@@ -173,20 +208,42 @@ def test_a_trainer_waiting_for_chunks_fails_after_progress_timeout_saying_why(lo
 
     host = start_store_host(store_cls=MemoryStore, path="unused", num_shards=1, resume=False)
     store = StoreClient.connect(host, store_cls=MemoryStore, path="unused", num_shards=1)
-    buffer = ray.remote(ReplayBuffer).options(num_cpus=0).remote(store_client=store, max_chunks=16, max_reuse=1, max_staleness=0)
-    config = load_config({
-        "run_name": "starved", "output_dir": str(tmp_path), "progress_timeout": 2.5,
-        "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
-        "logger_config": {"loggers": []}, "rollout_config": {"fragment_length": 8},
-        "train_config": {"batch_size_per_gpu": 1, "batches_per_iteration": 1, "context_length": 8, "gradient_accumulation": 1},
-    }).config  # fmt: skip
-    trainer = RecordingTrainer(rollout_manager=None, policy_generator=tk.mlp_policy, env_generator=tk.cartpole,
-                               config=config, run_dir=str(tmp_path / "run"))  # fmt: skip
+    buffer = (
+        ray.remote(ReplayBuffer)
+        .options(num_cpus=0)
+        .remote(store_client=store, max_chunks=16, max_reuse=1, max_staleness=0)
+    )
+    config = load_config(
+        {
+            "run_name": "starved",
+            "output_dir": str(tmp_path),
+            "progress_timeout": 2.5,
+            "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+            "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
+            "logger_config": {"loggers": []},
+            "rollout_config": {"fragment_length": 8},
+            "train_config": {
+                "batch_size_per_gpu": 1,
+                "batches_per_iteration": 1,
+                "context_length": 8,
+                "gradient_accumulation": 1,
+            },
+        }
+    ).config
+    trainer = RecordingTrainer(
+        rollout_manager=None,
+        policy_generator=tk.mlp_policy,
+        env_generator=tk.cartpole,
+        config=config,
+        run_dir=str(tmp_path / "run"),
+    )
     trainer.setup_rank(local=True)
     trainer._buffer, trainer._store = buffer, store
     monkeypatch.setattr(fetch, "SAMPLE_WAIT_S", 1.0)  # report every second instead of every 30
     with caplog.at_level("WARNING", logger="mineonline_core.trainer.fetch"):
-        with pytest.raises(RunFailedError, match=r"within progress_timeout=2.5s: .*No rollout worker delivered a fragment"):
+        with pytest.raises(
+            RunFailedError, match=r"within progress_timeout=2.5s: .*No rollout worker delivered a fragment"
+        ):
             trainer.fetch_chunks(2)
     waits = [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]
     assert len(waits) == 2 and "0 of the 2 chunks asked for are eligible" in waits[0]

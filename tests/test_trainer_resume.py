@@ -43,24 +43,46 @@ class FixedDataPPO(PPOTrainer):
 
     def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
         batch = assemble_chunks(copy.deepcopy(self.chunks[:num_chunks]))
-        return estimate_advantages(self.model, batch, version=self.version, context_length=8, discount=0.9, gae_lambda=0.95)
+        return estimate_advantages(
+            self.model, batch, version=self.version, context_length=8, discount=0.9, gae_lambda=0.95
+        )
 
 
 @pytest.fixture(scope="module")
 def chunks():
-    streams = rollout_fragments(mlp_policy(), lambda i: cartpole(12), num_envs=4, fragment_length=8, fragments_per_env=1)
+    streams = rollout_fragments(
+        mlp_policy(), lambda i: cartpole(12), num_envs=4, fragment_length=8, fragments_per_env=1
+    )
     return chunks_of(streams, 1)
 
 
 def make(tmp_path, chunks, **train):
-    train = {"num_iterations": 6, "vf_warmup": 1, "save_interval": 2, "keep_interval": 4, "batches_per_iteration": 2,
-             "batch_size_per_gpu": 2, "gradient_accumulation": 1, "context_length": 8, "learning_rate": 1e-2,
-             "anneal_lr_linearly": True, "kl_divergence_coef_rho": 0.3, "coef_rho_decay": 0.9, "save_path": "ckpt",
-             "record_video_interval": 0, **train}  # fmt: skip
+    train = {
+        "num_iterations": 6,
+        "vf_warmup": 1,
+        "save_interval": 2,
+        "keep_interval": 4,
+        "batches_per_iteration": 2,
+        "batch_size_per_gpu": 2,
+        "gradient_accumulation": 1,
+        "context_length": 8,
+        "learning_rate": 1e-2,
+        "anneal_lr_linearly": True,
+        "kl_divergence_coef_rho": 0.3,
+        "coef_rho_decay": 0.9,
+        "save_path": "ckpt",
+        "record_video_interval": 0,
+        **train,
+    }
     FixedDataPPO.chunks = chunks
     manager = RecordingManager()
-    trainer = FixedDataPPO(rollout_manager=manager, policy_generator=mlp_policy, env_generator=None,
-                           config=OnlineConfig(train_config=train), run_dir=str(tmp_path))  # fmt: skip
+    trainer = FixedDataPPO(
+        rollout_manager=manager,
+        policy_generator=mlp_policy,
+        env_generator=None,
+        config=OnlineConfig(train_config=train),
+        run_dir=str(tmp_path),
+    )
     trainer.preflight()
     trainer.setup_rank(local=True)
     return trainer, manager
@@ -70,7 +92,14 @@ def run(trainer):
     seq = []
     for iteration in range(trainer.iteration + 1, trainer.train_config.num_iterations + 1):
         metrics = trainer.run_iteration(iteration)
-        seq.append((metrics["trainer/iteration"], metrics["trainer/version"], metrics["trainer/rho"], metrics["trainer/learning_rate"]))
+        seq.append(
+            (
+                metrics["trainer/iteration"],
+                metrics["trainer/version"],
+                metrics["trainer/rho"],
+                metrics["trainer/learning_rate"],
+            )
+        )
     trainer.flush_broadcast()  # as _train_func ends: the broadcast thread has sent the last version
     return seq
 
@@ -101,16 +130,29 @@ def test_bad_resume_fails_before_training(tmp_path, chunks):
     full, _ = make(tmp_path / "a", chunks, num_iterations=2)
     run(full)
     with pytest.raises(CheckpointError, match="mis-shaped keys"):
-        FixedDataPPO(rollout_manager=None, policy_generator=lambda: mlp_policy(hidden=8), env_generator=None,
-                     config=OnlineConfig(train_config={"resume": str(tmp_path / "a" / "ckpt")}), run_dir=str(tmp_path)).preflight()  # fmt: skip
+        FixedDataPPO(
+            rollout_manager=None,
+            policy_generator=lambda: mlp_policy(hidden=8),
+            env_generator=None,
+            config=OnlineConfig(train_config={"resume": str(tmp_path / "a" / "ckpt")}),
+            run_dir=str(tmp_path),
+        ).preflight()
 
 
 def test_resume_applies_the_configs_optimiser_settings(tmp_path, chunks):
     """B5: the loaded optimiser state carries the checkpoint's hyperparameters; the config's win."""
     full, _ = make(tmp_path / "a", chunks, num_iterations=2, weight_decay=0.04, adam_eps=1e-8)
     run(full)
-    resumed, _ = make(tmp_path / "b", chunks, num_iterations=4, resume=str(tmp_path / "a" / "ckpt"), weight_decay=0.1,
-                      adam_eps=1e-5, learning_rate=3e-3, anneal_lr_linearly=False)  # fmt: skip
+    resumed, _ = make(
+        tmp_path / "b",
+        chunks,
+        num_iterations=4,
+        resume=str(tmp_path / "a" / "ckpt"),
+        weight_decay=0.1,
+        adam_eps=1e-5,
+        learning_rate=3e-3,
+        anneal_lr_linearly=False,
+    )
     (group,) = resumed.optimizer.param_groups
     assert (group["weight_decay"], group["eps"], group["lr"]) == (0.1, 1e-5, 3e-3)
     assert resumed.optimizer.state_dict()["state"][0]["step"] == full.optimizer.state_dict()["state"][0]["step"]

@@ -47,7 +47,9 @@ def test_forward_reproduces_behaviour(make_policy, env_fn):
 def test_state_carries_across_windows_for_recurrent_policy():
     # Without resets, window boundaries must not change the output (the state is carried over).
     policy = cnn_policy()
-    streams = rollout_fragments(policy, lambda i: TinyImageEnv(seed=i, mean_length=1000), num_envs=1, fragment_length=6, fragments_per_env=2)
+    streams = rollout_fragments(
+        policy, lambda i: TinyImageEnv(seed=i, mean_length=1000), num_envs=1, fragment_length=6, fragments_per_env=2
+    )
     batch = assemble_chunks(chunks_of(streams, 2))
     with torch.no_grad():
         a, _ = forward_sequence(policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=12)
@@ -55,12 +57,13 @@ def test_state_carries_across_windows_for_recurrent_policy():
     assert torch.allclose(a["pi_logits"], b["pi_logits"], atol=1e-6)
 
 
-@pytest.mark.parametrize("make_policy,env_fn", [(mlp_policy, "cartpole"), (cnn_policy, "image")], ids=["mlp", "cnn_gru"])
+@pytest.mark.parametrize(
+    "make_policy,env_fn", [(mlp_policy, "cartpole"), (cnn_policy, "image")], ids=["mlp", "cnn_gru"]
+)
 def test_forward_reproduces_the_real_collector(make_policy, env_fn):
     """The same invariant on fragments cut by the rollout's own FragmentCollector (env subprocesses,
     batched inference over fewer envs than exist, so envs step out of lock-step)."""
     import functools
-
 
     fn = functools.partial(cartpole, 10) if env_fn == "cartpole" else functools.partial(TinyImageEnv, 0, 5)
     policy = make_policy()
@@ -72,7 +75,9 @@ def test_forward_reproduces_the_real_collector(make_policy, env_fn):
     streams: dict[str, list[dict]] = {}
     for frag in sorted(fragments, key=lambda f: (f[F.STREAM], f[F.INDEX])):
         streams.setdefault(frag[F.STREAM], []).append(frag)
-    chunks = [c for c in chunks_of(streams, 2) if [f[F.INDEX] for f in c] == list(range(c[0][F.INDEX], c[0][F.INDEX] + 2))]
+    chunks = [
+        c for c in chunks_of(streams, 2) if [f[F.INDEX] for f in c] == list(range(c[0][F.INDEX], c[0][F.INDEX] + 2))
+    ]
     assert chunks, "expected consecutive fragment pairs"
     batch = assemble_chunks(chunks)
     assert batch[F.FIRST][:, 1:].any()

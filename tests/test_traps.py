@@ -34,15 +34,20 @@ def _script(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
 
 
 def test_script_calling_run_without_main_guard_is_told_so(tmp_path: Path) -> None:
-    done = _script(tmp_path, "import mineonline_core\n\nresult = mineonline_core.run('examples/cartpole.yaml', "
-                             "['train_config.num_iterations=1'])\n")  # fmt: skip
+    done = _script(
+        tmp_path,
+        "import mineonline_core\n\nresult = mineonline_core.run('examples/cartpole.yaml', "
+        "['train_config.num_iterations=1'])\n",
+    )
     assert done.returncode != 0
     assert 'train.py:3 calls run() when the script is imported, not under `if __name__ == "__main__":`' in done.stderr
     assert "native" not in done.stderr and not (ROOT / "runs" / "train").exists()
 
 
 def test_guarded_script_and_functions_pass_the_check(tmp_path: Path) -> None:
-    done = _script(tmp_path, textwrap.dedent("""\
+    done = _script(
+        tmp_path,
+        textwrap.dedent("""\
         from mineonline_core.driver.mainguard import unguarded_call_site
 
         def main():
@@ -51,7 +56,8 @@ def test_guarded_script_and_functions_pass_the_check(tmp_path: Path) -> None:
         if __name__ == "__main__":
             assert main() is None
             print("guarded ok")
-        """))
+        """),
+    )
     assert done.returncode == 0 and "guarded ok" in done.stdout, done.stderr
 
 
@@ -60,11 +66,16 @@ def test_run_from_a_notebook_defined_generator_is_refused_before_ray(tmp_path: P
     cell = {"__name__": "__main__"}
     exec("from mineonline_core.testing.kit import mlp_policy\ndef policy_generator():\n    return mlp_policy()\n", cell)
     notebook = types.ModuleType("notebook_config")
-    notebook.online_dict = {**yaml.safe_load((ROOT / "examples" / "cartpole.yaml").read_text()), "policy_config": None,
-                            "output_dir": str(tmp_path)}  # fmt: skip
+    notebook.online_dict = {
+        **yaml.safe_load((ROOT / "examples" / "cartpole.yaml").read_text()),
+        "policy_config": None,
+        "output_dir": str(tmp_path),
+    }
     notebook.policy_generator = cell["policy_generator"]
     ray = sys.modules.get("ray")
     assert ray is None or not ray.is_initialized()
-    with pytest.raises(ConfigError, match=r"policy_generator: '__main__\.policy_generator' cannot be named .* load_policy"):
+    with pytest.raises(
+        ConfigError, match=r"policy_generator: '__main__\.policy_generator' cannot be named .* load_policy"
+    ):
         mineonline_core.run(notebook, progress=False)
     assert not list(tmp_path.iterdir()) and (sys.modules.get("ray") is None or not sys.modules["ray"].is_initialized())

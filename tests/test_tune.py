@@ -82,8 +82,23 @@ def test_bad_search_space_fails_before_ray_starts(tmp_path, capsys):
 def test_asha_sweep_of_two_learning_rates_by_two_seeds(tmp_path, monkeypatch, local_ray, capsys):
     monkeypatch.chdir(tmp_path)
     config = _config(tmp_path, iterations=200, save=50)
-    code = main(["tune", str(config), "train_config.learning_rate=grid(1e-2,1e-4)", "--seeds", "0,1", "--name", "sweep",
-                 "--scheduler", "asha", "--metric", "trainer/learning_rate", "--grace-period", "1"])  # fmt: skip
+    code = main(
+        [
+            "tune",
+            str(config),
+            "train_config.learning_rate=grid(1e-2,1e-4)",
+            "--seeds",
+            "0,1",
+            "--name",
+            "sweep",
+            "--scheduler",
+            "asha",
+            "--metric",
+            "trainer/learning_rate",
+            "--grace-period",
+            "1",
+        ]
+    )
     assert code == 0
     exp_dir = tmp_path / "runs" / "sweep"
     rows = {r["parameters"]: r for r in _table(exp_dir)}
@@ -92,9 +107,17 @@ def test_asha_sweep_of_two_learning_rates_by_two_seeds(tmp_path, monkeypatch, lo
     for params, row in rows.items():
         run_dir = Path(row["run_dir"])
         lr, seed = (item.split("=")[1] for item in params.split())
-        assert run_dir.parent == exp_dir and run_dir.name.startswith("sweep-") and run_dir.name.endswith(f"learningrate={lr}-seed={seed}")
+        assert (
+            run_dir.parent == exp_dir
+            and run_dir.name.startswith("sweep-")
+            and run_dir.name.endswith(f"learningrate={lr}-seed={seed}")
+        )
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-        assert (saved["train_config"]["learning_rate"], saved["seed"], saved["run_name"]) == (float(lr), int(seed), run_dir.name)
+        assert (saved["train_config"]["learning_rate"], saved["seed"], saved["run_name"]) == (
+            float(lr),
+            int(seed),
+            run_dir.name,
+        )
         assert (run_dir / "checkpoints").is_dir() and _iterations(run_dir)[0] == 1
         assert run_dir.name in console
         if lr == "1e-2":
@@ -125,8 +148,14 @@ def test_an_interrupted_experiment_resumes(tmp_path):
     assert row["status"] == "interrupted" and int(row["iterations"]) < 300, out[-3000:]
     stopped_at = int(row["iterations"])
 
-    resumed = subprocess.run([sys.executable, "-m", "mineonline_core.cli", "tune", "--resume", str(exp_dir)], cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    resumed = subprocess.run(
+        [sys.executable, "-m", "mineonline_core.cli", "tune", "--resume", str(exp_dir)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     [row] = _table(exp_dir)
     assert (row["status"], row["iterations"]) == ("completed", "300")
@@ -143,24 +172,44 @@ def test_the_table_reports_each_trials_end_and_a_failures_root_cause(tmp_path):
     from mineonline_core.driver.sweep import TrialSpec
     from mineonline_core.driver.tune import _rows, format_table
 
-    spec = TrialSpec(source="c.yaml", fixed=(), keys=("seed",), experiment="e", experiment_dir=str(tmp_path), metric="m", cwd=".")
+    spec = TrialSpec(
+        source="c.yaml", fixed=(), keys=("seed",), experiment="e", experiment_dir=str(tmp_path), metric="m", cwd="."
+    )
     cause = RunFailedError("ValueError: env id 'Nope-v0' is not registered")
-    error = RayTaskError("TrialRun.train", f"Traceback (most recent call last):\n  File \"x.py\", line 1\n"
-                         f"mineonline_core.errors.RunFailedError: {cause}", cause)  # fmt: skip
+    error = RayTaskError(
+        "TrialRun.train",
+        f'Traceback (most recent call last):\n  File "x.py", line 1\nmineonline_core.errors.RunFailedError: {cause}',
+        cause,
+    )
     for name, iterations in (("e-00000-seed=0", 8), ("e-00001-seed=1", 3)):
         (tmp_path / name / "checkpoints" / f"checkpoint_{iterations:06d}").mkdir(parents=True)
         (tmp_path / name / "checkpoints" / f"checkpoint_{iterations:06d}" / "manifest.json").write_text("{}")
     results = [
-        Result(metrics={"m": 2.0, "trainer/iteration": 8.0, "done": True, "config": {"seed": "0"}}, checkpoint=None, error=None,
-               path=str(tmp_path / "e-00000-seed=0")),
-        Result(metrics={"m": 1.0, "trainer/iteration": 2.0, "done": True, "config": {"seed": "1"}}, checkpoint=None, error=None,
-               path=str(tmp_path / "e-00001-seed=1")),
+        Result(
+            metrics={"m": 2.0, "trainer/iteration": 8.0, "done": True, "config": {"seed": "0"}},
+            checkpoint=None,
+            error=None,
+            path=str(tmp_path / "e-00000-seed=0"),
+        ),
+        Result(
+            metrics={"m": 1.0, "trainer/iteration": 2.0, "done": True, "config": {"seed": "1"}},
+            checkpoint=None,
+            error=None,
+            path=str(tmp_path / "e-00001-seed=1"),
+        ),
         Result(metrics={"config": {"seed": "2"}}, checkpoint=None, error=error, path=str(tmp_path / "e-00002-seed=2")),
-    ]  # fmt: skip
+    ]
     rows = _rows(results, spec, {"iterations": 8, "scheduler": "asha"})
     assert [(r["parameters"], r["metric"], r["iterations"], r["status"]) for r in rows] == [
         ("seed=0", "2", 8, "completed"),
         ("seed=1", "1", 3, "stopped early (asha)"),  # the run's own last checkpoint, past the stop
         ("seed=2", "", 0, "failed: ValueError: env id 'Nope-v0' is not registered"),
     ]
-    assert format_table(rows).splitlines()[0].split() == ["trial", "parameters", "metric", "iterations", "status", "run_dir"]
+    assert format_table(rows).splitlines()[0].split() == [
+        "trial",
+        "parameters",
+        "metric",
+        "iterations",
+        "status",
+        "run_dir",
+    ]

@@ -29,7 +29,9 @@ class ReinforceTrainer(mineonline_core.BaseTrainer):
     name = "ReinforceTrainer"
     Config = ReinforceConfig
 
-    def compute_loss(self, *, batch: dict[str, Any], outputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(
+        self, *, batch: dict[str, Any], outputs: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One window of one micro-batch: ``batch`` columns are (chunks, steps) slices."""
         pi_head, logits = self.policy.pi_head, outputs["pi_logits"]
         # The policy gradient theorem: raise the log-probability of actions in proportion to how much
@@ -39,7 +41,11 @@ class ReinforceTrainer(mineonline_core.BaseTrainer):
         value_loss = 0.5 * (outputs["vpred"] - batch[F.VALUE_TARGET]).pow(2).mean()
         entropy = pi_head.entropy(logits).mean()
         loss = policy_loss + self.options.vf_coef * value_loss - self.options.entropy_coef * entropy
-        return loss, {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach()}
+        return loss, {
+            "policy_loss": policy_loss.detach(),
+            "value_loss": value_loss.detach(),
+            "entropy": entropy.detach(),
+        }
 
 
 @mineonline_core.hookimpl

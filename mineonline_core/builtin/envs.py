@@ -20,12 +20,29 @@ from mineonline_core.contracts.envs import EnvFactory, MinecraftAdapter, adapt_e
 from mineonline_core.errors import ConfigError
 
 CRAFTER_ACHIEVEMENTS = (
-    "collect_coal", "collect_diamond", "collect_drink", "collect_iron", "collect_sapling",
-    "collect_stone", "collect_wood", "defeat_skeleton", "defeat_zombie", "eat_cow", "eat_plant",
-    "make_iron_pickaxe", "make_iron_sword", "make_stone_pickaxe", "make_stone_sword",
-    "make_wood_pickaxe", "make_wood_sword", "place_furnace", "place_plant", "place_stone",
-    "place_table", "wake_up",
-)  # fmt: skip
+    "collect_coal",
+    "collect_diamond",
+    "collect_drink",
+    "collect_iron",
+    "collect_sapling",
+    "collect_stone",
+    "collect_wood",
+    "defeat_skeleton",
+    "defeat_zombie",
+    "eat_cow",
+    "eat_plant",
+    "make_iron_pickaxe",
+    "make_iron_sword",
+    "make_stone_pickaxe",
+    "make_stone_sword",
+    "make_wood_pickaxe",
+    "make_wood_sword",
+    "place_furnace",
+    "place_plant",
+    "place_stone",
+    "place_table",
+    "wake_up",
+)
 
 
 def crafter_score(success_rates_percent: Iterable[float]) -> float:
@@ -98,9 +115,12 @@ class CrafterEnv(EnvFactory):
                 "env_config.name: 'crafter' needs the crafter package. Fix: pip install 'mineonline-core[crafter]'."
             ) from exc
         env = crafter.Env(
-            area=(options.area, options.area), size=(options.size, options.size),
-            reward=options.reward, length=options.length, seed=options.seed,
-        )  # fmt: skip
+            area=(options.area, options.area),
+            size=(options.size, options.size),
+            reward=options.reward,
+            length=options.length,
+            seed=options.seed,
+        )
         return CrafterAchievements(adapt_env(env))
 
 

@@ -57,8 +57,15 @@ class MLPPolicy(Policy):
         activation: Literal["tanh", "relu"] = Field("tanh", description="Hidden activation.")
         value_normalizer_beta: float = Field(0.99999, gt=0, lt=1, description="EWMA decay of the value normaliser.")
 
-    def __init__(self, *, obs_dim: int, num_actions: int, hidden_sizes: list[int], activation: str = "tanh",
-                 value_normalizer_beta: float = 0.99999) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        obs_dim: int,
+        num_actions: int,
+        hidden_sizes: list[int],
+        activation: str = "tanh",
+        value_normalizer_beta: float = 0.99999,
+    ) -> None:
         super().__init__()
         # Separate actor and critic torsos, as in PPO's reference implementation for control tasks.
         self.actor = _mlp(obs_dim, hidden_sizes, activation)
@@ -75,7 +82,11 @@ class MLPPolicy(Policy):
     @classmethod
     def build(cls, options: BaseModel, *, observation_space: gym.Space, action_space: gym.Space) -> "MLPPolicy":
         space = _obs_space(observation_space, "obs", cls.name)
-        return cls(obs_dim=int(np.prod(space.shape)), num_actions=_discrete_actions(action_space, cls.name), **options.model_dump())
+        return cls(
+            obs_dim=int(np.prod(space.shape)),
+            num_actions=_discrete_actions(action_space, cls.name),
+            **options.model_dump(),
+        )
 
     def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
         x = input["obs"].float().flatten(2)
@@ -93,11 +104,14 @@ def _nature_cnn(in_channels: int, channels: list[int]) -> nn.Sequential:
     """The convolutional torso of Mnih et al. (2015): 8x8/4, 4x4/2, 3x3/1, each followed by a ReLU."""
     c1, c2, c3 = channels
     return nn.Sequential(
-        nn.Conv2d(in_channels, c1, 8, stride=4), nn.ReLU(),
-        nn.Conv2d(c1, c2, 4, stride=2), nn.ReLU(),
-        nn.Conv2d(c2, c3, 3, stride=1), nn.ReLU(),
+        nn.Conv2d(in_channels, c1, 8, stride=4),
+        nn.ReLU(),
+        nn.Conv2d(c1, c2, 4, stride=2),
+        nn.ReLU(),
+        nn.Conv2d(c2, c3, 3, stride=1),
+        nn.ReLU(),
         nn.Flatten(),
-    )  # fmt: skip
+    )
 
 
 def _flat_size(module: nn.Module, image_shape: tuple[int, int, int]) -> int:
@@ -119,7 +133,11 @@ class _FeedForwardImagePolicy(Policy):
     @classmethod
     def build(cls, options: BaseModel, *, observation_space: gym.Space, action_space: gym.Space) -> Policy:
         space = _obs_space(observation_space, "image", cls.name)
-        return cls(image_shape=tuple(space.shape), num_actions=_discrete_actions(action_space, cls.name), **options.model_dump())
+        return cls(
+            image_shape=tuple(space.shape),
+            num_actions=_discrete_actions(action_space, cls.name),
+            **options.model_dump(),
+        )
 
     def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
         x, b, t = _images(input)
@@ -136,13 +154,24 @@ class CNNPolicy(_FeedForwardImagePolicy):
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        channels: list[PositiveInt] = Field([32, 64, 64], min_length=3, max_length=3,
-                                    description="Channels of the three conv layers (8x8 stride 4, 4x4 stride 2, 3x3 stride 1).")  # fmt: skip
+        channels: list[PositiveInt] = Field(
+            [32, 64, 64],
+            min_length=3,
+            max_length=3,
+            description="Channels of the three conv layers (8x8 stride 4, 4x4 stride 2, 3x3 stride 1).",
+        )
         hidden_size: int = Field(512, ge=1, description="Width of the fully connected layer after the convs.")
         value_normalizer_beta: float = Field(0.99999, gt=0, lt=1, description="EWMA decay of the value normaliser.")
 
-    def __init__(self, *, image_shape: tuple[int, int, int], num_actions: int, channels: list[int],
-                 hidden_size: int, value_normalizer_beta: float = 0.99999) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        image_shape: tuple[int, int, int],
+        num_actions: int,
+        channels: list[int],
+        hidden_size: int,
+        value_normalizer_beta: float = 0.99999,
+    ) -> None:
         super().__init__()
         self.cnn = _nature_cnn(image_shape[2], channels)
         self.embed = nn.Sequential(nn.Linear(_flat_size(self.cnn, image_shape), hidden_size), nn.ReLU())
@@ -175,8 +204,15 @@ class RecurrentCNNPolicy(Policy):
         hidden_size: int = Field(256, ge=8, description="Width of the embedding and of the GRU state.")
         value_normalizer_beta: float = Field(0.99999, gt=0, lt=1, description="EWMA decay of the value normaliser.")
 
-    def __init__(self, *, image_shape: tuple[int, int, int], num_actions: int, channels: list[int],
-                 hidden_size: int, value_normalizer_beta: float = 0.99999) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        image_shape: tuple[int, int, int],
+        num_actions: int,
+        channels: list[int],
+        hidden_size: int,
+        value_normalizer_beta: float = 0.99999,
+    ) -> None:
         super().__init__()
         self.cnn = _nature_cnn(image_shape[2], channels)
         self.embed = nn.Sequential(nn.Linear(_flat_size(self.cnn, image_shape), hidden_size), nn.ReLU())
@@ -188,9 +224,15 @@ class RecurrentCNNPolicy(Policy):
         nn.init.zeros_(self.pi_head.linear.bias)
 
     @classmethod
-    def build(cls, options: BaseModel, *, observation_space: gym.Space, action_space: gym.Space) -> "RecurrentCNNPolicy":
+    def build(
+        cls, options: BaseModel, *, observation_space: gym.Space, action_space: gym.Space
+    ) -> "RecurrentCNNPolicy":
         space = _obs_space(observation_space, "image", cls.name)
-        return cls(image_shape=tuple(space.shape), num_actions=_discrete_actions(action_space, cls.name), **options.model_dump())
+        return cls(
+            image_shape=tuple(space.shape),
+            num_actions=_discrete_actions(action_space, cls.name),
+            **options.model_dump(),
+        )
 
     def initial_state(self, batch_size: int) -> list[torch.Tensor]:
         return [torch.zeros(batch_size, self.hidden_size, device=self.gru.weight_hh.device)]
@@ -229,8 +271,10 @@ class _NormConvReLU(nn.Sequential):
 class _ResidualBlock(nn.Module):
     def __init__(self, channels: int, *, norm: bool, scale: float) -> None:
         super().__init__()
-        self.branch = nn.Sequential(_NormConvReLU(channels, channels, norm=norm, scale=scale),
-                                    _NormConvReLU(channels, channels, norm=norm, scale=scale))  # fmt: skip
+        self.branch = nn.Sequential(
+            _NormConvReLU(channels, channels, norm=norm, scale=scale),
+            _NormConvReLU(channels, channels, norm=norm, scale=scale),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.branch(x)
@@ -251,30 +295,51 @@ class ImpalaResNetPolicy(_FeedForwardImagePolicy):
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid")
-        channels: list[PositiveInt] = Field([64, 128, 128], min_length=1,
-                                    description="Output channels of each stage; each stage halves the resolution "
-                                                "(Moon et al.: 64/128/128; 16/32/32 costs ~1/16 of the FLOPs).")  # fmt: skip
+        channels: list[PositiveInt] = Field(
+            [64, 128, 128],
+            min_length=1,
+            description="Output channels of each stage; each stage halves the resolution "
+            "(Moon et al.: 64/128/128; 16/32/32 costs ~1/16 of the FLOPs).",
+        )
         blocks_per_stage: int = Field(2, ge=0, description="Residual blocks (two 3x3 convs each) per stage.")
         group_norm: bool = Field(True, description="One-group GroupNorm before the convs and after each pool.")
-        dense_sizes: list[PositiveInt] = Field([256, 1024], min_length=1,
-                                       description="Widths of the dense layers after the stages; the heads read the last.")  # fmt: skip
+        dense_sizes: list[PositiveInt] = Field(
+            [256, 1024],
+            min_length=1,
+            description="Widths of the dense layers after the stages; the heads read the last.",
+        )
         layer_norm: bool = Field(True, description="LayerNorm on the input of each dense layer.")
-        value_normalizer_beta: float = Field(0.99, gt=0, lt=1,
-                                             description="EWMA decay of the value normaliser (Moon et al.: 0.99).")  # fmt: skip
+        value_normalizer_beta: float = Field(
+            0.99, gt=0, lt=1, description="EWMA decay of the value normaliser (Moon et al.: 0.99)."
+        )
 
-    def __init__(self, *, image_shape: tuple[int, int, int], num_actions: int, channels: list[int], blocks_per_stage: int,
-                 group_norm: bool, dense_sizes: list[int], layer_norm: bool, value_normalizer_beta: float = 0.99) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        image_shape: tuple[int, int, int],
+        num_actions: int,
+        channels: list[int],
+        blocks_per_stage: int,
+        group_norm: bool,
+        dense_sizes: list[int],
+        layer_norm: bool,
+        value_normalizer_beta: float = 0.99,
+    ) -> None:
         super().__init__()
         stages: list[nn.Module] = []
         in_channels = image_shape[2]
         # Scale of each residual-branch conv, so that the sum of all branches has about unit scale.
         branch_scale = (len(channels) * max(blocks_per_stage, 1)) ** -0.25
         for i, out_channels in enumerate(channels):
-            stages += [_NormConvReLU(in_channels, out_channels, norm=group_norm and i > 0, scale=1.0),
-                       nn.MaxPool2d(3, stride=2, padding=1)]  # fmt: skip
+            stages += [
+                _NormConvReLU(in_channels, out_channels, norm=group_norm and i > 0, scale=1.0),
+                nn.MaxPool2d(3, stride=2, padding=1),
+            ]
             if group_norm:
                 stages.append(nn.GroupNorm(1, out_channels))
-            stages += [_ResidualBlock(out_channels, norm=group_norm, scale=branch_scale) for _ in range(blocks_per_stage)]
+            stages += [
+                _ResidualBlock(out_channels, norm=group_norm, scale=branch_scale) for _ in range(blocks_per_stage)
+            ]
             in_channels = out_channels
         self.encoder = nn.Sequential(*stages, nn.Flatten())
         dense: list[nn.Module] = []

@@ -15,9 +15,7 @@ MIN_HANG_TIMEOUT = 5.0
 
 def _raise(problems: list[str], what: str) -> None:
     if problems:
-        raise ConfigError(
-            f"Inconsistent config ({what}):\n" + "\n".join(f"  - {p}" for p in problems)
-        )
+        raise ConfigError(f"Inconsistent config ({what}):\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def check_consistency(cfg: OnlineConfig) -> None:
@@ -73,14 +71,18 @@ def _hang_problems(cfg: OnlineConfig) -> list[str]:
     and must act before ``progress_timeout`` blames the wrong side (``services/heartbeat.py``)."""
     hang, progress = cfg.hang_timeout, cfg.progress_timeout
     if hang and hang < MIN_HANG_TIMEOUT:
-        return [f"hang_timeout is {hang:g}s, shorter than {MIN_HANG_TIMEOUT:g}s: a rollout worker or trainer rank "
-                f"that is merely busy would be killed as hung. Fix: set hang_timeout to at least "
-                f"{MIN_HANG_TIMEOUT:g} (the default is 60), or 0 to disable hang detection."]  # fmt: skip
+        return [
+            f"hang_timeout is {hang:g}s, shorter than {MIN_HANG_TIMEOUT:g}s: a rollout worker or trainer rank "
+            f"that is merely busy would be killed as hung. Fix: set hang_timeout to at least "
+            f"{MIN_HANG_TIMEOUT:g} (the default is 60), or 0 to disable hang detection."
+        ]
     # Only a hang_timeout the user set: a short progress_timeout with the default one is a choice to stop first.
     if hang and progress and hang >= progress and "hang_timeout" in cfg.model_fields_set:
-        return [f"hang_timeout ({hang:g}s) is not below progress_timeout ({progress:g}s): a hung rollout worker "
-                f"or rank would end the run as a stall instead of being named and restarted. Fix: lower "
-                f"hang_timeout below {progress:g} (the default is 60), or raise progress_timeout."]  # fmt: skip
+        return [
+            f"hang_timeout ({hang:g}s) is not below progress_timeout ({progress:g}s): a hung rollout worker "
+            f"or rank would end the run as a stall instead of being named and restarted. Fix: lower "
+            f"hang_timeout below {progress:g} (the default is 60), or raise progress_timeout."
+        ]
     return []
 
 
@@ -129,7 +131,9 @@ def _precision_problems(cfg: OnlineConfig) -> list[str]:
     if not torch.cuda.is_available():
         return []
     where = f" ({' and '.join(s + '.num_gpus_per_worker > 0' for s in on_gpu)})"
-    problem = PrecisionChoice.from_config(tc).problem(device_type="cuda", bf16_supported=bf16_supported("cuda"), where=where)
+    problem = PrecisionChoice.from_config(tc).problem(
+        device_type="cuda", bf16_supported=bf16_supported("cuda"), where=where
+    )
     return [problem] if problem else []
 
 
@@ -158,10 +162,11 @@ def required_resources(cfg: OnlineConfig) -> dict[str, float]:
     server_cpus, server_gpus, worker_gpus = inference_resources(rc)
     eval_cpus, eval_gpus = evaluation_resources(cfg)
     return {
-        "CPU": rc.num_rollout_workers * rc.num_cpus_per_worker + server_cpus
-        + tc.num_workers * tc.num_cpus_per_worker + eval_cpus,
-        "GPU": rc.num_rollout_workers * worker_gpus + server_gpus
-        + tc.num_workers * tc.num_gpus_per_worker + eval_gpus,
+        "CPU": rc.num_rollout_workers * rc.num_cpus_per_worker
+        + server_cpus
+        + tc.num_workers * tc.num_cpus_per_worker
+        + eval_cpus,
+        "GPU": rc.num_rollout_workers * worker_gpus + server_gpus + tc.num_workers * tc.num_gpus_per_worker + eval_gpus,
     }
 
 
@@ -178,7 +183,9 @@ def check_resources(cfg: OnlineConfig, available: Mapping[str, float]) -> None:
     for resource, per in (("CPU", "num_cpus_per_worker"), ("GPU", "num_gpus_per_worker")):
         have = float(available.get(resource, 0.0))
         share = eval_gpus if resource == "GPU" else eval_cpus
-        evaluation = f" + the evaluation actor's train_config.eval_num_{resource.lower()}s {share:g}" if tc.eval_interval else ""
+        evaluation = (
+            f" + the evaluation actor's train_config.eval_num_{resource.lower()}s {share:g}" if tc.eval_interval else ""
+        )
         if needed[resource] > have + _EPS:
             problems.append(
                 f"The config asks for {needed[resource]:g} {resource}s: "

@@ -48,8 +48,12 @@ def import_deadline(path: Path) -> Iterator[None]:
         nonlocal noted
         if not noted and NOTE_S < LIMIT_S:
             noted = True
-            log.warning("still importing config module %s after %.0fs (it runs its top-level code; "
-                        "interrupted at %.0fs)", path, NOTE_S, LIMIT_S)  # fmt: skip
+            log.warning(
+                "still importing config module %s after %.0fs (it runs its top-level code; interrupted at %.0fs)",
+                path,
+                NOTE_S,
+                LIMIT_S,
+            )
             signal.setitimer(signal.ITIMER_REAL, LIMIT_S - NOTE_S, 1.0)
             return
         raise _Deadline(frame)
@@ -63,7 +67,7 @@ def import_deadline(path: Path) -> Iterator[None]:
             f"Importing config module {str(path)!r} did not finish within {LIMIT_S:.0f}s: its top-level code "
             f"{_where(exc.args[0], path)} never returned (a loop, or a wait for something that does not come). "
             "Fix: move long-running code into env_generator/policy_generator or under "
-            "`if __name__ == \"__main__\":`, and check the module with `python " + str(path) + "`."
+            '`if __name__ == "__main__":`, and check the module with `python ' + str(path) + "`."
         ) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0.0)

@@ -21,7 +21,9 @@ from mineonline_core.errors import ConfigError
 KEYS = ("env_generator", "policy_generator")
 
 
-def generator_spec(fn: Callable[..., Any], *, attr: str, module: ModuleType | None = None, path: str | None = None) -> str | None:
+def generator_spec(
+    fn: Callable[..., Any], *, attr: str, module: ModuleType | None = None, path: str | None = None
+) -> str | None:
     """The import path of ``fn``, found as ``attr`` of config ``module`` (loaded from ``path``).
 
     A function defined in the config file itself is named by the file; one the config imported
@@ -68,7 +70,9 @@ def import_generator(spec: str, *, key: str) -> Callable[[], Any]:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            raise ConfigError(f"{key}: cannot import module {target!r} ({exc}). Fix: install the package that provides it.") from exc
+            raise ConfigError(
+                f"{key}: cannot import module {target!r} ({exc}). Fix: install the package that provides it."
+            ) from exc
     obj: Any = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)

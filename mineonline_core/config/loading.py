@@ -148,7 +148,9 @@ def _read(source: Any) -> tuple[LoadedConfig, Any, str | None]:
         if suffix in (".yaml", ".yml"):
             text = _read_text(path)
             node = _parse_yaml(text, path)
-            loaded = LoadedConfig(config=empty, source_text=text, source_path=str(path), expressions=_expressions_of(node))
+            loaded = LoadedConfig(
+                config=empty, source_text=text, source_path=str(path), expressions=_expressions_of(node)
+            )
             return loaded, _plain(node), str(path)
         raise ConfigError(
             f"Config file {str(path)!r} has suffix {suffix!r}. Fix: use a .yaml/.yml file or a "

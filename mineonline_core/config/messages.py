@@ -106,8 +106,7 @@ def describe(error: Mapping[str, Any], *, root: type[BaseModel] = OnlineConfig, 
         guess = closest(str(loc[-1]), names)
         if guess:
             return (
-                f"{path}: unknown key (value {show(value)}). Did you mean {guess!r}? "
-                f"Fix: rename the key to {guess!r}."
+                f"{path}: unknown key (value {show(value)}). Did you mean {guess!r}? Fix: rename the key to {guess!r}."
             )
         where = dotted(loc[:-1]) if loc[:-1] else "the top level"
         return (
@@ -121,10 +120,7 @@ def describe(error: Mapping[str, Any], *, root: type[BaseModel] = OnlineConfig, 
         limit = (error.get("ctx") or {}).get(attr)
         allowed = (range_text(info) if info else "") or f"{op} {_num(limit)}"
         allowed = f"with {allowed}" if "x" in allowed else allowed
-        return (
-            f"{path}: must be {op} {_num(limit)}, got {show(value)}. "
-            f"Fix: use a value {allowed}{_hint(info)}."
-        )
+        return f"{path}: must be {op} {_num(limit)}, got {show(value)}. Fix: use a value {allowed}{_hint(info)}."
     if kind in _NOUNS:
         noun = _NOUNS[kind]
         quote = " (quote it in YAML)" if kind == "string_type" else ""
@@ -145,7 +141,9 @@ def _origin(loc: Loc, origins: Mapping[Loc, str]) -> str:
     return ""
 
 
-def validate_trainer_options(trainer_cls: type, train_config: BaseModel, *, origins: Mapping[Loc, str] | None = None) -> BaseModel:
+def validate_trainer_options(
+    trainer_cls: type, train_config: BaseModel, *, origins: Mapping[Loc, str] | None = None
+) -> BaseModel:
     """The selected trainer's ``Config`` from its section: the ``train_config`` keys the core does not
     own. Raises ONE ``ConfigError`` in the style of ``validate_online_config``; an unknown key names
     the trainer and the closest keys of the whole section (core and trainer)."""
@@ -166,12 +164,19 @@ def validate_trainer_options(trainer_cls: type, train_config: BaseModel, *, orig
         key = str(loc[-1])
         value = REDACTED if is_secret_key(key) else redact(err.get("input"))
         matches = difflib.get_close_matches(key, core + own, n=3, cutoff=0.6)
-        fix = (f"Did you mean {' or '.join(repr(m) for m in matches)}? Fix: rename the key." if matches else
-               f"Fix: remove it, or use one of {trainer_cls.name}'s keys ({', '.join(own) or 'none'}) or a core key "
-               f"(`mineonline config docs` lists both).")  # fmt: skip
-        problems.append(f"train_config.{key}: unknown key for trainer {trainer_cls.name!r} (value {show(value)}). {fix}{where}")
+        fix = (
+            f"Did you mean {' or '.join(repr(m) for m in matches)}? Fix: rename the key."
+            if matches
+            else f"Fix: remove it, or use one of {trainer_cls.name}'s keys ({', '.join(own) or 'none'}) or a core key "
+            f"(`mineonline config docs` lists both)."
+        )
+        problems.append(
+            f"train_config.{key}: unknown key for trainer {trainer_cls.name!r} (value {show(value)}). {fix}{where}"
+        )
     count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
-    raise ConfigError(f"Invalid train_config for trainer {trainer_cls.name!r} ({count}):\n" + "\n".join(f"  - {p}" for p in problems))
+    raise ConfigError(
+        f"Invalid train_config for trainer {trainer_cls.name!r} ({count}):\n" + "\n".join(f"  - {p}" for p in problems)
+    )
 
 
 def validate_online_config(
@@ -193,8 +198,7 @@ def validate_online_config(
         return OnlineConfig.model_validate(dict(data))
     except ValidationError as exc:
         problems = [
-            describe(err) + _origin(tuple(err.get("loc", ())), origins or {})
-            for err in exc.errors(include_url=False)
+            describe(err) + _origin(tuple(err.get("loc", ())), origins or {}) for err in exc.errors(include_url=False)
         ]
     count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
     raise ConfigError(

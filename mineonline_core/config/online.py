@@ -26,9 +26,7 @@ class LoggerConfig(OpenSection):
         "always on. [] logs to the console only.",
     )
     project: str = Field("mineonline", description="Project the run is filed under (wandb).")
-    name: str | None = Field(
-        None, description="Display name of the run; also the default run_name."
-    )
+    name: str | None = Field(None, description="Display name of the run; also the default run_name.")
 
     @field_validator("loggers")
     @classmethod
@@ -67,9 +65,7 @@ class OnlineConfig(Section):
     A missing ``run_name`` is filled in at validation so every process sees the same run dir.
     """
 
-    trainer_name: str = Field(
-        "PPOTrainer", description="Registered name of the trainer class to run."
-    )
+    trainer_name: str = Field("PPOTrainer", description="Registered name of the trainer class to run.")
     detach_rollout_manager: bool = Field(
         False,
         description="Start the rollout manager as a detached Ray actor that outlives the "
@@ -80,12 +76,8 @@ class OnlineConfig(Section):
         description="Name of the run directory under output_dir; null means logger_config.name, "
         "else run-YYYYmmdd-HHMMSS.",
     )
-    output_dir: str = Field(
-        "runs", description="Parent directory of run directories (relative to the working dir)."
-    )
-    seed: int = setting(
-        0, "Seed of every random generator; each env and worker derives its own from it.", ge=0
-    )
+    output_dir: str = Field("runs", description="Parent directory of run directories (relative to the working dir).")
+    seed: int = setting(0, "Seed of every random generator; each env and worker derives its own from it.", ge=0)
     progress_timeout: float = setting(
         900.0,
         "Seconds without a new env step or without a new training iteration after which the "
@@ -101,9 +93,7 @@ class OnlineConfig(Section):
         "5 and below progress_timeout; 0 disables it.",
         ge=0,
     )
-    rollout_config: RolloutConfig = Field(
-        default_factory=RolloutConfig, description="Experience collection."
-    )
+    rollout_config: RolloutConfig = Field(default_factory=RolloutConfig, description="Experience collection.")
     train_config: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation.")
     logger_config: LoggerConfig = Field(default_factory=LoggerConfig, description="Logging.")
     policy_config: ComponentConfig | None = Field(

@@ -25,9 +25,7 @@ def _scalar(value: Any) -> str:
     return text[: -len("...")].strip() if text.endswith("...") else text
 
 
-def _sections(
-    model: type[BaseModel], prefix: str = ""
-) -> Iterator[tuple[str, type[BaseModel]]]:
+def _sections(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, type[BaseModel]]]:
     """Every section model with its dotted path, depth first; the top level first."""
     yield prefix, model
     for name, info in model.model_fields.items():
@@ -40,10 +38,15 @@ def installed_trainers() -> list[tuple[str, type[BaseModel], str]]:
     """(name, ``Config``, distribution) of every installed trainer, by name."""
     from mineonline_core.registry import get_plugin_manager
 
-    return [(name, cls.Config, origin.distribution) for name, cls, origin in get_plugin_manager().registries["trainer"].items()]
+    return [
+        (name, cls.Config, origin.distribution)
+        for name, cls, origin in get_plugin_manager().registries["trainer"].items()
+    ]
 
 
-def _template_lines(model: type[BaseModel], indent: int, extra: dict[type[BaseModel], type[BaseModel]] | None = None) -> list[str]:
+def _template_lines(
+    model: type[BaseModel], indent: int, extra: dict[type[BaseModel], type[BaseModel]] | None = None
+) -> list[str]:
     """``extra``: a section model -> the plugin model whose keys are written into it too."""
     pad, lines = " " * indent, []
     fields = list(model.model_fields.items())
@@ -52,9 +55,7 @@ def _template_lines(model: type[BaseModel], indent: int, extra: dict[type[BaseMo
     for name, info in fields:
         if indent == 0 and lines:
             lines.append("")
-        for line in textwrap.wrap(
-            info.description or "", width=_WIDTH - indent - 2, break_on_hyphens=False
-        ):
+        for line in textwrap.wrap(info.description or "", width=_WIDTH - indent - 2, break_on_hyphens=False):
             lines.append(f"{pad}# {line}")
         default = info.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):
@@ -103,8 +104,11 @@ def _section_table(path: str, model: type[BaseModel], title: str | None = None) 
             f"{_cell(range_text(info)) or '-'} | {_cell(description)} |"
         )
     if issubclass(model, OpenSection):
-        lines += ["", "Other keys in this section are allowed: they are passed to the component "
-                  "the section selects and checked against that component's own `Config`."]
+        lines += [
+            "",
+            "Other keys in this section are allowed: they are passed to the component "
+            "the section selects and checked against that component's own `Config`.",
+        ]
     return lines + [""]
 
 
@@ -152,6 +156,8 @@ def config_docs(trainers: list[tuple[str, type[BaseModel], str]] | None = None) 
     for path, model in _sections(OnlineConfig):
         lines += _section_table(path, model)
     for name, options, distribution in installed_trainers() if trainers is None else trainers:
-        lines += _section_table("train_config", options, f"`train_config` keys of the trainer `{name}` ({distribution})")
+        lines += _section_table(
+            "train_config", options, f"`train_config` keys of the trainer `{name}` ({distribution})"
+        )
     lines += ["## Cross-field checks", "", *textwrap.wrap(_CHECKS, width=_WIDTH), "", _OVERRIDES]
     return "\n".join(lines)

@@ -12,13 +12,10 @@ from mineonline_core.config._fields import OpenSection, Section, setting
 class WorkerConfig(Section):
     """``rollout_config.worker_config``: what each rollout worker runs."""
 
-    num_envs: int = setting(
-        2, "Env processes each rollout worker steps in parallel (MineStudio example: 2-16).", ge=1
-    )
+    num_envs: int = setting(2, "Env processes each rollout worker steps in parallel (MineStudio example: 2-16).", ge=1)
     batch_size: int = setting(
         1,
-        "Envs whose observations are stacked into one policy forward pass inside a worker; "
-        "must not exceed num_envs.",
+        "Envs whose observations are stacked into one policy forward pass inside a worker; must not exceed num_envs.",
         ge=1,
     )
     restart_interval: float = setting(
@@ -34,8 +31,7 @@ class WorkerConfig(Section):
     )
     step_timeout: float = setting(
         60.0,
-        "Seconds one env step or reset may take before the env is declared hung, closed as "
-        "truncated and rebuilt.",
+        "Seconds one env step or reset may take before the env is declared hung, closed as truncated and rebuilt.",
         gt=0,
     )
     max_env_restarts: int = setting(
@@ -94,9 +90,7 @@ class ReplayBufferConfig(Section):
         "iteration's worth of chunks.",
         ge=1,
     )
-    max_reuse: int = setting(
-        2, "Times one chunk may be sampled for training before it is dropped.", ge=1
-    )
+    max_reuse: int = setting(2, "Times one chunk may be sampled for training before it is dropped.", ge=1)
     max_staleness: int = setting(
         2,
         "Largest model-version gap (the version a chunk is trained at minus the oldest version "
@@ -104,9 +98,7 @@ class ReplayBufferConfig(Section):
         "is held to it too. 0 samples only on-policy data.",
         ge=0,
     )
-    fragments_per_report: int = setting(
-        40, "Fragments the buffer receives between two of its metric reports.", ge=1
-    )
+    fragments_per_report: int = setting(40, "Fragments the buffer receives between two of its metric reports.", ge=1)
     fragments_per_chunk: int = setting(
         1, "Consecutive fragments of one env stream grouped into a chunk, sampled together.", ge=1
     )
@@ -118,9 +110,7 @@ class ReplayBufferConfig(Section):
 class EpisodeStatisticsConfig(Section):
     """``rollout_config.episode_statistics_config``: the statistics actor; ``{}`` is fine."""
 
-    window: int = setting(
-        100, "Most recent finished episodes over which episode/* moving averages are taken.", ge=1
-    )
+    window: int = setting(100, "Most recent finished episodes over which episode/* moving averages are taken.", ge=1)
 
 
 class RolloutConfig(Section):
@@ -135,9 +125,7 @@ class RolloutConfig(Section):
         "(MineStudio example: 1.0). 0 runs inference on CPU.",
         ge=0,
     )
-    num_cpus_per_worker: float = setting(
-        1.0, "CPUs reserved for each rollout worker actor; fractions allowed.", gt=0
-    )
+    num_cpus_per_worker: float = setting(1.0, "CPUs reserved for each rollout worker actor; fractions allowed.", gt=0)
     inference: Literal["local", "shared"] = Field(
         "local",
         description="Where the rollout policy runs. 'local': each rollout worker runs its own envs' "
@@ -177,9 +165,7 @@ class RolloutConfig(Section):
         "Seconds over which max_worker_restarts and worker_config.max_env_rebuilds are counted.",
         gt=0,
     )
-    worker_config: WorkerConfig = Field(
-        default_factory=WorkerConfig, description="Per-worker env settings."
-    )
+    worker_config: WorkerConfig = Field(default_factory=WorkerConfig, description="Per-worker env settings.")
     replay_buffer_config: ReplayBufferConfig = Field(
         default_factory=ReplayBufferConfig, description="Replay buffer settings."
     )

@@ -20,7 +20,9 @@ from typing import Any
 REDACTED = "<redacted>"
 # Matched anywhere in a key: api_key, apiKey, wandb_token, secret_key, password, passwd, credentials,
 # private_key, and 'auth' as a word part (auth, auth_header) but not 'author'.
-SECRET_KEY = re.compile(r"api[_-]?key|token|secret|passw(?:or)?d|credential|private[_-]?key|(?:^|[_-])auth(?:$|[_-])", re.IGNORECASE)
+SECRET_KEY = re.compile(
+    r"api[_-]?key|token|secret|passw(?:or)?d|credential|private[_-]?key|(?:^|[_-])auth(?:$|[_-])", re.IGNORECASE
+)
 # A secret-looking key followed by ':' or '=' and its value (quoted, or up to a separator), in YAML
 # or Python source text.
 _ASSIGNMENT = re.compile(
@@ -94,7 +96,13 @@ def _put(tree: Any, path: Path, value: str) -> None:
             node = node[part]
         except (KeyError, IndexError, TypeError):
             return  # the key did not survive validation (e.g. a defaulted section)
-    if isinstance(node, dict) and path[-1] in node or isinstance(node, list) and isinstance(path[-1], int) and path[-1] < len(node):
+    if (
+        isinstance(node, dict)
+        and path[-1] in node
+        or isinstance(node, list)
+        and isinstance(path[-1], int)
+        and path[-1] < len(node)
+    ):
         node[path[-1]] = value
 
 

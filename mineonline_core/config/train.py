@@ -16,9 +16,7 @@ class TrainConfig(OpenSection):
     trainer's ``Config``."""
 
     # --- distribution -------------------------------------------------------------------------
-    num_workers: int = setting(
-        1, "Ray Train workers running data-parallel training (MineStudio example: 2).", ge=1
-    )
+    num_workers: int = setting(1, "Ray Train workers running data-parallel training (MineStudio example: 2).", ge=1)
     num_gpus_per_worker: float = setting(
         0.0,
         "GPUs reserved for each train worker (MineStudio example: 1.0); 0 trains on CPU with gloo.",
@@ -39,27 +37,18 @@ class TrainConfig(OpenSection):
         4000, "Training iterations to run (each: fetch, advantages, optimise, broadcast).", ge=1
     )
     learning_rate: float = setting(2e-5, "Initial learning rate of the AdamW optimiser.", gt=0)
-    anneal_lr_linearly: bool = Field(
-        False, description="Decay the learning rate linearly to 0 over num_iterations."
-    )
+    anneal_lr_linearly: bool = Field(False, description="Decay the learning rate linearly to 0 over num_iterations.")
     weight_decay: float = setting(0.04, "AdamW weight decay.", ge=0)
     adam_eps: float = setting(1e-8, "Adam epsilon added to the denominator.", gt=0)
     # --- batches ------------------------------------------------------------------------------
-    batch_size_per_gpu: int = setting(
-        1, "Chunks in one training batch on each train worker.", ge=1
-    )
+    batch_size_per_gpu: int = setting(1, "Chunks in one training batch on each train worker.", ge=1)
     batches_per_iteration: int = setting(
         10,
-        "Batches each train worker processes per iteration (and epoch); a multiple of "
-        "gradient_accumulation.",
+        "Batches each train worker processes per iteration (and epoch); a multiple of gradient_accumulation.",
         ge=1,
     )
-    gradient_accumulation: int = setting(
-        10, "Batches whose gradients are summed before one optimiser step.", ge=1
-    )
-    epochs_per_iteration: int = setting(
-        1, "Passes over an iteration's fetched chunks.", ge=1
-    )
+    gradient_accumulation: int = setting(10, "Batches whose gradients are summed before one optimiser step.", ge=1)
+    epochs_per_iteration: int = setting(1, "Passes over an iteration's fetched chunks.", ge=1)
     context_length: int = setting(
         64,
         "Time steps per forward/backward window when a chunk is split for training; at most "
@@ -68,9 +57,7 @@ class TrainConfig(OpenSection):
     )
     # --- returns and advantages ---------------------------------------------------------------
     discount: float = setting(0.999, "Discount factor gamma of future rewards.", gt=0, le=1)
-    gae_lambda: float = setting(
-        0.95, "GAE lambda: 0 is one-step TD, 1 is Monte Carlo.", ge=0, le=1
-    )
+    gae_lambda: float = setting(0.95, "GAE lambda: 0 is one-step TD, 1 is Monte Carlo.", ge=0, le=1)
     # --- optimiser steps ---------------------------------------------------------------------
     max_grad_norm: float = setting(5.0, "Global gradient L2 norm above which it is clipped.", gt=0)
     max_skipped_updates: int = setting(
@@ -137,17 +124,14 @@ class TrainConfig(OpenSection):
     )
     eval_episodes: int = setting(
         10,
-        "Whole episodes per evaluation; episode i resets with seed seed + 1000000 + i, the same "
-        "at every evaluation.",
+        "Whole episodes per evaluation; episode i resets with seed seed + 1000000 + i, the same at every evaluation.",
         ge=1,
     )
     eval_deterministic: bool = Field(
         False, description="Evaluate with the most likely action (true) or sampled actions (false)."
     )
     eval_num_cpus: float = setting(1.0, "CPUs reserved for the evaluation actor.", gt=0)
-    eval_num_gpus: float = setting(
-        0.0, "GPUs reserved for the evaluation actor; 0 evaluates on CPU.", ge=0, le=1
-    )
+    eval_num_gpus: float = setting(0.0, "GPUs reserved for the evaluation actor; 0 evaluates on CPU.", ge=0, le=1)
     # --- checkpoints, videos, resume ----------------------------------------------------------
     save_interval: int = setting(10, "Iterations between checkpoints.", ge=1)
     keep_interval: int = setting(
@@ -156,21 +140,16 @@ class TrainConfig(OpenSection):
         "once a newer checkpoint exists.",
         ge=1,
     )
-    record_video_interval: int = setting(
-        2, "Iterations between recorded rollout videos; 0 disables videos.", ge=0
-    )
+    record_video_interval: int = setting(2, "Iterations between recorded rollout videos; 0 disables videos.", ge=0)
     resume: str | None = Field(
         None,
         description="Checkpoint directory to continue from, or null/'' to start fresh; training "
         "continues at the iteration after the checkpoint's.",
     )
-    resume_optimizer: bool = Field(
-        True, description="When resuming, also restore the optimiser and AMP scaler state."
-    )
+    resume_optimizer: bool = Field(True, description="When resuming, also restore the optimiser and AMP scaler state.")
     save_path: str = Field(
         "checkpoints",
-        description="Checkpoint directory; relative paths are under the run directory. "
-        "null means the default.",
+        description="Checkpoint directory; relative paths are under the run directory. null means the default.",
     )
     max_trainer_restarts: int = setting(
         2,

@@ -17,7 +17,9 @@ from collections.abc import Iterable
 from pydantic import BaseModel
 
 
-def foreign_trainer_keys(selected: type, train_config: BaseModel, trainers: Iterable[tuple[str, type]]) -> dict[str, list[str]]:
+def foreign_trainer_keys(
+    selected: type, train_config: BaseModel, trainers: Iterable[tuple[str, type]]
+) -> dict[str, list[str]]:
     """``{key: [other trainers declaring it]}`` for every ``train_config`` key outside the core's fields
     that the ``selected`` trainer's ``Config`` does not declare and another installed trainer's does."""
     own = set(selected.Config.model_fields)

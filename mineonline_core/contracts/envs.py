@@ -157,7 +157,9 @@ class MinecraftAdapter(gym.Wrapper):
         super().__init__(env)
         space = getattr(env, "observation_space", None)
         image_space = space["image"] if isinstance(space, gym.spaces.Dict) and "image" in space.spaces else None
-        self.observation_space = gym.spaces.Dict({"image": image_space or gym.spaces.Box(0, 255, (128, 128, 3), np.uint8)})
+        self.observation_space = gym.spaces.Dict(
+            {"image": image_space or gym.spaces.Box(0, 255, (128, 128, 3), np.uint8)}
+        )
         self._reset_takes_seed = _takes_keyword(env.reset, "seed")
         self._counts_at_reset: dict[str, float] = {}
 

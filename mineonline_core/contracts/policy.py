@@ -189,10 +189,16 @@ def state_dict_mismatch(module: nn.Module, state: dict, *, limit: int = 8) -> st
 
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
-    misshaped = [f"{k} (file {tuple(state[k].shape)}, model {tuple(expected[k].shape)})"
-                 for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]  # fmt: skip
-    parts = [f"{what}: {listing(keys)}" for what, keys in
-             (("missing keys", missing), ("unexpected keys", unexpected), ("mis-shaped keys", misshaped)) if keys]  # fmt: skip
+    misshaped = [
+        f"{k} (file {tuple(state[k].shape)}, model {tuple(expected[k].shape)})"
+        for k in expected
+        if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
+    ]
+    parts = [
+        f"{what}: {listing(keys)}"
+        for what, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("mis-shaped keys", misshaped))
+        if keys
+    ]
     return "; ".join(parts) or None
 
 

@@ -41,7 +41,9 @@ class FragmentStore(ABC):
     #: True when the contents survive the process (a restart may resume from them).
     persistent: ClassVar[bool] = False
 
-    def __init__(self, *, path: str, num_shards: int = 1, resume: bool = False, options: BaseModel | None = None) -> None:
+    def __init__(
+        self, *, path: str, num_shards: int = 1, resume: bool = False, options: BaseModel | None = None
+    ) -> None:
         self.path, self.num_shards, self.resume = path, num_shards, resume
         self.options = options if options is not None else self.Config()
 

@@ -49,11 +49,18 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         kwargs["runtime_env"] = {"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
         ray.init(address=address, **kwargs)
     else:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                 dashboard_host="127.0.0.1", **kwargs)  # fmt: skip
+        ray.init(
+            address="local",
+            num_cpus=num_cpus or os.cpu_count(),
+            include_dashboard=False,
+            dashboard_host="127.0.0.1",
+            **kwargs,
+        )
 
 
-def _as_loaded(policy_generator: Callable | None, env_generator: Callable | None, online_cfg: Any, whole_config: str | None = None) -> LoadedConfig:
+def _as_loaded(
+    policy_generator: Callable | None, env_generator: Callable | None, online_cfg: Any, whole_config: str | None = None
+) -> LoadedConfig:
     loaded = load_config(online_cfg)
     loaded.policy_generator = policy_generator or loaded.policy_generator
     loaded.env_generator = env_generator or loaded.env_generator
@@ -86,11 +93,16 @@ def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> Any:
         if dropped:
             log.info("resume: dropped %d metrics records logged after iteration %d", dropped, point.iteration)
     hub = start_logger_hub(
-        run_name=cfg.run_name, namespace=NAMESPACE, lifetime="detached" if cfg.detach_rollout_manager else None, wait=wait,
-        run_dir=str(cfg.run_dir()), loggers=resolved.loggers, config=public_config(cfg),
+        run_name=cfg.run_name,
+        namespace=NAMESPACE,
+        lifetime="detached" if cfg.detach_rollout_manager else None,
+        wait=wait,
+        run_dir=str(cfg.run_dir()),
+        loggers=resolved.loggers,
+        config=public_config(cfg),
         num_iterations=cfg.train_config.num_iterations,
         video_dir=str(cfg.resolve_path(cfg.rollout_config.worker_config.video_output_dir)),
-    )  # fmt: skip
+    )
     if point is not None:
         ray.get(hub.set_env_steps.remote(point.env_steps))  # before any rollout worker adds to it
     return hub
@@ -102,9 +114,13 @@ def _start_manager(resolved: ResolvedRun, hub: Any) -> Any:
     from mineonline_core.config.generators import Deferred
 
     return launch_rollout_manager(
-        policy_generator=Deferred(resolved.policy_generator), env_generator=Deferred(adapted(resolved.env_generator)),
-        config=resolved.config, logger_hub=hub, store_cls=resolved.store_cls, store_options=resolved.store_options,
-    )  # fmt: skip
+        policy_generator=Deferred(resolved.policy_generator),
+        env_generator=Deferred(adapted(resolved.env_generator)),
+        config=resolved.config,
+        logger_hub=hub,
+        store_cls=resolved.store_cls,
+        store_options=resolved.store_options,
+    )
 
 
 # Run directories this process claimed through ``start_rolloutmanager``: held until it exits, as
@@ -125,7 +141,9 @@ def start_rolloutmanager(policy_generator: Callable, env_generator: Callable, on
     return _start_manager(resolved, _start_hub(resolved))
 
 
-def start_trainer(policy_generator: Callable, env_generator: Callable, online_cfg: Any, whole_config: str | None = None) -> dict:
+def start_trainer(
+    policy_generator: Callable, env_generator: Callable, online_cfg: Any, whole_config: str | None = None
+) -> dict:
     """MineStudio's entry point: train against the run's rollout manager until ``num_iterations``."""
     resolved = resolve(_as_loaded(policy_generator, env_generator, online_cfg, whole_config), get_plugin_manager())
     init_ray()
@@ -136,10 +154,16 @@ def start_trainer(policy_generator: Callable, env_generator: Callable, online_cf
 def _trainer(resolved: ResolvedRun, manager: Any, hub: Any) -> Any:
     cfg = resolved.config
     return resolved.trainer_cls(
-        rollout_manager=manager, policy_generator=resolved.policy_generator, env_generator=resolved.env_generator,
-        config=cfg, run_dir=str(cfg.run_dir()), logger_hub=hub, whole_config=_public_source(resolved),
-        saved_config=public_config(cfg), options=resolved.trainer_options,
-    )  # fmt: skip
+        rollout_manager=manager,
+        policy_generator=resolved.policy_generator,
+        env_generator=resolved.env_generator,
+        config=cfg,
+        run_dir=str(cfg.run_dir()),
+        logger_hub=hub,
+        whole_config=_public_source(resolved),
+        saved_config=public_config(cfg),
+        options=resolved.trainer_options,
+    )
 
 
 def _public_source(resolved: ResolvedRun) -> str | None:
@@ -160,11 +184,17 @@ def _prepare_run_dir(resolved: ResolvedRun, *, overrides: Sequence[str] = ()) ->
             probe.write_text("ok")
             probe.unlink()
         except OSError as exc:
-            raise ConfigError(f"{key}: cannot write to {str(directory)!r} ({exc.strerror}). Fix: choose a writable directory.") from None
+            raise ConfigError(
+                f"{key}: cannot write to {str(directory)!r} ({exc.strerror}). Fix: choose a writable directory."
+            ) from None
     (run_dir / "config.yaml").write_text(yaml.safe_dump(public_config(cfg), sort_keys=False))
     if resolved.source_text:
         (run_dir / "source_config.txt").write_text(redact_text(resolved.source_text))
-    record = {"run_name": cfg.run_name, "source_path": resolved.source_path, "overrides": [redact_override(o) for o in overrides]}
+    record = {
+        "run_name": cfg.run_name,
+        "source_path": resolved.source_path,
+        "overrides": [redact_override(o) for o in overrides],
+    }
     (run_dir / RUN_FILE).write_text(json.dumps(record, indent=2))
     return run_dir
 
@@ -173,9 +203,18 @@ def _inside(path: str, directory: Path) -> bool:
     return Path(path).expanduser().absolute().is_relative_to(directory)
 
 
-def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = None, resume: str | None = None,
-        progress: bool = True, force: bool = False, verbose: bool = False, pm: PluginManager | None = None,
-        monitor: Callable[[dict], bool] | None = None) -> dict:  # fmt: skip
+def run(
+    source: Any,
+    overrides: Sequence[str] = (),
+    *,
+    address: str | None = None,
+    resume: str | None = None,
+    progress: bool = True,
+    force: bool = False,
+    verbose: bool = False,
+    pm: PluginManager | None = None,
+    monitor: Callable[[dict], bool] | None = None,
+) -> dict:
     """Validate, start everything, train to ``num_iterations`` (or until Ctrl-C), clean up.
 
     Before Ray starts: the config is validated and resolved, the run directory (and a persistent
@@ -216,16 +255,31 @@ def run(source: Any, overrides: Sequence[str] = (), *, address: str | None = Non
         records = snapshot(cfg.run_dir())
         result: dict = {}
         try:
-            result = _run_owned(resolved, pm, overrides=plan.recorded if plan else list(overrides), address=address,
-                                progress=progress, verbose=verbose, monitor=monitor)  # fmt: skip
+            result = _run_owned(
+                resolved,
+                pm,
+                overrides=plan.recorded if plan else list(overrides),
+                address=address,
+                progress=progress,
+                verbose=verbose,
+                monitor=monitor,
+            )
         finally:
             if plan is not None and not progressed(cfg, plan.checkpoint) and result.get("status") != "completed":
                 restore(cfg.run_dir(), records)  # a failed attempt leaves run.json and config.yaml as they were
         return result
 
 
-def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str], address: str | None, progress: bool,
-               verbose: bool, monitor: Callable[[dict], bool] | None = None) -> dict:  # fmt: skip
+def _run_owned(
+    resolved: ResolvedRun,
+    pm: PluginManager,
+    *,
+    overrides: list[str],
+    address: str | None,
+    progress: bool,
+    verbose: bool,
+    monitor: Callable[[dict], bool] | None = None,
+) -> dict:
     from mineonline_core.services.runlog import RunLog
     from mineonline_core.driver.supervise import note_run_dir
 
@@ -235,7 +289,9 @@ def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str]
     os.environ.setdefault("WANDB_MODE", "offline")
     pm.hook.mineonline_run_start(config=cfg, run_dir=str(run_dir))
     with RunLog(run_dir, verbose=verbose) as run_log:
-        status, result = _launch(resolved, pm, run_dir, address=address, progress=progress, run_log=run_log, monitor=monitor)
+        status, result = _launch(
+            resolved, pm, run_dir, address=address, progress=progress, run_log=run_log, monitor=monitor
+        )
     result["status"], result["run_dir"] = status, str(run_dir)
     if result["summary"] and monitor is None:  # a Tune trial's summary is its row of the results table
         from mineonline_core.driver.progress import print_summary
@@ -248,8 +304,16 @@ def _run_owned(resolved: ResolvedRun, pm: PluginManager, *, overrides: list[str]
     return result
 
 
-def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address: str | None, progress: bool,
-            run_log: Any, monitor: Callable[[dict], bool] | None = None) -> tuple[str, dict]:  # fmt: skip
+def _launch(
+    resolved: ResolvedRun,
+    pm: PluginManager,
+    run_dir: Path,
+    *,
+    address: str | None,
+    progress: bool,
+    run_log: Any,
+    monitor: Callable[[dict], bool] | None = None,
+) -> tuple[str, dict]:
     """Start Ray and the run's actors, train, and tear everything down whatever happens."""
     import ray
 
@@ -270,7 +334,9 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
         try:
             manager = _start_manager(resolved, hub)
         except ray.exceptions.RayError as exc:
-            raise find_user_error(exc) or RunFailedError(f"the rollout manager failed to start: {last_line(exc)}") from exc
+            raise find_user_error(exc) or RunFailedError(
+                f"the rollout manager failed to start: {last_line(exc)}"
+            ) from exc
         check_logger_hub(hub, cfg.run_name)
         result = _train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress, monitor)
         status = result.get("status", "completed")
@@ -292,8 +358,14 @@ def _launch(resolved: ResolvedRun, pm: PluginManager, run_dir: Path, *, address:
     return status, result
 
 
-def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig, progress: bool,
-                         monitor: Callable[[dict], bool] | None = None) -> dict:
+def _train_with_progress(
+    trainer: Any,
+    manager: Any,
+    hub: Any,
+    cfg: OnlineConfig,
+    progress: bool,
+    monitor: Callable[[dict], bool] | None = None,
+) -> dict:
     """Run ``trainer.fit()`` in a thread; the main thread shows progress and turns Ctrl-C into a stop."""
 
     from mineonline_core.driver.progress import Progress
@@ -315,8 +387,11 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
 
     trainer_thread = threading.Thread(target=fit, name="mineonline-trainer", daemon=True)
     # --no-progress: plain log lines (what its help promises), never the live panel.
-    display = Progress(cfg.train_config.num_iterations, max_env_steps=cfg.train_config.max_env_steps,
-                       force_terminal=None if progress else False)
+    display = Progress(
+        cfg.train_config.num_iterations,
+        max_env_steps=cfg.train_config.max_env_steps,
+        force_terminal=None if progress else False,
+    )
     watchdog = ProgressWatchdog(timeout=cfg.progress_timeout)
     pending = PendingWatch()  # an actor no node can hold fails the run in ~30 s, not progress_timeout
     stopping = False
@@ -333,7 +408,9 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
                 latest = _checked(hub.latest, "logging actor (LoggerHub)")
                 display.update(latest)
                 if monitor is not None and monitor(latest) and not stopping:
-                    stopping = True  # a Tune scheduler's stop: the trainer finishes its iteration, then a final checkpoint
+                    stopping = (
+                        True  # a Tune scheduler's stop: the trainer finishes its iteration, then a final checkpoint
+                    )
                     manager.request_stop.remote()
                 _checked(manager.health, "rollout manager (RolloutManager)")
                 pending.check()
@@ -344,7 +421,9 @@ def _train_with_progress(trainer: Any, manager: Any, hub: Any, cfg: OnlineConfig
                 if stopping:
                     raise
                 stopping = True
-                print("\nstopping: finishing the iteration and writing a final checkpoint (Ctrl-C or SIGTERM again to abort)")
+                print(
+                    "\nstopping: finishing the iteration and writing a final checkpoint (Ctrl-C or SIGTERM again to abort)"
+                )
                 manager.request_stop.remote()
     finally:
         display.close()
@@ -370,7 +449,9 @@ def _checked(method: Any, what: str) -> Any:
         user_error = find_user_error(exc)
         if user_error is not None:
             raise user_error from None
-        raise RunFailedError(f"the run's {what} failed or died, so the run stops: {type(exc).__name__}: {last_line(exc)}") from exc
+        raise RunFailedError(
+            f"the run's {what} failed or died, so the run stops: {type(exc).__name__}: {last_line(exc)}"
+        ) from exc
 
 
 def _stop_was_requested(manager: Any) -> bool:

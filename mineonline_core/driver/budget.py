@@ -147,8 +147,12 @@ class MemoryEstimate:
         return sum(self.parts.values())
 
     def describe(self) -> str:
-        params = f"{self.parameters:,} parameters ({_gib(self.policy_bytes)})" if self.policy is not None else "unknown size"
-        return f"about {_gib(self.total)}: policy {params}; " + "; ".join(f"{k} {_gib(v)}" for k, v in self.parts.items())
+        params = (
+            f"{self.parameters:,} parameters ({_gib(self.policy_bytes)})" if self.policy is not None else "unknown size"
+        )
+        return f"about {_gib(self.total)}: policy {params}; " + "; ".join(
+            f"{k} {_gib(v)}" for k, v in self.parts.items()
+        )
 
     def check_policy_fits(self, available: int | None = None) -> None:
         """Refuse a policy larger than this process could build (before it is built), and one env's
@@ -194,8 +198,15 @@ class MemoryEstimate:
             )
 
 
-def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_space: Any, action_space: Any,
-                    store_cls: type, *, reference: bool = False) -> MemoryEstimate:  # fmt: skip
+def estimate_memory(
+    cfg: Any,
+    policy_generator: Callable[[], Any],
+    observation_space: Any,
+    action_space: Any,
+    store_cls: type,
+    *,
+    reference: bool = False,
+) -> MemoryEstimate:
     """Estimate the memory ``cfg`` needs on one machine, building the policy on the meta device only.
     ``reference``: the trainer keeps a KL reference policy (its weights in every rank and rollout
     worker, its recurrent state in every fragment)."""
@@ -218,7 +229,9 @@ def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_s
     fragments = 0 if getattr(store_cls, "persistent", False) else rb.max_chunks * rb.fragments_per_chunk
     # A rank holds its iteration (micro-batches of batch_size_per_gpu chunks) and prefetch_batches more.
     rank_fragments = tc.batches_per_iteration * tc.batch_size_per_gpu * rb.fragments_per_chunk
-    rank_batches = rank_fragments * ((1 + tc.prefetch_batches) * fragment_bytes + rc.fragment_length * ESTIMATE_COLUMNS_BYTES)
+    rank_batches = rank_fragments * (
+        (1 + tc.prefetch_batches) * fragment_bytes + rc.fragment_length * ESTIMATE_COLUMNS_BYTES
+    )
     envs = rc.num_rollout_workers * rc.worker_config.num_envs
     copies = int(reference)
     parts = {
@@ -238,8 +251,18 @@ def estimate_memory(cfg: Any, policy_generator: Callable[[], Any], observation_s
     else:
         policy_text = "policy_generator()"
     # What the parts above add per step of fragment_length, to name it when it is what does not fit.
-    per_step = (tc.num_workers * rank_fragments * ((1 + tc.prefetch_batches) * step_bytes + ESTIMATE_COLUMNS_BYTES)
-                + envs * builder_step + fragments * step_bytes)  # fmt: skip
-    return MemoryEstimate(policy=policy, parameters=parameters, policy_bytes=policy_bytes, parts=parts, policy_text=policy_text,
-                          fragment_length=rc.fragment_length, step_bytes=per_step,
-                          env_fragment_bytes=rc.fragment_length * builder_step)  # fmt: skip
+    per_step = (
+        tc.num_workers * rank_fragments * ((1 + tc.prefetch_batches) * step_bytes + ESTIMATE_COLUMNS_BYTES)
+        + envs * builder_step
+        + fragments * step_bytes
+    )
+    return MemoryEstimate(
+        policy=policy,
+        parameters=parameters,
+        policy_bytes=policy_bytes,
+        parts=parts,
+        policy_text=policy_text,
+        fragment_length=rc.fragment_length,
+        step_bytes=per_step,
+        env_fragment_bytes=rc.fragment_length * builder_step,
+    )

@@ -28,8 +28,38 @@ from mineonline_core.driver.report import RETURN_KEY, Series, _save, read_metric
 # Keys that differ between the seeds of one experiment and say nothing about its settings.
 RUN_ONLY_KEYS = (("seed",), ("run_name",), ("output_dir",), ("logger_config", "name"), ("train_config", "resume"))
 # Two-sided 97.5 % quantiles of Student's t for 1..30 degrees of freedom (more: the normal's 1.96).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 GRID_POINTS = 100
 
 
@@ -56,10 +86,17 @@ class Curve:
 def load_run(path: str | Path) -> Run:
     path = Path(path)
     if not (path / METRICS_FILE).is_file():
-        raise MineOnlineError(f"mineonline report: {str(path)!r} holds no {METRICS_FILE}. Fix: give run directories (runs/<run_name>).")
+        raise MineOnlineError(
+            f"mineonline report: {str(path)!r} holds no {METRICS_FILE}. Fix: give run directories (runs/<run_name>)."
+        )
     info = json.loads((path / "run.json").read_text()) if (path / "run.json").is_file() else {}
     config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
-    return Run(name=str(info.get("run_name") or path.name), path=path, config=config or {}, series=read_metrics(path / METRICS_FILE))
+    return Run(
+        name=str(info.get("run_name") or path.name),
+        path=path,
+        config=config or {},
+        series=read_metrics(path / METRICS_FILE),
+    )
 
 
 def group_key(config: dict[str, Any]) -> str:
@@ -98,7 +135,9 @@ def aggregate(group: list[Run], key: str) -> Curve | None:
         return None
     names = [run.name for run in runs]
     explicit = (runs[0].config.get("logger_config") or {}).get("group")
-    label = f"{explicit or names[0]}" if len(runs) == 1 else f"{explicit or 'seeds'} (n={len(runs)}: {', '.join(names)})"
+    label = (
+        f"{explicit or names[0]}" if len(runs) == 1 else f"{explicit or 'seeds'} (n={len(runs)}: {', '.join(names)})"
+    )
     if len(runs) == 1:
         xs, ys = runs[0].series[key]
         return Curve(label=label, runs=names, steps=list(xs), mean=list(ys), low=list(ys), high=list(ys))
@@ -108,15 +147,23 @@ def aggregate(group: list[Run], key: str) -> Curve | None:
     values = np.stack([np.interp(grid, *run.series[key]) for run in runs])
     mean = values.mean(axis=0)
     half = t975(len(runs)) * values.std(axis=0, ddof=1) / math.sqrt(len(runs))
-    return Curve(label=label, runs=names, steps=grid.tolist(), mean=mean.tolist(), low=(mean - half).tolist(),
-                 high=(mean + half).tolist())  # fmt: skip
+    return Curve(
+        label=label,
+        runs=names,
+        steps=grid.tolist(),
+        mean=mean.tolist(),
+        low=(mean - half).tolist(),
+        high=(mean + half).tolist(),
+    )
 
 
 def _slug(key: str) -> str:
     return key.replace("/", "_")
 
 
-def write_comparison(run_dirs: list[str | Path], *, output: str | Path | None = None, keys: tuple[str, ...] = (RETURN_KEY,)) -> list[Path]:
+def write_comparison(
+    run_dirs: list[str | Path], *, output: str | Path | None = None, keys: tuple[str, ...] = (RETURN_KEY,)
+) -> list[Path]:
     """One PNG per metric key overlaying the runs' groups, and ``compare.txt`` with each group's final
     value, in ``output`` (default: the first run's parent directory); returns the paths written."""
     import matplotlib
@@ -137,8 +184,13 @@ def write_comparison(run_dirs: list[str | Path], *, output: str | Path | None = 
             if len(curve.runs) > 1:
                 ax.fill_between(curve.steps, curve.low, curve.high, color=line.get_color(), alpha=0.25, linewidth=0)
             half = (curve.high[-1] - curve.low[-1]) / 2
-            table.append(f"{key}\t{curve.label}\t{curve.mean[-1]:.4g}" + (f" ± {half:.3g} (95% CI)" if len(curve.runs) > 1 else ""))
-        ax.set_title(f"{key}: mean and 95% interval over seeds" if any(len(c.runs) > 1 for c in curves) else key, fontsize=10)
+            table.append(
+                f"{key}\t{curve.label}\t{curve.mean[-1]:.4g}"
+                + (f" ± {half:.3g} (95% CI)" if len(curve.runs) > 1 else "")
+            )
+        ax.set_title(
+            f"{key}: mean and 95% interval over seeds" if any(len(c.runs) > 1 for c in curves) else key, fontsize=10
+        )
         ax.set_xlabel("env steps")
         ax.grid(alpha=0.3)
         if curves:

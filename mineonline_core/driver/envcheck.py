@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from mineonline_core.errors import ConfigError, MineOnlineError, last_line
 
+
 def _child(conn: connection.Connection, env_fn_bytes: bytes, seed: int) -> None:
     import cloudpickle
 
@@ -45,8 +46,12 @@ def observation_mismatches(space: Any, obs: Any, path: str = "") -> list[str]:
     import numpy as np
 
     if isinstance(space, gym.spaces.Dict) and isinstance(obs, dict):
-        return [m for key, sub in space.spaces.items() if key in obs
-                for m in observation_mismatches(sub, obs[key], f"{path}.{key}" if path else str(key))]  # fmt: skip
+        return [
+            m
+            for key, sub in space.spaces.items()
+            if key in obs
+            for m in observation_mismatches(sub, obs[key], f"{path}.{key}" if path else str(key))
+        ]
     if isinstance(space, gym.spaces.Box) and tuple(np.shape(obs)) != tuple(space.shape):
         return [f"{path or 'the observation'} has shape {tuple(np.shape(obs))}, the space says {tuple(space.shape)}"]
     return []
@@ -66,14 +71,22 @@ def check_observation(space: Any, obs: Any, after: str) -> None:
 
 # MineStudio's MinecraftSim asks on stdin whether to download its engine when the engine is missing; an env
 # process has no stdin, so the question surfaces as a bare EOFError unless it is explained.
-_STDIN_HINT = (" The env read standard input, which its process does not have: MineStudio's MinecraftSim asks there "
-               "whether to download its Minecraft engine when the engine is missing. Fix: download the engine once "
-               "beforehand (python -m minestudio.simulator.entry -y, or set MINESTUDIO_DIR to where it is), or make "
-               "the env take its answer from its config.")
+_STDIN_HINT = (
+    " The env read standard input, which its process does not have: MineStudio's MinecraftSim asks there "
+    "whether to download its Minecraft engine when the engine is missing. Fix: download the engine once "
+    "beforehand (python -m minestudio.simulator.entry -y, or set MINESTUDIO_DIR to where it is), or make "
+    "the env take its answer from its config."
+)
 
 
-def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_timeout: float, seed: int = 0,
-              meanwhile: Callable[[], Any] | None = None) -> tuple[Any, Any]:  # fmt: skip
+def probe_env(
+    env_generator: Callable[[], Any],
+    *,
+    startup_timeout: float,
+    step_timeout: float,
+    seed: int = 0,
+    meanwhile: Callable[[], Any] | None = None,
+) -> tuple[Any, Any]:
     """The adapted env's ``(observation_space, action_space)``; raises ``ConfigError`` naming the env's
     own exception when building, resetting or stepping it fails, or when a stage outlasts its limit.
     ``meanwhile`` runs here while the subprocess starts and probes (the two use different cores)."""
@@ -116,8 +129,14 @@ def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_
                 raise ConfigError(message[2])
             elif message[0] == "error":
                 _, failed, trace = message
-                hint = (" Env factories are pickled into a fresh process: define env_generator in an importable module "
-                        "or a Python config file.") if failed == "unpickled" else ""  # fmt: skip
+                hint = (
+                    (
+                        " Env factories are pickled into a fresh process: define env_generator in an importable module "
+                        "or a Python config file."
+                    )
+                    if failed == "unpickled"
+                    else ""
+                )
                 if last_line(trace).startswith("EOFError"):
                     hint += _STDIN_HINT
                 raise ConfigError(
@@ -131,4 +150,3 @@ def probe_env(env_generator: Callable[[], Any], *, startup_timeout: float, step_
             process.kill()
         process.join(timeout=5.0)
         parent.close()
-

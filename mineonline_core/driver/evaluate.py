@@ -50,8 +50,13 @@ def find_checkpoint(path: str | pathlib.Path) -> pathlib.Path:
         ) from None
 
 
-def load_policy(path: str | pathlib.Path, *, overrides: Sequence[str] = (), device: str | torch.device = "cpu",
-                pm: PluginManager | None = None) -> LoadedPolicy:  # fmt: skip
+def load_policy(
+    path: str | pathlib.Path,
+    *,
+    overrides: Sequence[str] = (),
+    device: str | torch.device = "cpu",
+    pm: PluginManager | None = None,
+) -> LoadedPolicy:
     """The policy of the checkpoint at ``path`` with its weights; ``overrides`` change its saved config."""
     from mineonline_core.driver.resolve import resolve_generators
     from mineonline_core.trainer import checkpoint as ckpt
@@ -60,7 +65,9 @@ def load_policy(path: str | pathlib.Path, *, overrides: Sequence[str] = (), devi
     where = state["path"]
     data = yaml.safe_load(state["config_yaml"])
     if not isinstance(data, dict):
-        raise CheckpointError(f"{str(where / 'config.yaml')!r} holds no config mapping; the checkpoint predates self-contained configs.")
+        raise CheckpointError(
+            f"{str(where / 'config.yaml')!r} holds no config mapping; the checkpoint predates self-contained configs."
+        )
     with tempfile.TemporaryDirectory(prefix="mineonline-eval-") as scratch:
         _use_saved_source(data, where, pathlib.Path(scratch))
         loaded = load_config(data, overrides)
@@ -70,8 +77,14 @@ def load_policy(path: str | pathlib.Path, *, overrides: Sequence[str] = (), devi
     policy.load_state_dict(state["model"])
     policy.to(device).eval()
     trainer = state["trainer"]
-    return LoadedPolicy(policy=policy, config=loaded.config, checkpoint=where, iteration=int(trainer["iteration"]),
-                        version=int(trainer.get("version", 0)), env_generator=gens.env_generator)  # fmt: skip
+    return LoadedPolicy(
+        policy=policy,
+        config=loaded.config,
+        checkpoint=where,
+        iteration=int(trainer["iteration"]),
+        version=int(trainer.get("version", 0)),
+        env_generator=gens.env_generator,
+    )
 
 
 def _use_saved_source(data: dict, checkpoint: pathlib.Path, scratch: pathlib.Path) -> None:
@@ -100,9 +113,18 @@ def default_output(checkpoint: pathlib.Path) -> pathlib.Path:
     return base / "eval" / checkpoint.name
 
 
-def evaluate(path: str | pathlib.Path, *, episodes: int = 10, video: bool = False, deterministic: bool = False,
-             overrides: Sequence[str] = (), output: str | pathlib.Path | None = None, seed: int = 0,
-             progress: bool = True, pm: PluginManager | None = None) -> dict[str, Any]:  # fmt: skip
+def evaluate(
+    path: str | pathlib.Path,
+    *,
+    episodes: int = 10,
+    video: bool = False,
+    deterministic: bool = False,
+    overrides: Sequence[str] = (),
+    output: str | pathlib.Path | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    pm: PluginManager | None = None,
+) -> dict[str, Any]:
     """Run ``episodes`` episodes with the checkpoint's policy; write ``eval.json`` (and mp4s) and return it."""
     if episodes < 1:
         raise ConfigError(f"--episodes {episodes}: evaluate at least one episode. Fix: --episodes 10.")
@@ -124,10 +146,18 @@ def evaluate(path: str | pathlib.Path, *, episodes: int = 10, video: bool = Fals
         bar.close()
         env.close()
     wall = time.perf_counter() - started
-    result = {"checkpoint": str(policy.checkpoint), "iteration": policy.iteration, "model_version": policy.version,
-              "deterministic": deterministic, "seed": seed, "overrides": list(overrides), **summarize(records),
-              "env_steps_per_s": sum(e["length"] for e in records) / max(wall, 1e-9), "wall_s": wall,
-              "per_episode": records}  # fmt: skip
+    result = {
+        "checkpoint": str(policy.checkpoint),
+        "iteration": policy.iteration,
+        "model_version": policy.version,
+        "deterministic": deterministic,
+        "seed": seed,
+        "overrides": list(overrides),
+        **summarize(records),
+        "env_steps_per_s": sum(e["length"] for e in records) / max(wall, 1e-9),
+        "wall_s": wall,
+        "per_episode": records,
+    }
     (out_dir / EVAL_FILE).write_text(json.dumps(result, indent=1, default=_json_default))
     result["output"] = str(out_dir)
     return result
@@ -146,7 +176,9 @@ def _write_video(config: OnlineConfig, path: pathlib.Path, frames: list, returns
         print("eval: --video needs image observations (obs['image']); this env has none, so no video", file=sys.stderr)
         return None
     wc = config.rollout_config.worker_config
-    path.write_bytes(encode_episode_video(frames, fps=wc.video_fps, returns=returns, values=values, upscale=wc.video_upscale))
+    path.write_bytes(
+        encode_episode_video(frames, fps=wc.video_fps, returns=returns, values=values, upscale=wc.video_upscale)
+    )
     return path.name
 
 

@@ -93,7 +93,8 @@ def check_token(address: str, timeout: float = 10.0) -> None:
     with grpc.insecure_channel(address) as channel:
         try:
             gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
-                gcs_service_pb2.GetClusterIdRequest(), metadata=metadata, timeout=timeout)  # fmt: skip
+                gcs_service_pb2.GetClusterIdRequest(), metadata=metadata, timeout=timeout
+            )
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 raise MineOnlineError(
@@ -139,7 +140,9 @@ def attach(address: str) -> bool:
             "cluster's token available here, in ~/.ray/auth_token, via RAY_AUTH_TOKEN_PATH or as RAY_AUTH_TOKEN."
         ) from None
     except ValueError as exc:
-        raise MineOnlineError(f"--address {address}: {exc}. Fix: give host:port of the Ray head node, or 'auto'.") from None
+        raise MineOnlineError(
+            f"--address {address}: {exc}. Fix: give host:port of the Ray head node, or 'auto'."
+        ) from None
     return True
 
 
@@ -182,8 +185,12 @@ def format_status(run: str, actors: list[str], status: dict[str, Any] | str) -> 
         buffer = status.get("buffer_size", status.get("buffer"))
         if isinstance(buffer, dict):
             buffer = buffer.get("replay/chunks", buffer.get("chunks", buffer.get("size")))
-        fields = {"workers": _count(status.get("workers")), "buffer": buffer,
-                  "version": status.get("version"), "env_steps": status.get("env_steps")}  # fmt: skip
+        fields = {
+            "workers": _count(status.get("workers")),
+            "buffer": buffer,
+            "version": status.get("version"),
+            "env_steps": status.get("env_steps"),
+        }
         head = "  ".join(f"{k}={v}" for k, v in fields.items() if v is not None) or "status: " + repr(status)
     short = ", ".join((split_name(name) or (run, name))[1] for name in actors)
     return f"{run}  {head}  actors: {short}"

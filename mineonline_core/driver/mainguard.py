@@ -60,10 +60,10 @@ def check_main_guard(what: str = "run()") -> None:
         return
     path, line = site
     raise MineOnlineError(
-        f"{path}:{line} calls {what} when the script is imported, not under `if __name__ == \"__main__\":`. "
+        f'{path}:{line} calls {what} when the script is imported, not under `if __name__ == "__main__":`. '
         f"Env processes start by importing the main script (multiprocessing's forkserver/spawn), so the run would "
         f"start again inside each of them and they would die before their env is built. Fix: move the call under "
-        f"`if __name__ == \"__main__\":` at the end of {Path(path).name}."
+        f'`if __name__ == "__main__":` at the end of {Path(path).name}.'
     )
 
 

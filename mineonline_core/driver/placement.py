@@ -55,15 +55,30 @@ def actor_shapes(cfg: Any) -> list[tuple[str, str, dict[str, float]]]:
     """``(actor, config keys, resources)`` of each actor that reserves resources on one node."""
     rc, tc = cfg.rollout_config, cfg.train_config
     server_cpus, server_gpus, worker_gpus = inference_resources(rc)
-    out = [("a rollout worker", "rollout_config.num_cpus_per_worker / num_gpus_per_worker",
-            _shape({"CPU": rc.num_cpus_per_worker, "GPU": worker_gpus}))]  # fmt: skip
+    out = [
+        (
+            "a rollout worker",
+            "rollout_config.num_cpus_per_worker / num_gpus_per_worker",
+            _shape({"CPU": rc.num_cpus_per_worker, "GPU": worker_gpus}),
+        )
+    ]
     if rc.inference == "shared":
-        out.append(("the shared inference server", "rollout_config.num_cpus_per_worker / num_gpus_per_worker",
-                    _shape({"CPU": server_cpus, "GPU": server_gpus})))  # fmt: skip
+        out.append(
+            (
+                "the shared inference server",
+                "rollout_config.num_cpus_per_worker / num_gpus_per_worker",
+                _shape({"CPU": server_cpus, "GPU": server_gpus}),
+            )
+        )
     ray_train = tc.use_ray_train if tc.use_ray_train is not None else tc.num_workers > 1
     if ray_train or tc.num_gpus_per_worker > 0:  # a CPU rank in the driver's process reserves nothing
-        out.append(("a trainer rank", "train_config.num_cpus_per_worker / num_gpus_per_worker",
-                    _shape({"CPU": tc.num_cpus_per_worker, "GPU": tc.num_gpus_per_worker})))  # fmt: skip
+        out.append(
+            (
+                "a trainer rank",
+                "train_config.num_cpus_per_worker / num_gpus_per_worker",
+                _shape({"CPU": tc.num_cpus_per_worker, "GPU": tc.num_gpus_per_worker}),
+            )
+        )
     return out
 
 
@@ -127,8 +142,13 @@ class PendingWatch:
                 )
             if key not in self._warned:
                 self._warned.add(key)
-                log.warning("%s has waited %.0fs for a node with %s: the nodes that could hold it are full "
-                            "(a node was lost?); it starts when one has room", what, now - since, _show(shape))  # fmt: skip
+                log.warning(
+                    "%s has waited %.0fs for a node with %s: the nodes that could hold it are full "
+                    "(a node was lost?); it starts when one has room",
+                    what,
+                    now - since,
+                    _show(shape),
+                )
 
     def _pending(self) -> list[tuple[str, str, dict[str, float]]]:
         import ray
@@ -150,7 +170,13 @@ class PendingWatch:
                 continue
             for index, bundle in (pg.get("bundles") or {}).items():
                 shape = _shape({k: v for k, v in bundle.items() if k in ("CPU", "GPU")})
-                out.append((f"{pg_id}/{index}", f"Ray Train rank {index} (placement group {pg.get('name') or pg_id[:8]})", shape))
+                out.append(
+                    (
+                        f"{pg_id}/{index}",
+                        f"Ray Train rank {index} (placement group {pg.get('name') or pg_id[:8]})",
+                        shape,
+                    )
+                )
         return out
 
 

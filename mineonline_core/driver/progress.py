@@ -11,6 +11,7 @@ import sys
 import time
 from typing import IO, Any, Callable
 
+
 def format_value(value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return "-"
@@ -21,7 +22,9 @@ def format_value(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def summary_table(metrics: dict[str, float], *, env_steps: int | None = None, title: str = "mineonline run summary") -> Any:
+def summary_table(
+    metrics: dict[str, float], *, env_steps: int | None = None, title: str = "mineonline run summary"
+) -> Any:
     """A rich table of the last value of each metric, grouped by namespace."""
     from rich.table import Table
 

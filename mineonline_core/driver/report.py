@@ -22,7 +22,13 @@ Series = dict[str, tuple[list[float], list[float]]]
 RETURN_KEY = "episode/return_mean"
 THROUGHPUT_KEYS = ("rollout/env_steps_per_s", "trainer/samples_per_s")
 # Trainer scalars plotted with the losses: they are how one reads whether an update went wrong.
-LOSS_EXTRA_KEYS = ("trainer/entropy", "trainer/kl_ref", "trainer/approx_kl", "trainer/clipfrac", "trainer/explained_variance")
+LOSS_EXTRA_KEYS = (
+    "trainer/entropy",
+    "trainer/kl_ref",
+    "trainer/approx_kl",
+    "trainer/clipfrac",
+    "trainer/explained_variance",
+)
 
 
 def read_metrics(path: Path) -> Series:

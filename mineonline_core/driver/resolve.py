@@ -122,7 +122,9 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isol
     trainer_cls, trainer_options = resolve_trainer(loaded, pm)
     db = cfg.rollout_config.replay_buffer_config.database_config
     store_cls = pm.lookup("replay_store", db.backend)
-    store_options = _options(store_cls, dict(db.model_extra or {}), "rollout_config.replay_buffer_config.database_config")
+    store_options = _options(
+        store_cls, dict(db.model_extra or {}), "rollout_config.replay_buffer_config.database_config"
+    )
 
     logger_names = ["console", *[n for n in cfg.logger_config.loggers if n != "console"]]
     logger_classes = [pm.lookup("logger", n) for n in logger_names]
@@ -133,21 +135,37 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isol
         hint = closest(unknown[0], sorted(consumed))
         raise ConfigError(
             f"logger_config.{unknown[0]}: no selected logger ({', '.join(logger_names)}) uses this key (value "
-            f"{REDACTED if is_secret_key(unknown[0]) else redact(extra[unknown[0]])!r})." + (f" Did you mean {hint!r}?" if hint else "")
+            f"{REDACTED if is_secret_key(unknown[0]) else redact(extra[unknown[0]])!r})."
+            + (f" Did you mean {hint!r}?" if hint else "")
             + f" Keys the selected loggers accept: {', '.join(sorted(consumed)) or 'none'}."
         )
     logger_data = {"project": cfg.logger_config.project, "name": cfg.logger_config.name, **extra}
     loggers = [(cls, _options(cls, logger_data, "logger_config")) for cls in logger_classes]
 
-    gens = resolve_generators(loaded, pm, probe=probe, isolate=isolate, store_cls=store_cls,
-                              reference=trainer_cls.has_reference(trainer_options))
+    gens = resolve_generators(
+        loaded,
+        pm,
+        probe=probe,
+        isolate=isolate,
+        store_cls=store_cls,
+        reference=trainer_cls.has_reference(trainer_options),
+    )
     check_consistency(cfg)
     return ResolvedRun(
-        config=cfg, env_generator=gens.env_generator, policy_generator=gens.policy_generator, trainer_cls=trainer_cls,
-        store_cls=store_cls, store_options=store_options, loggers=loggers, observation_space=gens.observation_space,
-        action_space=gens.action_space, source_text=loaded.source_text, source_path=loaded.source_path,
-        memory=gens.memory, trainer_options=trainer_options,
-    )  # fmt: skip
+        config=cfg,
+        env_generator=gens.env_generator,
+        policy_generator=gens.policy_generator,
+        trainer_cls=trainer_cls,
+        store_cls=store_cls,
+        store_options=store_options,
+        loggers=loggers,
+        observation_space=gens.observation_space,
+        action_space=gens.action_space,
+        source_text=loaded.source_text,
+        source_path=loaded.source_path,
+        memory=gens.memory,
+        trainer_options=trainer_options,
+    )
 
 
 @dataclasses.dataclass
@@ -161,8 +179,15 @@ class Generators:
     memory: Any = None  # budget.MemoryEstimate when probed
 
 
-def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isolate: bool = False,
-                       store_cls: type | None = None, reference: bool = False) -> Generators:  # fmt: skip
+def resolve_generators(
+    loaded: LoadedConfig,
+    pm: PluginManager,
+    *,
+    probe: bool = True,
+    isolate: bool = False,
+    store_cls: type | None = None,
+    reference: bool = False,
+) -> Generators:
     """The env and policy generators alone (what ``mineonline eval`` needs: no trainer, store or logger).
     ``store_cls`` sizes the replay part of the memory estimate, ``reference`` (the trainer keeps a KL
     reference policy) its reference copies."""
@@ -179,9 +204,13 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
                 "(see `mineonline plugins` for env names), or use a Python config module defining env_generator()."
             )
         env_cls = pm.lookup("env", cfg.env_config.name)
-        env_generator = env_generator_from_config(env_cls, _options(env_cls, dict(cfg.env_config.model_extra or {}), "env_config"))
+        env_generator = env_generator_from_config(
+            env_cls, _options(env_cls, dict(cfg.env_config.model_extra or {}), "env_config")
+        )
     elif cfg.env_config is not None:
-        raise ConfigError("env_config: the config module defines env_generator and the config sets env_config too. Fix: keep one.")
+        raise ConfigError(
+            "env_config: the config module defines env_generator and the config sets env_config too. Fix: keep one."
+        )
     _picklable(env_generator, "env_generator")
 
     observation_space = action_space = None
@@ -191,7 +220,9 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
         wc = cfg.rollout_config.worker_config
         # The policy is built next, which imports torch (most of a second): import it while the env probes.
         observation_space, action_space = probe_env(
-            env_generator, startup_timeout=max(wc.step_timeout, 120.0), step_timeout=wc.step_timeout,
+            env_generator,
+            startup_timeout=max(wc.step_timeout, 120.0),
+            step_timeout=wc.step_timeout,
             meanwhile=lambda: importlib.import_module("torch"),
         )
     elif probe:
@@ -214,7 +245,9 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
         options = _options(policy_cls, dict(cfg.policy_config.model_extra or {}), "policy_config")
         policy_generator = functools.partial(_build_policy, policy_cls, options, observation_space, action_space)
     elif cfg.policy_config is not None:
-        raise ConfigError("policy_config: the config module defines policy_generator and the config sets policy_config too. Fix: keep one.")
+        raise ConfigError(
+            "policy_config: the config module defines policy_generator and the config sets policy_config too. Fix: keep one."
+        )
     # Every process that builds the policy (rollout workers, trainer ranks, the KL reference) must agree
     # on the value head's scale, so the run-wide settings are applied inside the generator itself.
     policy_generator = functools.partial(_prepared_policy, policy_generator, cfg.train_config.use_normalized_vf)
@@ -227,7 +260,9 @@ def resolve_generators(loaded: LoadedConfig, pm: PluginManager, *, probe: bool =
         memory.check_policy_fits()  # measured on the meta device: a huge network is refused, not allocated
         from mineonline_core.config.precision import PrecisionChoice, float16_problem
 
-        problem = float16_problem(PrecisionChoice.from_config(cfg.train_config), _call(policy_generator, "policy_generator()"))
+        problem = float16_problem(
+            PrecisionChoice.from_config(cfg.train_config), _call(policy_generator, "policy_generator()")
+        )
         if problem:  # before Ray: a float16 overflow would otherwise surface at the first training step
             raise ConfigError(problem)
 

@@ -72,7 +72,9 @@ def _save_dir(run_dir: Path) -> Path:
     try:
         saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--resume {run_dir}: its config.yaml is unreadable ({exc}). Fix: restore it, or start anew.") from None
+        raise ConfigError(
+            f"--resume {run_dir}: its config.yaml is unreadable ({exc}). Fix: restore it, or start anew."
+        ) from None
     return ckpt.resolve_save_path(str((saved.get("train_config") or {}).get("save_path") or "checkpoints"), run_dir)
 
 
@@ -84,9 +86,12 @@ def _verified(checkpoint: Path, save_dir: Path, target: str) -> Path:
     except CheckpointError as exc:
         older = [path for iteration, path in reversed(ckpt.list_checkpoints(save_dir)) if path.name < checkpoint.name]
         good = next((path for path in older if _verifies(path)), None)
-        offer = (f" The newest earlier checkpoint that verifies is {good.name}: resume from it with "
-                 f"`mineonline run --resume {good}` (the iterations after it are trained again)." if good else
-                 " No earlier checkpoint verifies either: start the run anew.")  # fmt: skip
+        offer = (
+            f" The newest earlier checkpoint that verifies is {good.name}: resume from it with "
+            f"`mineonline run --resume {good}` (the iterations after it are trained again)."
+            if good
+            else " No earlier checkpoint verifies either: start the run anew."
+        )
         raise CheckpointError(f"--resume {target}: {checkpoint.name} is damaged. {exc}{offer}") from None
 
 
@@ -104,7 +109,9 @@ def plan_resume(target: str, overrides: Sequence[str]) -> ResumePlan:
     explicit = path if _is_checkpoint(path) else None
     run_dir = _run_dir_of(path, target) if explicit else path
     if not (run_dir / RUN_FILE).is_file():
-        raise ConfigError(f"--resume {target}: no {RUN_FILE} there, so it is not a mineonline run directory. Fix: give runs/<run_name>.")
+        raise ConfigError(
+            f"--resume {target}: no {RUN_FILE} there, so it is not a mineonline run directory. Fix: give runs/<run_name>."
+        )
     record = json.loads((run_dir / RUN_FILE).read_text())
     user = [o for o in overrides if not o.startswith("train_config.resume=")]
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("train_config.resume=")]
@@ -114,18 +121,25 @@ def plan_resume(target: str, overrides: Sequence[str]) -> ResumePlan:
     if explicit is None:
         found = ckpt.list_checkpoints(save_dir)
         if not found:
-            raise ConfigError(f"--resume {target}: the run wrote no checkpoint yet, so there is nothing to resume. Fix: start it anew.")
+            raise ConfigError(
+                f"--resume {target}: the run wrote no checkpoint yet, so there is nothing to resume. Fix: start it anew."
+            )
         explicit = found[-1][1]
     checkpoint = _verified(explicit, save_dir, target)
     kept = [o for o in record.get("overrides", []) if not is_redacted_override(o)]
     dropped = [o.split("=", 1)[0] for o in record.get("overrides", []) if is_redacted_override(o)]
     if dropped and not any(o.split("=", 1)[0] in dropped for o in user):
-        log.warning("--resume: %s was given on the first run's command line and, being a secret, was not saved; "
-                    "give it again if the run needs it", ", ".join(dropped))  # fmt: skip
+        log.warning(
+            "--resume: %s was given on the first run's command line and, being a secret, was not saved; "
+            "give it again if the run needs it",
+            ", ".join(dropped),
+        )
     source = record.get("source_path") or str(run_dir / "config.yaml")
     recorded = [*kept, *user]
     plumbing = [f"run_name={record['run_name']}", f"output_dir={run_dir.parent}", f"train_config.resume={checkpoint}"]
-    return ResumePlan(run_dir=run_dir, checkpoint=checkpoint, source=source, recorded=recorded, overrides=[*recorded, *plumbing])
+    return ResumePlan(
+        run_dir=run_dir, checkpoint=checkpoint, source=source, recorded=recorded, overrides=[*recorded, *plumbing]
+    )
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -182,8 +196,10 @@ def check_continuity(cfg: Any, checkpoint: Path, run_dir: Path, *, force: bool) 
             "start a new run (another run_name) with train_config.resume=" + str(checkpoint) + " to start from "
             "its weights, or pass --force to resume with the new values anyway."
         )
-    return [f"{key}: {old!r} -> {new!r}" + ("  (breaks continuity; --force)" if _under(key, CONTINUITY) else "")
-            for key, old, new in diffs]  # fmt: skip
+    return [
+        f"{key}: {old!r} -> {new!r}" + ("  (breaks continuity; --force)" if _under(key, CONTINUITY) else "")
+        for key, old, new in diffs
+    ]
 
 
 def progressed(cfg: Any, resumed: Path) -> bool:

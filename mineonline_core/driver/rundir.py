@@ -37,8 +37,10 @@ class RunInUseError(ConfigError):
 
 
 def _owner_text(record: dict) -> str:
-    return (f"pid {record.get('pid', '?')} on host {record.get('host', '?')}, started {record.get('started', '?')}"
-            f" (run {record.get('run_name', '?')!r})")  # fmt: skip
+    return (
+        f"pid {record.get('pid', '?')} on host {record.get('host', '?')}, started {record.get('started', '?')}"
+        f" (run {record.get('run_name', '?')!r})"
+    )
 
 
 def _alive_here(record: dict) -> bool:
@@ -78,10 +80,20 @@ class OwnerLock:
         stale = _read(fd)
         if stale:
             state = "is no longer running" if not _alive_here(stale) else "no longer holds it"
-            log.warning("%s: taking over the lock of %s left by %s, which %s", self.key, self.directory, _owner_text(stale), state)
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "run_name": self.run_name,
-                  "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "command": " ".join(sys.argv)[:500]}  # fmt: skip
+            log.warning(
+                "%s: taking over the lock of %s left by %s, which %s",
+                self.key,
+                self.directory,
+                _owner_text(stale),
+                state,
+            )
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "run_name": self.run_name,
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv)[:500],
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         os.fsync(fd)
@@ -128,14 +140,24 @@ class Ownership:
 
 def claim(run_dir: Path, *, run_name: str, store_path: Path | None = None) -> Ownership:
     """Lock ``run_dir`` and ``store_path`` (all or none); ``RunInUseError`` when another run holds one."""
-    locks = [OwnerLock(run_dir, key="output_dir/run_name", run_name=run_name,
-                       purpose="Two runs in one directory would interleave their metrics and checkpoints.")]  # fmt: skip
+    locks = [
+        OwnerLock(
+            run_dir,
+            key="output_dir/run_name",
+            run_name=run_name,
+            purpose="Two runs in one directory would interleave their metrics and checkpoints.",
+        )
+    ]
     if store_path is not None and Path(store_path).resolve() != Path(run_dir).resolve():
-        locks.append(OwnerLock(
-            store_path, key="rollout_config.replay_buffer_config.database_config.path", run_name=run_name,
-            purpose="Opening its replay store from a second run would clear or corrupt the first run's fragments; "
-                    "give this run its own database_config.path (a relative path lives in the run directory).",
-        ))  # fmt: skip
+        locks.append(
+            OwnerLock(
+                store_path,
+                key="rollout_config.replay_buffer_config.database_config.path",
+                run_name=run_name,
+                purpose="Opening its replay store from a second run would clear or corrupt the first run's fragments; "
+                "give this run its own database_config.path (a relative path lives in the run directory).",
+            )
+        )
     taken: list[OwnerLock] = []
     try:
         for lock in locks:

@@ -60,8 +60,9 @@ def supervised(argv: Sequence[str], address: str) -> int:
     fd, outcome = tempfile.mkstemp(prefix="mineonline-driver-", suffix=".txt")
     os.close(fd)
     env = {**os.environ, OUTCOME_VAR: outcome}
-    child = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", *argv], env=env, process_group=0,
-                             preexec_fn=_stop_with_parent)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-m", "mineonline_core.cli", *argv], env=env, process_group=0, preexec_fn=_stop_with_parent
+    )
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, lambda signum, _frame: child.send_signal(signum)) for sig in forwarded}
     try:
@@ -118,10 +119,14 @@ def abrupt_end_report(address: str, code: int, run_dir: str | None) -> str:
     elif answers:
         cause = f"the driver process ended abruptly ({how}) while the Ray cluster at {address} still answers"
     else:
-        cause = (f"lost the Ray cluster at {address}: its head no longer answers (the head node or the network "
-                 f"to it went down), and Ray ended the driver ({how})")  # fmt: skip
+        cause = (
+            f"lost the Ray cluster at {address}: its head no longer answers (the head node or the network "
+            f"to it went down), and Ray ended the driver ({how})"
+        )
     if run_dir is None:
         return cause + "; the run had not started. Fix: start the cluster again, then rerun the same command."
     resume = f"mineonline run --resume {shlex.quote(run_dir)} --address {shlex.quote(address)}"
-    return (f"{cause}. The run's records and checkpoints are kept in {run_dir}. Fix: once the cluster is back "
-            f"(`ray start --head` ...), continue with: {resume}")  # fmt: skip
+    return (
+        f"{cause}. The run's records and checkpoints are kept in {run_dir}. Fix: once the cluster is back "
+        f"(`ray start --head` ...), continue with: {resume}"
+    )

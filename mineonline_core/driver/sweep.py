@@ -111,8 +111,10 @@ def _split(text: str) -> tuple[str, ...]:
 
 
 def _fail(item: str, why: str, fix: str) -> ConfigError:
-    return ConfigError(f"search space {item!r}: {why}. Fix: {fix}; the forms are {', '.join(f + '(...)' for f in FUNCTIONS)} "
-                       "or a bare grid a,b,c (see docs/many-runs.md).")  # fmt: skip
+    return ConfigError(
+        f"search space {item!r}: {why}. Fix: {fix}; the forms are {', '.join(f + '(...)' for f in FUNCTIONS)} "
+        "or a bare grid a,b,c (see docs/many-runs.md)."
+    )
 
 
 def parse_space(key: str, value: str) -> Space | None:
@@ -138,16 +140,24 @@ def parse_space(key: str, value: str) -> Space | None:
     if kind in ("choice", "grid"):
         return Space(key, kind, values)
     if len(values) != 2:
-        raise _fail(item, f"{kind} takes two bounds (low,high), got {len(values)} value(s)", f"write {key}={kind}(low,high)")
+        raise _fail(
+            item, f"{kind} takes two bounds (low,high), got {len(values)} value(s)", f"write {key}={kind}(low,high)"
+        )
     try:
         low, high = (int(v) for v in values) if kind == "randint" else (float(v) for v in values)
     except ValueError:
         number = "integers" if kind == "randint" else "numbers"
-        raise _fail(item, f"the bounds of {kind} must be {number}", f"write {kind}(low,high) with two {number}") from None
+        raise _fail(
+            item, f"the bounds of {kind} must be {number}", f"write {kind}(low,high) with two {number}"
+        ) from None
     if not low < high:
         raise _fail(item, f"low {values[0]} is not below high {values[1]}", f"write {kind}(low,high) with low < high")
     if kind == "loguniform" and low <= 0:
-        raise _fail(item, f"loguniform needs a positive low bound, got {values[0]}", "use uniform(...) for ranges that reach 0 or below")
+        raise _fail(
+            item,
+            f"loguniform needs a positive low bound, got {values[0]}",
+            "use uniform(...) for ranges that reach 0 or below",
+        )
     return Space(key, kind, values)
 
 
@@ -156,7 +166,9 @@ def split_overrides(overrides: Sequence[str], *, seeds: str | None = None) -> tu
     fixed, spaces = [], []
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} has no '='. Fix: write key=value, e.g. train_config.learning_rate=grid(1e-4,3e-4).")
+            raise ConfigError(
+                f"override {item!r} has no '='. Fix: write key=value, e.g. train_config.learning_rate=grid(1e-4,3e-4)."
+            )
         key, value = item.split("=", 1)
         space = parse_space(key.strip(), value)
         if space is None:
@@ -170,11 +182,15 @@ def split_overrides(overrides: Sequence[str], *, seeds: str | None = None) -> tu
         spaces.append(Space(SEED_KEY, "grid", values))
     keys = [s.key for s in spaces]
     for key in sorted({k for k in keys if keys.count(k) > 1}):
-        raise ConfigError(f"{key} is swept twice ({', '.join(s.text for s in spaces if s.key == key)}). Fix: give one search space per key.")
+        raise ConfigError(
+            f"{key} is swept twice ({', '.join(s.text for s in spaces if s.key == key)}). Fix: give one search space per key."
+        )
     for space in spaces:
         if space.key in RESERVED:
-            raise ConfigError(f"{space.text}: tune names each trial's run directory after the experiment and its "
-                              f"parameters, so {space.key} cannot be swept. Fix: give --name for the experiment.")  # fmt: skip
+            raise ConfigError(
+                f"{space.text}: tune names each trial's run directory after the experiment and its "
+                f"parameters, so {space.key} cannot be swept. Fix: give --name for the experiment."
+            )
     return fixed, spaces
 
 

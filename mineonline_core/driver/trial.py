@@ -125,11 +125,21 @@ class TrialRun(Trainable):
         try:
             if self._restore_from and (self.run_dir / RUN_FILE).is_file():
                 # PBT: another trial's weights, this trial's (mutated) parameters, in this trial's run directory.
-                result = run(None, [*own, f"train_config.resume={self._restore_from}"], resume=str(self.run_dir),
-                             force=True, progress=False, monitor=self._on_latest)  # fmt: skip
+                result = run(
+                    None,
+                    [*own, f"train_config.resume={self._restore_from}"],
+                    resume=str(self.run_dir),
+                    force=True,
+                    progress=False,
+                    monitor=self._on_latest,
+                )
             elif self._restore_from:
-                result = run(spec.source, [*spec.fixed, *own, *plumbing, f"train_config.resume={self._restore_from}"],
-                             progress=False, monitor=self._on_latest)  # fmt: skip
+                result = run(
+                    spec.source,
+                    [*spec.fixed, *own, *plumbing, f"train_config.resume={self._restore_from}"],
+                    progress=False,
+                    monitor=self._on_latest,
+                )
             elif has_checkpoint:  # `mineonline tune --resume`: the trial continues where its run stopped
                 result = run(None, [], resume=str(self.run_dir), progress=False, monitor=self._on_latest)
             else:

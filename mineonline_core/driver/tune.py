@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mineonline_core.errors import ConfigError, last_line
-from mineonline_core.driver.sweep import Space, TrialSpec, config_spaces, split_overrides, trial_name, trial_overrides, validate
+from mineonline_core.driver.sweep import (
+    Space,
+    TrialSpec,
+    config_spaces,
+    split_overrides,
+    trial_name,
+    trial_overrides,
+    validate,
+)
 
 DEFAULT_METRIC = "episode/return_mean"
 SCHEDULERS = ("fifo", "asha", "pbt")
@@ -36,10 +44,21 @@ SPEC_FILE, RESULTS_FILE = "tune.json", "results.csv"
 COLUMNS = ("trial", "parameters", "metric", "iterations", "status", "run_dir")
 
 
-def tune(source: Any = None, overrides: Sequence[str] = (), *, name: str | None = None, seeds: str | None = None,
-         scheduler: str = "fifo", metric: str = DEFAULT_METRIC, mode: str = "max", num_samples: int = 1,
-         grace_period: int | None = None, perturbation_interval: int | None = None, address: str | None = None,
-         resume: str | None = None) -> list[dict]:  # fmt: skip
+def tune(
+    source: Any = None,
+    overrides: Sequence[str] = (),
+    *,
+    name: str | None = None,
+    seeds: str | None = None,
+    scheduler: str = "fifo",
+    metric: str = DEFAULT_METRIC,
+    mode: str = "max",
+    num_samples: int = 1,
+    grace_period: int | None = None,
+    perturbation_interval: int | None = None,
+    address: str | None = None,
+    resume: str | None = None,
+) -> list[dict]:
     """Run (or, with ``resume`` = the experiment's directory, continue) a sweep; return the results table's rows.
 
     ``overrides`` mix plain overrides and search spaces (``driver/sweep.py``); ``seeds`` (``"0,1,2"``) is a
@@ -49,9 +68,18 @@ def tune(source: Any = None, overrides: Sequence[str] = (), *, name: str | None 
     if resume is not None:
         spec, spaces, options = _load_spec(resume)
     else:
-        spec, spaces, options = _plan(source, overrides, name=name, seeds=seeds, scheduler=scheduler, metric=metric,
-                                      mode=mode, num_samples=num_samples, grace_period=grace_period,
-                                      perturbation_interval=perturbation_interval)  # fmt: skip
+        spec, spaces, options = _plan(
+            source,
+            overrides,
+            name=name,
+            seeds=seeds,
+            scheduler=scheduler,
+            metric=metric,
+            mode=mode,
+            num_samples=num_samples,
+            grace_period=grace_period,
+            perturbation_interval=perturbation_interval,
+        )
     import ray
     from ray import tune as ray_tune
 
@@ -64,17 +92,24 @@ def tune(source: Any = None, overrides: Sequence[str] = (), *, name: str | None 
         trainable = ray_tune.with_resources(ray_tune.with_parameters(TrialRun, spec=spec), resources=_resources(spec))
         exp_dir = Path(spec.experiment_dir)
         if resume is not None:
-            tuner = ray_tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=False)
+            tuner = ray_tune.Tuner.restore(
+                str(exp_dir), trainable=trainable, resume_unfinished=True, resume_errored=False
+            )
         else:
             tuner = ray_tune.Tuner(
-                trainable, param_space={s.key: s.to_tune() for s in spaces},
-                tune_config=ray_tune.TuneConfig(num_samples=options["num_samples"], scheduler=_scheduler(options, spaces),
-                                                metric=spec.metric, mode=options["mode"],
-                                                reuse_actors=False,
-                                                trial_dirname_creator=lambda t: trial_name(spec, t.trial_id, t.config),
-                                                trial_name_creator=lambda t: trial_name(spec, t.trial_id, t.config)),
+                trainable,
+                param_space={s.key: s.to_tune() for s in spaces},
+                tune_config=ray_tune.TuneConfig(
+                    num_samples=options["num_samples"],
+                    scheduler=_scheduler(options, spaces),
+                    metric=spec.metric,
+                    mode=options["mode"],
+                    reuse_actors=False,
+                    trial_dirname_creator=lambda t: trial_name(spec, t.trial_id, t.config),
+                    trial_name_creator=lambda t: trial_name(spec, t.trial_id, t.config),
+                ),
                 run_config=ray_tune.RunConfig(name=spec.experiment, storage_path=str(exp_dir.parent), verbose=1),
-            )  # fmt: skip
+            )
         grid = tuner.fit()
         rows = _rows(grid, spec, options)
     finally:
@@ -84,8 +119,19 @@ def tune(source: Any = None, overrides: Sequence[str] = (), *, name: str | None 
     return rows
 
 
-def _plan(source: Any, overrides: Sequence[str], *, name: str | None, seeds: str | None, scheduler: str, metric: str,
-          mode: str, num_samples: int, grace_period: int | None, perturbation_interval: int | None) -> tuple[TrialSpec, list[Space], dict]:  # fmt: skip
+def _plan(
+    source: Any,
+    overrides: Sequence[str],
+    *,
+    name: str | None,
+    seeds: str | None,
+    scheduler: str,
+    metric: str,
+    mode: str,
+    num_samples: int,
+    grace_period: int | None,
+    perturbation_interval: int | None,
+) -> tuple[TrialSpec, list[Space], dict]:
     """Validate everything and write ``tune.json``; no Ray yet."""
     if source is None:
         raise ConfigError("mineonline tune: give a CONFIG file, or --resume EXPERIMENT_DIR to continue an experiment.")
@@ -99,33 +145,57 @@ def _plan(source: Any, overrides: Sequence[str], *, name: str | None, seeds: str
     given = {o.split("=", 1)[0].strip() for o in fixed} | {s.key for s in spaces}
     spaces = [s for s in config_spaces(source) if s.key not in given] + spaces
     if scheduler == "pbt" and not any(s.kind in ("loguniform", "uniform", "choice", "randint") for s in spaces):
-        raise ConfigError("--scheduler pbt perturbs the random spaces (loguniform, uniform, randint, choice), and none is "
-                          "given. Fix: sweep a key with one, e.g. train_config.learning_rate=loguniform(1e-5,1e-3).")  # fmt: skip
+        raise ConfigError(
+            "--scheduler pbt perturbs the random spaces (loguniform, uniform, randint, choice), and none is "
+            "given. Fix: sweep a key with one, e.g. train_config.learning_rate=loguniform(1e-5,1e-3)."
+        )
     if not isinstance(source, (str, os.PathLike)):
-        raise ConfigError("tune() takes a config file's path (YAML or Python module): each trial loads it in its own process.")
+        raise ConfigError(
+            "tune() takes a config file's path (YAML or Python module): each trial loads it in its own process."
+        )
     source = str(Path(source).expanduser().absolute())
     loaded = validate(source, fixed, spaces)
     cfg = loaded.config
-    experiment = name or (str(cfg.run_name) if "run_name" in given else datetime.datetime.now().strftime("tune-%Y%m%d-%H%M%S"))
+    experiment = name or (
+        str(cfg.run_name) if "run_name" in given else datetime.datetime.now().strftime("tune-%Y%m%d-%H%M%S")
+    )
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.=+-]*", experiment):
-        raise ConfigError(f"--name {experiment!r}: the experiment's name starts its trials' run names, so it must be a "
-                          "folder name of letters, digits and . = + -. Fix: give e.g. --name lr-sweep.")  # fmt: skip
+        raise ConfigError(
+            f"--name {experiment!r}: the experiment's name starts its trials' run names, so it must be a "
+            "folder name of letters, digits and . = + -. Fix: give e.g. --name lr-sweep."
+        )
     fixed = [o for o in fixed if o.split("=", 1)[0].strip() not in ("run_name", "output_dir")]
     if "wandb" in cfg.logger_config.loggers and "group" not in (cfg.logger_config.model_extra or {}):
         fixed.append(f"logger_config.group={experiment}")
     iterations = cfg.train_config.num_iterations
     for option, value in (("--grace-period", grace_period), ("--perturbation-interval", perturbation_interval)):
         if value is not None and not 1 <= value <= iterations:
-            raise ConfigError(f"{option} {value}: give a number of iterations from 1 to train_config.num_iterations ({iterations}).")
+            raise ConfigError(
+                f"{option} {value}: give a number of iterations from 1 to train_config.num_iterations ({iterations})."
+            )
     exp_dir = Path(cfg.output_dir).expanduser().absolute() / experiment
     if (exp_dir / SPEC_FILE).exists():
-        raise ConfigError(f"--name {experiment}: {exp_dir} already holds a tune experiment. Fix: continue it with "
-                          f"`mineonline tune --resume {exp_dir}`, or give another --name.")  # fmt: skip
-    spec = TrialSpec(source=source, fixed=tuple(fixed), keys=tuple(s.key for s in spaces), experiment=experiment,
-                     experiment_dir=str(exp_dir), metric=metric, cwd=os.getcwd())  # fmt: skip
-    options = {"scheduler": scheduler, "mode": mode, "num_samples": num_samples, "iterations": iterations,
-               "grace_period": grace_period or max(1, iterations // 8),
-               "perturbation_interval": perturbation_interval or max(1, iterations // 8)}  # fmt: skip
+        raise ConfigError(
+            f"--name {experiment}: {exp_dir} already holds a tune experiment. Fix: continue it with "
+            f"`mineonline tune --resume {exp_dir}`, or give another --name."
+        )
+    spec = TrialSpec(
+        source=source,
+        fixed=tuple(fixed),
+        keys=tuple(s.key for s in spaces),
+        experiment=experiment,
+        experiment_dir=str(exp_dir),
+        metric=metric,
+        cwd=os.getcwd(),
+    )
+    options = {
+        "scheduler": scheduler,
+        "mode": mode,
+        "num_samples": num_samples,
+        "iterations": iterations,
+        "grace_period": grace_period or max(1, iterations // 8),
+        "perturbation_interval": perturbation_interval or max(1, iterations // 8),
+    }
     exp_dir.mkdir(parents=True, exist_ok=True)
     record = {"spec": dataclasses.asdict(spec), "spaces": [dataclasses.asdict(s) for s in spaces], "options": options}
     (exp_dir / SPEC_FILE).write_text(json.dumps(record, indent=2))
@@ -135,8 +205,10 @@ def _plan(source: Any, overrides: Sequence[str], *, name: str | None, seeds: str
 def _load_spec(resume: str) -> tuple[TrialSpec, list[Space], dict]:
     path = Path(resume).expanduser().absolute() / SPEC_FILE
     if not path.is_file():
-        raise ConfigError(f"--resume {resume}: no {SPEC_FILE} there, so it is not a mineonline tune experiment. "
-                          "Fix: give the experiment's directory, <output_dir>/<experiment>.")  # fmt: skip
+        raise ConfigError(
+            f"--resume {resume}: no {SPEC_FILE} there, so it is not a mineonline tune experiment. "
+            "Fix: give the experiment's directory, <output_dir>/<experiment>."
+        )
     record = json.loads(path.read_text())
     spec = TrialSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in record["spec"].items()})
     spaces = [Space(s["key"], s["kind"], tuple(s["values"])) for s in record["spaces"]]
@@ -151,7 +223,11 @@ def bundles(cfg: Any) -> list[dict[str, float]]:
 
     rc, tc = cfg.rollout_config, cfg.train_config
     in_process = not (tc.use_ray_train if tc.use_ray_train is not None else tc.num_workers > 1)
-    head = {"CPU": tc.num_cpus_per_worker} if in_process and tc.num_gpus_per_worker == 0 and tc.num_cpus_per_worker > 0 else {}
+    head = (
+        {"CPU": tc.num_cpus_per_worker}
+        if in_process and tc.num_gpus_per_worker == 0 and tc.num_cpus_per_worker > 0
+        else {}
+    )
     server_cpus, server_gpus, worker_gpus = inference_resources(rc)
     worker = {k: v for k, v in (("CPU", rc.num_cpus_per_worker), ("GPU", worker_gpus)) if v > 0}
     server = {k: v for k, v in (("CPU", server_cpus), ("GPU", server_gpus)) if v > 0}
@@ -174,12 +250,14 @@ def _scheduler(options: dict, spaces: list[Space]) -> Any:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, PopulationBasedTraining
 
     if options["scheduler"] == "asha":
-        return ASHAScheduler(time_attr=TIME_ATTR, max_t=options["iterations"], grace_period=options["grace_period"],
-                             reduction_factor=2)  # fmt: skip
+        return ASHAScheduler(
+            time_attr=TIME_ATTR, max_t=options["iterations"], grace_period=options["grace_period"], reduction_factor=2
+        )
     if options["scheduler"] == "pbt":
         mutations = {s.key: s.to_tune() for s in spaces if s.kind != "grid"}
-        return PopulationBasedTraining(time_attr=TIME_ATTR, perturbation_interval=options["perturbation_interval"],
-                                       hyperparam_mutations=mutations)  # fmt: skip
+        return PopulationBasedTraining(
+            time_attr=TIME_ATTR, perturbation_interval=options["perturbation_interval"], hyperparam_mutations=mutations
+        )
     return FIFOScheduler()
 
 
@@ -205,14 +283,16 @@ def _rows(grid: Any, spec: TrialSpec, options: dict) -> list[dict]:
         else:
             status = "interrupted" if metrics else "not started"
         value = metrics.get(spec.metric)
-        rows.append({
-            "trial": Path(result.path).name if result.path else "?",
-            "parameters": " ".join(trial_overrides(spec, config)),
-            "metric": "" if value is None else f"{value:.4g}",
-            "iterations": iterations,
-            "status": status,
-            "run_dir": result.path or "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "trial": Path(result.path).name if result.path else "?",
+                "parameters": " ".join(trial_overrides(spec, config)),
+                "metric": "" if value is None else f"{value:.4g}",
+                "iterations": iterations,
+                "status": status,
+                "run_dir": result.path or "",
+            }
+        )
     return sorted(rows, key=lambda r: r["trial"])
 
 

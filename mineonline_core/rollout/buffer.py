@@ -86,8 +86,15 @@ class ReplayBuffer:
         self._cond: asyncio.Condition | None = None
         self._stopping = False
         self._since_report = 0
-        self.counters = {"fragments_added": 0, "dropped_stale": 0, "dropped_gap": 0, "evicted": 0, "used_up": 0,
-                         "chunks_served": 0, "deleted_keys": 0}  # fmt: skip
+        self.counters = {
+            "fragments_added": 0,
+            "dropped_stale": 0,
+            "dropped_gap": 0,
+            "evicted": 0,
+            "used_up": 0,
+            "chunks_served": 0,
+            "deleted_keys": 0,
+        }
 
     def _condition(self) -> asyncio.Condition:
         # Created lazily: it must belong to the actor's event loop, which __init__ does not run on.
@@ -169,8 +176,14 @@ class ReplayBuffer:
 
     # -- the trainer --------------------------------------------------------------------------
 
-    async def sample(self, num_chunks: int, for_version: int | None = None, timeout: float | None = None, *,
-                     round_id: int | None = None) -> list[dict]:  # fmt: skip
+    async def sample(
+        self,
+        num_chunks: int,
+        for_version: int | None = None,
+        timeout: float | None = None,
+        *,
+        round_id: int | None = None,
+    ) -> list[dict]:
         """Wait until ``num_chunks`` chunks are eligible, then serve the freshest (least reused first).
 
         ``for_version``: the version the trainer will train these chunks at, when it fetches ahead of
@@ -189,7 +202,9 @@ class ReplayBuffer:
         cond = self._condition()
         async with cond:
             try:
-                await asyncio.wait_for(cond.wait_for(lambda: self._stopping or self._num_eligible(for_version) >= num_chunks), timeout)
+                await asyncio.wait_for(
+                    cond.wait_for(lambda: self._stopping or self._num_eligible(for_version) >= num_chunks), timeout
+                )
             except asyncio.TimeoutError:
                 raise SampleTimeout(f"after {timeout:.0f}s: {self.explain(num_chunks, for_version)}") from None
             if self._num_eligible(for_version) < num_chunks:
@@ -203,8 +218,15 @@ class ReplayBuffer:
             if round_id is not None:
                 chunk.rounds.add(round_id)
             chunk.readers += 1
-            out.append({"chunk_id": chunk.chunk_id, "keys": list(chunk.keys), "version": chunk.version,
-                        "reuse": chunk.reuse, "checksums": list(chunk.checksums)})  # fmt: skip
+            out.append(
+                {
+                    "chunk_id": chunk.chunk_id,
+                    "keys": list(chunk.keys),
+                    "version": chunk.version,
+                    "reuse": chunk.reuse,
+                    "checksums": list(chunk.checksums),
+                }
+            )
             if chunk.reuse >= self.max_reuse:
                 self.counters["used_up"] += 1
                 self._drop(chunk)  # payloads stay until released
@@ -238,11 +260,13 @@ class ReplayBuffer:
         stale = sum(1 for c in chunks if self._stale(c.version, for_version))
         used = sum(1 for c in chunks if c.reuse >= self.max_reuse)
         partial = sum(len(p.metas) for p in self._pending.values())
-        text = (f"{self._num_eligible(for_version)} of the {num_chunks} chunks asked for are eligible at model version {at}; "
-                f"the buffer holds {len(chunks)} chunks ({stale} too stale for max_staleness={self.max_staleness}, {used} "
-                f"used up by max_reuse={self.max_reuse}), {partial} fragments wait in partial chunks of "
-                f"fragments_per_chunk={self.fragments_per_chunk}, {self.counters['fragments_added']} fragments received "
-                f"in all ({self.counters['dropped_stale']} dropped stale, {self.counters['dropped_gap']} dropped at gaps)")  # fmt: skip
+        text = (
+            f"{self._num_eligible(for_version)} of the {num_chunks} chunks asked for are eligible at model version {at}; "
+            f"the buffer holds {len(chunks)} chunks ({stale} too stale for max_staleness={self.max_staleness}, {used} "
+            f"used up by max_reuse={self.max_reuse}), {partial} fragments wait in partial chunks of "
+            f"fragments_per_chunk={self.fragments_per_chunk}, {self.counters['fragments_added']} fragments received "
+            f"in all ({self.counters['dropped_stale']} dropped stale, {self.counters['dropped_gap']} dropped at gaps)"
+        )
         if self._missing_workers:  # the manager's account: a hung or dead worker, not a slow rollout side
             return text + ". No fragment comes from: " + "; ".join(self._missing_workers)
         if not self.counters["fragments_added"]:
@@ -287,8 +311,14 @@ class ReplayBuffer:
         for stream, items in sorted(by_stream.items()):
             for index, key in sorted(items):
                 (payload,) = await asyncio.to_thread(self._store.get_many, [key])
-                meta = {"key": key, "stream": stream, "index": index, "version": int(payload["version"].min()),
-                        "steps": len(payload["reward"]), "checksum": fragment_checksum(key, payload)}  # fmt: skip
+                meta = {
+                    "key": key,
+                    "stream": stream,
+                    "index": index,
+                    "version": int(payload["version"].min()),
+                    "steps": len(payload["reward"]),
+                    "checksum": fragment_checksum(key, payload),
+                }
                 before = len(self._chunks)
                 await self.add_fragment(meta)
                 rebuilt += len(self._chunks) - before

@@ -223,7 +223,9 @@ class FragmentCollector:
             if time.monotonic() >= end:
                 down = [s for s in self._slots if s.obs is None]
                 causes = "".join(f"\n  env {s.env_id}: last failure {s.startup_error}" for s in down if s.startup_error)
-                raise TimeoutError(f"worker {self.worker_id}: envs {[s.env_id for s in down]} not ready after {timeout:.0f}s{causes}")
+                raise TimeoutError(
+                    f"worker {self.worker_id}: envs {[s.env_id for s in down]} not ready after {timeout:.0f}s{causes}"
+                )
             self._poll(max_wait=0.5)
 
     def collect(self, num_fragments: int) -> list[dict]:
@@ -315,8 +317,12 @@ class FragmentCollector:
         """A NaN or infinity in the env's answer: the step failed, but the env process is sound, so
         it is reset rather than rebuilt. The bad values never reach a fragment."""
         self.env_nonfinite += 1
-        log.warning("worker %d env %d: %s; the step counts as failed, its episode is closed as truncated and "
-                    "the env is reset", self.worker_id, slot.env_id, problem)  # fmt: skip
+        log.warning(
+            "worker %d env %d: %s; the step counts as failed, its episode is closed as truncated and the env is reset",
+            self.worker_id,
+            slot.env_id,
+            problem,
+        )
         self._fail_step(slot, problem)
         slot.obs, slot.pending_t = None, None
         self._send(slot, functools.partial(slot.proc.send_reset, None), self.startup_timeout)
@@ -461,8 +467,9 @@ class FragmentCollector:
         slot.obs = obs
         self._ready.append(slot.env_id)
 
-    def _complete_step(self, slot: _Slot, reward: float, terminated: bool, trunc: bool, info: dict,
-                       final_obs: Any, obs: Any) -> None:  # fmt: skip
+    def _complete_step(
+        self, slot: _Slot, reward: float, terminated: bool, trunc: bool, info: dict, final_obs: Any, obs: Any
+    ) -> None:
         """Write the env's answer to the step in flight; close the episode when it ended."""
         self.timers.add("perf/env_step_ms", (time.monotonic() - slot.sent_at) * 1e3)
         self.env_steps += 1
@@ -512,16 +519,22 @@ class FragmentCollector:
         if self._init_row is not None:
             tree_map(lambda full, init: full[slot.env_id : slot.env_id + 1].copy_(init), self.state, self._init_row)
             if self.ref_state is not None:
-                tree_map(lambda full, init: full[slot.env_id : slot.env_id + 1].copy_(init), self.ref_state, self._init_row)
+                tree_map(
+                    lambda full, init: full[slot.env_id : slot.env_id + 1].copy_(init), self.ref_state, self._init_row
+                )
 
     # -- inference ----------------------------------------------------------------------------
 
     def _batch_failure(self, what: str, rows: list[int], exc: Exception) -> str:
         slots = sorted((self._slots[i] for i in rows), key=lambda slot: slot.env_id)
-        shapes = "; ".join(f"env {slot.env_id}: {tree_map(lambda x: tuple(getattr(x, 'shape', ())), slot.obs)}" for slot in slots)
-        return (f"rollout worker {self.worker_id}: {what} failed on the observations of envs "
-                f"{[slot.env_id for slot in slots]} ({type(exc).__name__}: {exc}). Observation shapes: {shapes}. "
-                f"Check that the env's observations match the observation space the policy was built for.")
+        shapes = "; ".join(
+            f"env {slot.env_id}: {tree_map(lambda x: tuple(getattr(x, 'shape', ())), slot.obs)}" for slot in slots
+        )
+        return (
+            f"rollout worker {self.worker_id}: {what} failed on the observations of envs "
+            f"{[slot.env_id for slot in slots]} ({type(exc).__name__}: {exc}). Observation shapes: {shapes}. "
+            f"Check that the env's observations match the observation space the policy was built for."
+        )
 
     @torch.no_grad()
     def _infer(self, rows: list[int]) -> None:
@@ -540,20 +553,38 @@ class FragmentCollector:
             if values:
                 state_sel = tree_map(lambda s, *vs: torch.cat([s, *vs]), state_sel, *[v[3] for v in values])
         first = torch.tensor([[self._slots[i].first] for i in rows] + [[False]] * len(values), device=self.device)
-        ref_sel = tree_map(lambda s: s.index_select(0, idx), self.ref_state) if self.ref_state is not None and n else None
+        ref_sel = (
+            tree_map(lambda s: s.index_select(0, idx), self.ref_state) if self.ref_state is not None and n else None
+        )
         try:
             if self._inference is None:
                 with self.precision.autocast():
                     action, logprob, vpred, state_out = policy_step(self.policy, obs, state_sel, first)
                     ref_out = None
                     if ref_sel is not None:
-                        _, ref_out = self.reference(input=tree_map(lambda x: x[:n], obs), state_in=ref_sel, context={"first": first[:n]})
-                action_np, logprob_np, vpred_np = to_numpy(action), logprob.float().cpu().numpy(), vpred.float().cpu().numpy()
+                        _, ref_out = self.reference(
+                            input=tree_map(lambda x: x[:n], obs), state_in=ref_sel, context={"first": first[:n]}
+                        )
+                action_np, logprob_np, vpred_np = (
+                    to_numpy(action),
+                    logprob.float().cpu().numpy(),
+                    vpred.float().cpu().numpy(),
+                )
             else:
-                reply = self._inference.infer({"obs": to_numpy(obs), "state": to_numpy(state_sel), "first": to_numpy(first),
-                                               "n": n, "ref_state": to_numpy(ref_sel)})  # fmt: skip
+                reply = self._inference.infer(
+                    {
+                        "obs": to_numpy(obs),
+                        "state": to_numpy(state_sel),
+                        "first": to_numpy(first),
+                        "n": n,
+                        "ref_state": to_numpy(ref_sel),
+                    }
+                )
                 action_np, logprob_np, vpred_np = reply["action"], reply["logprob"], reply["vpred"]
-                state_out, ref_out = to_torch(reply["state_out"], self.device), to_torch(reply["ref_state_out"], self.device)
+                state_out, ref_out = (
+                    to_torch(reply["state_out"], self.device),
+                    to_torch(reply["ref_state_out"], self.device),
+                )
                 self.version = int(reply["version"])  # the weights that chose these actions
         except Exception as exc:  # a wrong observation shape fails deep in the policy: name the envs
             raise RunFailedError(self._batch_failure("the policy's forward", rows, exc)) from exc
@@ -574,8 +605,11 @@ class FragmentCollector:
             slot = self._slots[i]
             if slot.builder is None:
                 slot.builder = FragmentBuilder(
-                    length=self.fragment_length, stream=self._stream(slot), index=slot.next_index,
-                    worker_id=self.worker_id, env_id=i,
+                    length=self.fragment_length,
+                    stream=self._stream(slot),
+                    index=slot.next_index,
+                    worker_id=self.worker_id,
+                    env_id=i,
                 )
                 slot.next_index += 1
             act = tree_map(lambda a: a[j, 0], action_np)
@@ -584,8 +618,13 @@ class FragmentCollector:
                 if ref_np is not None:
                     slot.builder.ref_state_in = tree_map(lambda s: s[j : j + 1].copy(), ref_np)
             slot.pending_t = slot.builder.record(
-                obs=slot.obs, action=act, logprob=logprob_np[j], vpred=vpred_np[j], first=slot.first,
-                version=self.version, episode_id=slot.episode_id,
+                obs=slot.obs,
+                action=act,
+                logprob=logprob_np[j],
+                vpred=vpred_np[j],
+                first=slot.first,
+                version=self.version,
+                episode_id=slot.episode_id,
             )
             self.video.step(i, slot.obs, float(vpred_np[j]), slot.first)
             slot.obs, slot.first = None, False

@@ -337,7 +337,11 @@ class EnvProcess:
                     pass
 
     def __del__(self) -> None:
-        if getattr(self, "process", None) is not None and self.process.pid is not None and os.getpid() == self.process._parent_pid:
+        if (
+            getattr(self, "process", None) is not None
+            and self.process.pid is not None
+            and os.getpid() == self.process._parent_pid
+        ):
             try:
                 self.kill()
             except Exception:  # noqa: BLE001 - interpreter shutdown

@@ -47,7 +47,9 @@ class FragmentBuilder:
     def _alloc(self, tree: Any) -> Any:
         return tree_map(lambda x: np.empty((self.length, *np.shape(x)), np.asarray(x).dtype), tree)
 
-    def record(self, *, obs: Any, action: Any, logprob: float, vpred: float, first: bool, version: int, episode_id: int) -> int:
+    def record(
+        self, *, obs: Any, action: Any, logprob: float, vpred: float, first: bool, version: int, episode_id: int
+    ) -> int:
         """Write the policy's half of a step; returns its index."""
         t = self.n
         if t == 0:

@@ -62,8 +62,14 @@ class _Request:
 class InferenceServer:
     """Threaded Ray actor; the manager starts it with ``max_concurrency`` above the worker count."""
 
-    def __init__(self, *, policy_generator: Callable[[], Any], config: RolloutConfig, manager: Any = None,
-                 precision: PrecisionChoice = PrecisionChoice()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        policy_generator: Callable[[], Any],
+        config: RolloutConfig,
+        manager: Any = None,
+        precision: PrecisionChoice = PrecisionChoice(),
+    ) -> None:
         import torch
 
         setup_actor_logging()
@@ -141,13 +147,19 @@ class InferenceServer:
         self.health()
         with self._cv:
             n = max(self._window_forwards, 1)
-            out = {"rollout/inference_forwards": float(self._forwards),
-                   "rollout/inference_multi_worker_forwards": float(self._multi_worker),
-                   "rollout/inference_queued": float(len(self._queue))}  # fmt: skip
+            out = {
+                "rollout/inference_forwards": float(self._forwards),
+                "rollout/inference_multi_worker_forwards": float(self._multi_worker),
+                "rollout/inference_queued": float(len(self._queue)),
+            }
             if self._window_forwards:
-                out.update({"rollout/inference_batch_mean": self._window_rows / n,
-                            "rollout/inference_requests_mean": self._window_requests / n,
-                            "perf/inference_server_ms": self._window_ms / n})  # fmt: skip
+                out.update(
+                    {
+                        "rollout/inference_batch_mean": self._window_rows / n,
+                        "rollout/inference_requests_mean": self._window_requests / n,
+                        "perf/inference_server_ms": self._window_ms / n,
+                    }
+                )
             self._window_rows = self._window_requests = self._window_forwards = 0
             self._window_ms = 0.0
         return out
@@ -166,8 +178,13 @@ class InferenceServer:
             loop()
         except BaseException as exc:  # noqa: BLE001 - stored, logged, raised by every later call
             log.exception("inference server: thread %s failed", loop.__name__)
-            self._error = exc if isinstance(exc, RunFailedError) else RunFailedError(
-                f"the rollout inference server's {loop.__name__} thread failed: {type(exc).__name__}: {exc}")
+            self._error = (
+                exc
+                if isinstance(exc, RunFailedError)
+                else RunFailedError(
+                    f"the rollout inference server's {loop.__name__} thread failed: {type(exc).__name__}: {exc}"
+                )
+            )
             self._stop.set()
 
     def _fetch_loop(self) -> None:
@@ -217,10 +234,15 @@ class InferenceServer:
     def _batch_loop(self) -> None:
         while not self._stop.is_set():
             with self._cv:
-                if not self._cv.wait_for(lambda: self._queue or self._stop.is_set(), timeout=0.5) or self._stop.is_set():
+                if (
+                    not self._cv.wait_for(lambda: self._queue or self._stop.is_set(), timeout=0.5)
+                    or self._stop.is_set()
+                ):
                     continue
                 end = time.monotonic() + self._wait_s
-                while not self._seen <= {r.worker_id for r in self._queue} and self._cv.wait(max(end - time.monotonic(), 0.0)):
+                while not self._seen <= {r.worker_id for r in self._queue} and self._cv.wait(
+                    max(end - time.monotonic(), 0.0)
+                ):
                     pass  # woken by a new request; ``wait`` returns False once the window is over
                 requests, self._queue = self._queue, []
                 self._swap()
@@ -264,18 +286,29 @@ class InferenceServer:
         ref_out = None
         if ref:
             if self.reference is None:
-                raise RunFailedError("a rollout worker sent KL-reference states, but the inference server has no reference policy")
+                raise RunFailedError(
+                    "a rollout worker sent KL-reference states, but the inference server has no reference policy"
+                )
             ref_obs = tree_cat([to_torch(tree_map(lambda x: x[: b["n"]], b["obs"]), dev) for b in ref])
             ref_first = tree_cat([to_torch(b["first"][: b["n"]], dev) for b in ref])
             with self.precision.autocast():
-                _, ref_out = self.reference(input=ref_obs, state_in=tree_cat([to_torch(b["ref_state"], dev) for b in ref]),
-                                            context={"first": ref_first})  # fmt: skip
+                _, ref_out = self.reference(
+                    input=ref_obs,
+                    state_in=tree_cat([to_torch(b["ref_state"], dev) for b in ref]),
+                    context={"first": ref_first},
+                )
             ref_out = to_numpy(ref_out)
         replies, row, ref_row = [], 0, 0
         for b in batches:
             own, ref_own = slice(row, row + len(b["first"])), slice(ref_row, ref_row + b["n"])
-            reply = {"action": tree_map(lambda x: x[own], action), "logprob": logprob[own], "vpred": vpred[own],
-                     "state_out": tree_map(lambda x: x[own], state_out), "ref_state_out": None, "version": self.version}  # fmt: skip
+            reply = {
+                "action": tree_map(lambda x: x[own], action),
+                "logprob": logprob[own],
+                "vpred": vpred[own],
+                "state_out": tree_map(lambda x: x[own], state_out),
+                "ref_state_out": None,
+                "version": self.version,
+            }
             if b["ref_state"] is not None:
                 reply["ref_state_out"] = tree_map(lambda x: x[ref_own], ref_out)
                 ref_row += b["n"]

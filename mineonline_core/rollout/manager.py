@@ -90,24 +90,47 @@ class RolloutManager:
         store_node_id = store_node_id or ray.get_runtime_context().get_node_id()
         if store_options is None:
             store_options = store_cls.Config(**(db.model_extra or {}))
-        self._store_host = start_store_host(store_cls=store_cls, path=path, num_shards=db.num_shards, resume=resume,
-                                            options=store_options, namespace=NAMESPACE, node_id=store_node_id,
-                                            name=actor_name(self.run_name, names.STORE_HOST))  # fmt: skip
+        self._store_host = start_store_host(
+            store_cls=store_cls,
+            path=path,
+            num_shards=db.num_shards,
+            resume=resume,
+            options=store_options,
+            namespace=NAMESPACE,
+            node_id=store_node_id,
+            name=actor_name(self.run_name, names.STORE_HOST),
+        )
         # The host is pinned to that node, so the client is made without waiting for the store to open:
         # the workers below start their processes meanwhile. Nothing is stored before the first weights
         # arrive, and the trainer sends them only after this constructor has waited for the store.
-        self._store = StoreClient(host=self._store_host, store_cls=store_cls, path=path, num_shards=db.num_shards,
-                                  options=store_options, host_node_id=store_node_id)  # fmt: skip
+        self._store = StoreClient(
+            host=self._store_host,
+            store_cls=store_cls,
+            path=path,
+            num_shards=db.num_shards,
+            options=store_options,
+            host_node_id=store_node_id,
+        )
         # Pinned with the store host to the driver's node: a node's death costs only workers (placement.py).
         small = {"num_cpus": 0, "namespace": NAMESPACE, "scheduling_strategy": on_node(store_node_id)}
-        self._stats = ray.remote(EpisodeStatistics).options(name=actor_name(self.run_name, names.EPISODE_STATISTICS), **small).remote(
-            logger_hub=logger_hub, window=rc.episode_statistics_config.window
+        self._stats = (
+            ray.remote(EpisodeStatistics)
+            .options(name=actor_name(self.run_name, names.EPISODE_STATISTICS), **small)
+            .remote(logger_hub=logger_hub, window=rc.episode_statistics_config.window)
         )
-        self._buffer = ray.remote(ReplayBuffer).options(name=actor_name(self.run_name, names.REPLAY_BUFFER), **small).remote(
-            store_client=self._store, max_chunks=bc.max_chunks, max_reuse=bc.max_reuse,
-            max_staleness=bc.max_staleness, fragments_per_chunk=bc.fragments_per_chunk,
-            fragments_per_report=bc.fragments_per_report, logger_hub=logger_hub,
-        )  # fmt: skip
+        self._buffer = (
+            ray.remote(ReplayBuffer)
+            .options(name=actor_name(self.run_name, names.REPLAY_BUFFER), **small)
+            .remote(
+                store_client=self._store,
+                max_chunks=bc.max_chunks,
+                max_reuse=bc.max_reuse,
+                max_staleness=bc.max_staleness,
+                fragments_per_chunk=bc.fragments_per_chunk,
+                fragments_per_report=bc.fragments_per_report,
+                logger_hub=logger_hub,
+            )
+        )
         if resume and store_cls.persistent:
             try:
                 rebuilt = ray.get(self._buffer.rebuild_from_store.remote())
@@ -126,24 +149,46 @@ class RolloutManager:
         if rc.inference == "shared":
             from mineonline_core.rollout.inference import InferenceServer
 
-            self._server = ray.remote(InferenceServer).options(
-                name=actor_name(self.run_name, names.INFERENCE_SERVER), namespace=NAMESPACE, num_cpus=server_cpus,
-                num_gpus=server_gpus, max_concurrency=2 * rc.num_rollout_workers + 8, max_restarts=-1, max_task_retries=-1,
-            ).remote(policy_generator=policy_generator, config=rc, manager=me, precision=precision)  # fmt: skip
+            self._server = (
+                ray.remote(InferenceServer)
+                .options(
+                    name=actor_name(self.run_name, names.INFERENCE_SERVER),
+                    namespace=NAMESPACE,
+                    num_cpus=server_cpus,
+                    num_gpus=server_gpus,
+                    max_concurrency=2 * rc.num_rollout_workers + 8,
+                    max_restarts=-1,
+                    max_task_retries=-1,
+                )
+                .remote(policy_generator=policy_generator, config=rc, manager=me, precision=precision)
+            )
         worker_cls = ray.remote(RolloutWorker)
         self._workers = [
             worker_cls.options(
-                name=actor_name(self.run_name, names.ROLLOUT_WORKER, i), namespace=NAMESPACE,
-                num_cpus=rc.num_cpus_per_worker, num_gpus=worker_gpus, max_concurrency=WORKER_CONCURRENCY,
-                max_restarts=-1, max_task_retries=-1,
+                name=actor_name(self.run_name, names.ROLLOUT_WORKER, i),
+                namespace=NAMESPACE,
+                num_cpus=rc.num_cpus_per_worker,
+                num_gpus=worker_gpus,
+                max_concurrency=WORKER_CONCURRENCY,
+                max_restarts=-1,
+                max_task_retries=-1,
             ).remote(
-                worker_id=i, config=rc, policy_generator=policy_generator, env_generator=env_generator,
-                store_client=self._store, buffer=self._buffer, stats=self._stats, logger_hub=logger_hub, manager=me,
-                discount=config.train_config.discount, seed=None if config.seed is None else config.seed + 7 * i,
-                precision=precision, inference_server=self._server,
+                worker_id=i,
+                config=rc,
+                policy_generator=policy_generator,
+                env_generator=env_generator,
+                store_client=self._store,
+                buffer=self._buffer,
+                stats=self._stats,
+                logger_hub=logger_hub,
+                manager=me,
+                discount=config.train_config.discount,
+                seed=None if config.seed is None else config.seed + 7 * i,
+                precision=precision,
+                inference_server=self._server,
             )
             for i in range(rc.num_rollout_workers)
-        ]  # fmt: skip
+        ]
         try:
             ray.get(self._store_host.node_id.remote())  # the store is open, or its error is raised here
         except ray.exceptions.RayError as exc:
@@ -189,13 +234,16 @@ class RolloutManager:
             log.warning("rollout worker %d restarted (life %d); sending it the latest weights", worker_id, restarts)
         if over:
             rc = self.config.rollout_config
-            self._fail(RunFailedError(
-                f"rollout workers were restarted {self._restarts.count()} times within {self._restarts.span():.0f}s "
-                f"(rollout_config.max_worker_restarts={rc.max_worker_restarts} per restart_window="
-                f"{rc.restart_window:g}s), so the run stops instead of restarting them forever.\n"
-                + "\n".join(f"  - {line}" for line in self._worker_lines())
-                + "\nFix the cause above (a worker that dies at every start), or raise max_worker_restarts."
-            ), "too many rollout worker restarts")  # fmt: skip
+            self._fail(
+                RunFailedError(
+                    f"rollout workers were restarted {self._restarts.count()} times within {self._restarts.span():.0f}s "
+                    f"(rollout_config.max_worker_restarts={rc.max_worker_restarts} per restart_window="
+                    f"{rc.restart_window:g}s), so the run stops instead of restarting them forever.\n"
+                    + "\n".join(f"  - {line}" for line in self._worker_lines())
+                    + "\nFix the cause above (a worker that dies at every start), or raise max_worker_restarts."
+                ),
+                "too many rollout worker restarts",
+            )
         return self._first_incarnation.get(worker_id, 0) + restarts, latest
 
     def latest_version(self) -> int | None:
@@ -277,7 +325,10 @@ class RolloutManager:
             lines.insert(0, f"the rollout side failed: {self._error}")
         tc = self.config.train_config
         try:
-            lines.append("replay buffer: " + ray.get(self._buffer.explain.remote(tc.batches_per_iteration * tc.batch_size_per_gpu), timeout=10))
+            lines.append(
+                "replay buffer: "
+                + ray.get(self._buffer.explain.remote(tc.batches_per_iteration * tc.batch_size_per_gpu), timeout=10)
+            )
         except Exception as exc:  # noqa: BLE001 - a dead buffer is itself the diagnosis
             lines.append(f"replay buffer: no answer ({type(exc).__name__}: {exc})")
         return lines
@@ -292,7 +343,10 @@ class RolloutManager:
                 state = f"life {s['incarnation']}, {s['env_steps']} env steps, {s['fragments_sent']} fragments sent, ready={s['ready']}"
                 error = s["error"] or self._last_errors.get(i)
             except Exception as exc:  # noqa: BLE001 - dead or restarting: say so
-                state, error = f"not answering ({type(exc).__name__})", self._last_errors.get(i) or last_line(exc, limit=300)
+                state, error = (
+                    f"not answering ({type(exc).__name__})",
+                    self._last_errors.get(i) or last_line(exc, limit=300),
+                )
             lines.append(f"rollout worker {i}: {state}; last error: {error or 'none'}")
         return lines
 
@@ -360,8 +414,11 @@ class RolloutManager:
     def _check_bookkeeping(self) -> None:
         import ray
 
-        bookkeeping = (("replay buffer", self._buffer), ("episode statistics", self._stats),
-                       ("replay store host", self._store_host))  # fmt: skip
+        bookkeeping = (
+            ("replay buffer", self._buffer),
+            ("episode statistics", self._stats),
+            ("replay store host", self._store_host),
+        )
         for name, actor in bookkeeping:
             try:
                 ray.get(actor.__ray_ready__.remote(), timeout=30)
@@ -409,8 +466,13 @@ class RolloutManager:
 
         for i, beat, silent_for in self._beats.silent():
             life = self._incarnations.get(i, 0)
-            message = hung_message(f"rollout worker {i} (life {life})", beat, silent_for, self._beats.timeout,
-                                   "Killing it; Ray restarts it like a crashed worker.")  # fmt: skip
+            message = hung_message(
+                f"rollout worker {i} (life {life})",
+                beat,
+                silent_for,
+                self._beats.timeout,
+                "Killing it; Ray restarts it like a crashed worker.",
+            )
             log.error("%s", message)
             self._beats.forget(i)
             self._hangs += 1
@@ -436,7 +498,11 @@ class RolloutManager:
             return {}
         try:
             return ray.get(self._server.metrics.remote(), timeout=30)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError) as exc:
+        except (
+            ray.exceptions.RayActorError,
+            ray.exceptions.ActorUnavailableError,
+            ray.exceptions.GetTimeoutError,
+        ) as exc:
             log.warning("the inference server did not report (%s); Ray restarts a dead one", last_line(exc, limit=300))
         except Exception as exc:  # noqa: BLE001 - one of its threads failed: the run cannot collect
             self._fail(exc, "the rollout inference server failed")
@@ -465,7 +531,9 @@ class RolloutManager:
             try:
                 self._env_steps = float(ray.get(self._hub.env_steps.remote(), timeout=30))
             except ray.exceptions.RayError:  # a timeout too
-                log.warning("the logging actor did not tell the env-step count; showing the last one read", exc_info=True)
+                log.warning(
+                    "the logging actor did not tell the env-step count; showing the last one read", exc_info=True
+                )
         return self._env_steps
 
     def _fail(self, exc: BaseException, what: str) -> None:
@@ -502,8 +570,6 @@ def first_free_incarnations(keys: list[str]) -> dict[int, int]:
     return out
 
 
-
-
 def launch_rollout_manager(
     *,
     policy_generator: Callable[[], Any],
@@ -528,16 +594,30 @@ def launch_rollout_manager(
 
         backend = config.rollout_config.replay_buffer_config.database_config.backend
         store_cls = get_plugin_manager().lookup("replay_store", backend)
-    options: dict[str, Any] = {"name": actor_name(config.run_name, names.ROLLOUT_MANAGER), "namespace": NAMESPACE,
-                               "num_cpus": 0, "max_concurrency": 16, "scheduling_strategy": on_node()}  # fmt: skip
+    options: dict[str, Any] = {
+        "name": actor_name(config.run_name, names.ROLLOUT_MANAGER),
+        "namespace": NAMESPACE,
+        "num_cpus": 0,
+        "max_concurrency": 16,
+        "scheduling_strategy": on_node(),
+    }
     if config.detach_rollout_manager:
         options["lifetime"] = "detached"
     # The manager, and the store, buffer and statistics it starts, live on the node that starts the run
     # (the one whose disk holds database_config.path): the driver dies with that node anyway.
-    manager = ray.remote(RolloutManager).options(**options).remote(
-        policy_generator=policy_generator, env_generator=env_generator, config=config, store_cls=store_cls,
-        store_options=store_options, logger_hub=logger_hub, store_node_id=ray.get_runtime_context().get_node_id(),
-    )  # fmt: skip
+    manager = (
+        ray.remote(RolloutManager)
+        .options(**options)
+        .remote(
+            policy_generator=policy_generator,
+            env_generator=env_generator,
+            config=config,
+            store_cls=store_cls,
+            store_options=store_options,
+            logger_hub=logger_hub,
+            store_node_id=ray.get_runtime_context().get_node_id(),
+        )
+    )
     try:
         ray.get(manager.health.remote())
     except Exception:

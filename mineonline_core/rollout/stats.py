@@ -26,6 +26,7 @@ import numpy as np
 from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS, crafter_score
 from mineonline_core.services.runlog import setup_actor_logging
 
+
 def _metric_name(task: str) -> str:
     # Task names become one path segment of a metric key.
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in task) or "_"
@@ -41,7 +42,9 @@ def _window_stats(prefix: str, episodes: Iterable[Mapping[str, Any]]) -> dict[st
         f"{prefix}/return_std": float(returns.std()),
         f"{prefix}/return_min": float(returns.min()),
         f"{prefix}/return_max": float(returns.max()),
-        f"{prefix}/discounted_return_mean": float(np.mean([float(e.get("discounted_return", math.nan)) for e in episodes])),
+        f"{prefix}/discounted_return_mean": float(
+            np.mean([float(e.get("discounted_return", math.nan)) for e in episodes])
+        ),
         f"{prefix}/length_mean": float(np.mean([float(e["length"]) for e in episodes])),
         f"{prefix}/truncated_frac": float(np.mean([bool(e.get("truncated", False)) for e in episodes])),
     }
@@ -119,12 +122,18 @@ class EpisodeStatistics:
             rates = {name: rate(name) for name in CRAFTER_ACHIEVEMENTS}
             out.update({f"crafter/success/{name}": r for name, r in rates.items()})
             out["crafter/score"] = crafter_score(100.0 * r for r in rates.values())
-            out["crafter/achievements_per_episode"] = float(np.mean([sum(e.get(n, 0) > 0 for n in CRAFTER_ACHIEVEMENTS) for e in episodes]))
+            out["crafter/achievements_per_episode"] = float(
+                np.mean([sum(e.get(n, 0) > 0 for n in CRAFTER_ACHIEVEMENTS) for e in episodes])
+            )
         if self._crafter_episodes:
             total = self._crafter_episodes
             out["crafter/all_episodes/count"] = float(total)
-            out.update({f"crafter/all_episodes/success/{name}": n / total for name, n in self._crafter_unlocked.items()})
-            out["crafter/all_episodes/score"] = crafter_score(100.0 * n / total for n in self._crafter_unlocked.values())
+            out.update(
+                {f"crafter/all_episodes/success/{name}": n / total for name, n in self._crafter_unlocked.items()}
+            )
+            out["crafter/all_episodes/score"] = crafter_score(
+                100.0 * n / total for n in self._crafter_unlocked.values()
+            )
         for name in sorted(names - set(CRAFTER_ACHIEVEMENTS)):
             out[f"achievement/success/{_metric_name(name)}"] = rate(name)
         return out

@@ -113,7 +113,13 @@ class RolloutWorker:
         self.worker_id, self.config = worker_id, config
         self._policy_generator, self._env_generator = policy_generator, env_generator
         self._discount, self._seed, self._precision = discount, seed, precision
-        self._store, self._buffer, self._stats, self._hub, self._manager = store_client, buffer, stats, logger_hub, manager
+        self._store, self._buffer, self._stats, self._hub, self._manager = (
+            store_client,
+            buffer,
+            stats,
+            logger_hub,
+            manager,
+        )
         self._report_interval = report_interval
         self.incarnation = incarnation
         self._server = inference_server
@@ -132,7 +138,9 @@ class RolloutWorker:
         self._last_add: Any = None  # the ref of the latest add_env_steps call
         self._steps_lock = threading.Lock()
         self._threads = [
-            threading.Thread(target=self._guard, args=(fn,), name=f"rollout-{self.worker_id}-{fn.__name__}", daemon=True)
+            threading.Thread(
+                target=self._guard, args=(fn,), name=f"rollout-{self.worker_id}-{fn.__name__}", daemon=True
+            )
             for fn in (self._collect_loop, self._send_loop, self._report_loop)
             + ((self._fetch_loop,) if inference_server is None else ())
         ]
@@ -171,14 +179,24 @@ class RolloutWorker:
         self.health()
         if self.collector is None:
             return {}
-        return {**self.collector.metrics(), **self._timers.drain(), "rollout/fragments_sent": float(self._sent),
-                "rollout/send_queue": float(self._queue.qsize())}  # fmt: skip
+        return {
+            **self.collector.metrics(),
+            **self._timers.drain(),
+            "rollout/fragments_sent": float(self._sent),
+            "rollout/send_queue": float(self._queue.qsize()),
+        }
 
     def status(self) -> dict[str, Any]:
         c = self.collector
-        return {"worker_id": self.worker_id, "incarnation": self.incarnation, "ready": self._ready.is_set(),
-                "version": None if c is None else c.version, "env_steps": 0 if c is None else c.env_steps,
-                "fragments_sent": self._sent, "error": None if self._error is None else repr(self._error)}  # fmt: skip
+        return {
+            "worker_id": self.worker_id,
+            "incarnation": self.incarnation,
+            "ready": self._ready.is_set(),
+            "version": None if c is None else c.version,
+            "env_steps": 0 if c is None else c.env_steps,
+            "fragments_sent": self._sent,
+            "error": None if self._error is None else repr(self._error),
+        }
 
     def shutdown(self) -> None:
         """Stop the threads and close the envs (their processes are ended by pid)."""
@@ -237,10 +255,16 @@ class RolloutWorker:
             client = InferenceClient(server=self._server, worker_id=self.worker_id)
         num_envs = self.config.worker_config.num_envs
         self.collector = FragmentCollector(
-            policy=self._policy_generator() if client is None else None, env_fns=[self._env_generator] * num_envs,
-            config=self.config, discount=self._discount, worker_id=self.worker_id, incarnation=self.incarnation,
-            seed=self._seed, precision=self._precision, inference=client,
-        )  # fmt: skip
+            policy=self._policy_generator() if client is None else None,
+            env_fns=[self._env_generator] * num_envs,
+            config=self.config,
+            discount=self._discount,
+            worker_id=self.worker_id,
+            incarnation=self.incarnation,
+            seed=self._seed,
+            precision=self._precision,
+            inference=client,
+        )
         self._built.set()
         self.collector.warmup(timeout=self.collector.startup_timeout * 2)
         self._ready.set()
@@ -303,8 +327,13 @@ class RolloutWorker:
             try:
                 state_dict = ray.get(refs[0])
             except ray.exceptions.ObjectLostError as exc:  # its owner, a trainer rank, died: it republishes
-                log.warning("rollout worker %d: the weights of version %d were lost with the trainer rank that "
-                            "published them (%s); waiting for the next broadcast", self.worker_id, version, type(exc).__name__)  # fmt: skip
+                log.warning(
+                    "rollout worker %d: the weights of version %d were lost with the trainer rank that "
+                    "published them (%s); waiting for the next broadcast",
+                    self.worker_id,
+                    version,
+                    type(exc).__name__,
+                )
                 continue
             while not self._built.wait(timeout=0.5):  # the collect thread is still building the policy
                 if self._stop.is_set():
@@ -347,6 +376,11 @@ class RolloutWorker:
         from mineonline_core.services.video import encode_episode_video
 
         wc = self.config.worker_config
-        mp4 = encode_episode_video(video["frames"], fps=wc.video_fps, returns=video["returns"], values=video["values"],
-                                   upscale=wc.video_upscale)  # fmt: skip
+        mp4 = encode_episode_video(
+            video["frames"],
+            fps=wc.video_fps,
+            returns=video["returns"],
+            values=video["values"],
+            upscale=wc.video_upscale,
+        )
         self._hub.log_video.remote("rollout/video", mp4)

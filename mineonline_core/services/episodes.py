@@ -26,8 +26,16 @@ MINESTUDIO_EVENTS = ("mine_block", "craft_item", "use_item", "pickup", "drop", "
 class LoadedPolicy:
     """A checkpoint's policy with its weights, in eval mode, and what it needs to act."""
 
-    def __init__(self, *, policy: torch.nn.Module, config: OnlineConfig, checkpoint: pathlib.Path | None, iteration: int,
-                 version: int, env_generator: Callable[[], Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        policy: torch.nn.Module,
+        config: OnlineConfig,
+        checkpoint: pathlib.Path | None,
+        iteration: int,
+        version: int,
+        env_generator: Callable[[], Any],
+    ) -> None:
         self.policy, self.config, self.checkpoint = policy, config, checkpoint
         self.iteration, self.version, self.env_generator = iteration, version, env_generator
         self.device = next(iter(policy.parameters()), torch.zeros(())).device
@@ -51,7 +59,11 @@ class LoadedPolicy:
         context = {"first": torch.tensor([[first]], device=self.device)}
         latents, state = self.policy(input=batch, state_in=state, context=context)
         head = self.policy.pi_head
-        action = head.sample(latents["pi_logits"], deterministic=True) if deterministic else head.sample(latents["pi_logits"])
+        action = (
+            head.sample(latents["pi_logits"], deterministic=True)
+            if deterministic
+            else head.sample(latents["pi_logits"])
+        )
         value = float(self.policy.value_head.denormalize(latents["vpred"]).reshape(-1)[0])
         return tree_map(lambda a: a[0, 0], to_numpy(action)), state, value
 
@@ -79,7 +91,9 @@ def _event_counts(info: dict) -> dict[str, float]:
     return out
 
 
-def run_episode(policy: LoadedPolicy, env: Any, *, deterministic: bool, seed: int | None, record: bool) -> dict[str, Any]:
+def run_episode(
+    policy: LoadedPolicy, env: Any, *, deterministic: bool, seed: int | None, record: bool
+) -> dict[str, Any]:
     """One whole episode; the record of it, with its frames, returns and values when ``record``."""
     obs, info = env.reset(seed=seed) if seed is not None else env.reset()
     start = _event_counts(info)
@@ -97,7 +111,12 @@ def run_episode(policy: LoadedPolicy, env: Any, *, deterministic: bool, seed: in
             returns.append(total)
         if terminated or truncated:
             break
-    episode: dict[str, Any] = {"return": total, "length": length, "terminated": bool(terminated), "truncated": bool(truncated)}
+    episode: dict[str, Any] = {
+        "return": total,
+        "length": length,
+        "terminated": bool(terminated),
+        "truncated": bool(truncated),
+    }
     if info.get("achievements") is not None:
         episode["achievements"] = {k: int(v) for k, v in info["achievements"].items()}
     events = {k: v - start.get(k, 0.0) for k, v in counts.items() if v - start.get(k, 0.0) > 0}
@@ -113,14 +132,20 @@ def summarize(episodes: list[dict[str, Any]]) -> dict[str, Any]:
     returns = np.array([e["return"] for e in episodes], dtype=np.float64)
     lengths = np.array([e["length"] for e in episodes], dtype=np.float64)
     out: dict[str, Any] = {
-        "episodes": len(episodes), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
-        "return_min": float(returns.min()), "return_max": float(returns.max()), "length_mean": float(lengths.mean()),
-    }  # fmt: skip
+        "episodes": len(episodes),
+        "return_mean": float(returns.mean()),
+        "return_std": float(returns.std()),
+        "return_min": float(returns.min()),
+        "return_max": float(returns.max()),
+        "length_mean": float(lengths.mean()),
+    }
     achieved = [e["achievements"] for e in episodes if "achievements" in e]
     if achieved and set().union(*achieved) & set(CRAFTER_ACHIEVEMENTS):
         rates = {name: float(np.mean([a.get(name, 0) > 0 for a in achieved])) for name in CRAFTER_ACHIEVEMENTS}
         out["crafter"] = {"score": crafter_score(100.0 * r for r in rates.values()), "success_rates": rates}
     names = sorted(set().union(*(e.get("events", {}) for e in episodes)))
     if names:
-        out["events_per_episode"] = {n: float(np.mean([e.get("events", {}).get(n, 0.0) for e in episodes])) for n in names}
+        out["events_per_episode"] = {
+            n: float(np.mean([e.get("events", {}).get(n, 0.0) for e in episodes])) for n in names
+        }
     return out

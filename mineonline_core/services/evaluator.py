@@ -49,8 +49,14 @@ def eval_metrics(summary: dict[str, Any], *, iteration: int, version: int, wall_
 class Evaluator:
     """Plays ``eval_episodes`` episodes per ``evaluate`` call; a Ray actor (see ``start_evaluator``)."""
 
-    def __init__(self, *, policy_generator: Callable[[], torch.nn.Module], env_generator: Callable[[], Any],
-                 config: Any, logger_hub: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        policy_generator: Callable[[], torch.nn.Module],
+        env_generator: Callable[[], Any],
+        config: Any,
+        logger_hub: Any = None,
+    ) -> None:
         setup_actor_logging()
         tc = config.train_config
         self.episodes, self.deterministic = tc.eval_episodes, tc.eval_deterministic
@@ -59,8 +65,9 @@ class Evaluator:
         on_gpu = tc.eval_num_gpus > 0 and bool(ray.is_initialized() and ray.get_gpu_ids()) and torch.cuda.is_available()
         device = torch.device("cuda" if on_gpu else "cpu")
         policy = policy_generator().to(device).eval().requires_grad_(False)
-        self.policy = LoadedPolicy(policy=policy, config=config, checkpoint=None, iteration=0, version=0,
-                                   env_generator=env_generator)  # fmt: skip
+        self.policy = LoadedPolicy(
+            policy=policy, config=config, checkpoint=None, iteration=0, version=0, env_generator=env_generator
+        )
         self.env: Any = None  # built at the first evaluation, rebuilt after one that failed
 
     def evaluate(self, weights: dict[str, Any], *, iteration: int, version: int, env_steps: int) -> dict[str, float]:
@@ -76,11 +83,17 @@ class Evaluator:
             if self.env is None:
                 self.env = self.policy.make_env()
             for i in range(self.episodes):
-                records.append(run_episode(self.policy, self.env, deterministic=self.deterministic, seed=self.seed + i, record=False))
+                records.append(
+                    run_episode(
+                        self.policy, self.env, deterministic=self.deterministic, seed=self.seed + i, record=False
+                    )
+                )
         except BaseException:
             self._close_env()  # the next evaluation starts from a fresh env
             raise
-        metrics = eval_metrics(summarize(records), iteration=iteration, version=version, wall_s=time.perf_counter() - started)
+        metrics = eval_metrics(
+            summarize(records), iteration=iteration, version=version, wall_s=time.perf_counter() - started
+        )
         if self.hub is not None:
             self.hub.log_metrics.remote(metrics, env_steps)
         return metrics

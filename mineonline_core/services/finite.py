@@ -48,7 +48,11 @@ def nonfinite_leaves(tree: Any, prefix: str = "") -> list[tuple[str, int, int]]:
 
     Paths read like the config: ``obs.rgb``, ``state[0]``."""
     if isinstance(tree, Mapping):
-        return [hit for key, value in tree.items() for hit in nonfinite_leaves(value, f"{prefix}.{key}" if prefix else str(key))]
+        return [
+            hit
+            for key, value in tree.items()
+            for hit in nonfinite_leaves(value, f"{prefix}.{key}" if prefix else str(key))
+        ]
     if isinstance(tree, (list, tuple)):
         return [hit for i, value in enumerate(tree) for hit in nonfinite_leaves(value, f"{prefix}[{i}]")]
     if tree is None:
@@ -111,8 +115,15 @@ class UpdateGuard:
         self.skipped_iteration = 0  # reset by the trainer at the start of every iteration
         self.consecutive = 0
 
-    def check(self, *, finite: bool, loss_terms: Mapping[str, float], named_grads: Iterable[tuple[str, Any]],
-              grad_norm: float, where: str) -> bool:  # fmt: skip
+    def check(
+        self,
+        *,
+        finite: bool,
+        loss_terms: Mapping[str, float],
+        named_grads: Iterable[tuple[str, Any]],
+        grad_norm: float,
+        where: str,
+    ) -> bool:
         """``finite``: the decision (taken identically on every rank). True: step; False: skip."""
         if finite:
             self.consecutive = 0
@@ -122,11 +133,16 @@ class UpdateGuard:
         self.consecutive += 1
         bad_terms = [k for k, v in loss_terms.items() if not math.isfinite(float(v))]
         bad_grads = [(name, bad, _size(g)) for name, g in named_grads if g is not None and (bad := _nonfinite_count(g))]
-        cause = "; ".join(filter(None, [
-            f"loss terms {', '.join(bad_terms)}" if bad_terms else "",
-            f"gradients of {describe(bad_grads)}" if bad_grads else "",
-            f"gradient norm {grad_norm}" if not bad_terms and not bad_grads else "",
-        ]))  # fmt: skip
+        cause = "; ".join(
+            filter(
+                None,
+                [
+                    f"loss terms {', '.join(bad_terms)}" if bad_terms else "",
+                    f"gradients of {describe(bad_grads)}" if bad_grads else "",
+                    f"gradient norm {grad_norm}" if not bad_terms and not bad_grads else "",
+                ],
+            )
+        )
         log.warning("%s: non-finite %s; optimiser step skipped (%d in a row)", where, cause, self.consecutive)
         if self.consecutive >= self.max_consecutive:
             raise RunFailedError(

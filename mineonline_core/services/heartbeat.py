@@ -81,8 +81,10 @@ def hung_message(what: str, beat: Beat, silent_for: float, timeout: float, actio
     """The line that names a hang: who, pid, node, how long, the last report, what is done about it."""
     when = time.strftime("%H:%M:%S", time.localtime(beat.wall))
     last = f"{beat.detail} at {when}" if beat.detail else f"at {when}"
-    return (f"{what} is hung: pid {beat.pid} on node {beat.node[:12]} sent no liveness report for {silent_for:.0f}s "
-            f"(hang_timeout={timeout:g}); its last report: {last}. {action}")  # fmt: skip
+    return (
+        f"{what} is hung: pid {beat.pid} on node {beat.node[:12]} sent no liveness report for {silent_for:.0f}s "
+        f"(hang_timeout={timeout:g}); its last report: {last}. {action}"
+    )
 
 
 def _kill_pid(pid: int) -> bool:
@@ -176,8 +178,9 @@ class RankWatch:
                 if silent_for <= self.timeout or (member, pid) in killed:
                     continue
                 beat = Beat(pid=pid, node=node, at=0.0, wall=wall, detail=detail)
-                message = hung_message(member, beat, silent_for, self.timeout,
-                                       "Killing it: training restarts from the latest checkpoint.")  # fmt: skip
+                message = hung_message(
+                    member, beat, silent_for, self.timeout, "Killing it: training restarts from the latest checkpoint."
+                )
                 log.error("%s", message)
                 killed.add((member, pid))
                 self.hung = message

@@ -100,7 +100,12 @@ class LoggerHub:
             except (TypeError, ValueError):
                 if key not in self._dropped:  # warn once per key, not once per iteration
                     self._dropped.add(key)
-                    log.warning("LoggerHub: metric %r has non-numeric value %r of type %s; it is dropped", key, value, type(value).__name__)
+                    log.warning(
+                        "LoggerHub: metric %r has non-numeric value %r of type %s; it is dropped",
+                        key,
+                        value,
+                        type(value).__name__,
+                    )
         with self._lock:
             if self._finished:
                 return
@@ -126,7 +131,12 @@ class LoggerHub:
             step = self._env_steps if step is None else int(step)
             self._queue.put(("video", key, mp4, step, filename))
 
-    def log_batch(self, metrics: dict[str, float] | None = None, histograms: dict[str, np.ndarray] | None = None, step: int | None = None) -> None:
+    def log_batch(
+        self,
+        metrics: dict[str, float] | None = None,
+        histograms: dict[str, np.ndarray] | None = None,
+        step: int | None = None,
+    ) -> None:
         """An iteration's scalars and histograms in one call, all at one step.
 
         Same effect as ``log_metrics`` plus one ``log_histogram`` per entry, in one actor task
@@ -267,8 +277,9 @@ class LoggerHub:
             self._errors.append(f"{name}.{method}: {last}")
 
 
-def start_logger_hub(*, run_name: str, namespace: str = NAMESPACE, lifetime: str | None = None, wait: bool = True,
-                     **kwargs: Any) -> Any:  # fmt: skip
+def start_logger_hub(
+    *, run_name: str, namespace: str = NAMESPACE, lifetime: str | None = None, wait: bool = True, **kwargs: Any
+) -> Any:
     """Start the hub as the named actor ``{run_name}/logger_hub`` and wait until its loggers exist
     (``wait=False``: return at once; ``check_logger_hub`` waits later, so the driver can start the
     rollout manager meanwhile).
@@ -283,8 +294,9 @@ def start_logger_hub(*, run_name: str, namespace: str = NAMESPACE, lifetime: str
 
     actor_cls = ray.remote(**ACTOR_OPTIONS)(LoggerHub)
     # On the driver's node with the other bookkeeping actors (driver/placement.py).
-    hub = actor_cls.options(name=actor_name(run_name, LOGGER_HUB), namespace=namespace, lifetime=lifetime,
-                            scheduling_strategy=on_node()).remote(**kwargs)  # fmt: skip
+    hub = actor_cls.options(
+        name=actor_name(run_name, LOGGER_HUB), namespace=namespace, lifetime=lifetime, scheduling_strategy=on_node()
+    ).remote(**kwargs)
     if wait:
         check_logger_hub(hub, run_name)
     return hub

@@ -47,7 +47,9 @@ def _ours(record: logging.LogRecord) -> bool:
 
 # ``package.Type: message`` (or Ray's ``package.Type(Cause): message``) at the start of a line: the
 # line that ends a Python traceback.
-_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Failure|Fault|Exit|Interrupt)(?:\([\w.]+\))?): ?(?P<msg>.*)$")
+_EXCEPTION_LINE = re.compile(
+    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Failure|Fault|Exit|Interrupt)(?:\([\w.]+\))?): ?(?P<msg>.*)$"
+)
 # Errors that wrap another one: Ray's, and ours that carry a failure from another process.
 _WRAPPERS = ("ray.", "RayTaskError", "RunFailedError", "EnvFailure", "ActorDiedError")
 
@@ -58,7 +60,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def one_line(text: str) -> str:
     """``text`` without colour codes and without a traceback that starts on its line."""
     text = _ANSI.sub("", text)
-    return text[: text.index("Traceback (most recent call last)")].rstrip() if "Traceback (most recent call last)" in text else text.strip()
+    return (
+        text[: text.index("Traceback (most recent call last)")].rstrip()
+        if "Traceback (most recent call last)" in text
+        else text.strip()
+    )
 
 
 def console_error(exc: BaseException) -> str:
@@ -79,7 +85,12 @@ def console_error(exc: BaseException) -> str:
             headline, collecting = [match["msg"]], True
         elif match and match["type"].startswith("ray."):
             collecting = False
-        elif collecting and line.strip() and not line[:1].isspace() and not line.startswith(("During handling", "The above")):
+        elif (
+            collecting
+            and line.strip()
+            and not line[:1].isspace()
+            and not line.startswith(("During handling", "The above"))
+        ):
             headline.append(line)
         if match and not any(w in match["type"] for w in _WRAPPERS):
             cause = f"{match['type'].rsplit('.', 1)[-1]}: {match['msg']}"
@@ -226,13 +237,15 @@ class RunLog:
         who = data.get("actor_name") or data.get("task_name") or "ray"
         for line in lines:
             if line.startswith(MARK):
-                print(f"{one_line(line[len(MARK):])} ({who})", file=sys.stderr, flush=True)
+                print(f"{one_line(line[len(MARK) :])} ({who})", file=sys.stderr, flush=True)
 
     def _failed(self, exc: OSError) -> None:
         if self.write_failure is None:
             self.write_failure = exc
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc is not None and not isinstance(exc, KeyboardInterrupt):
             # The console gets the error's message from the CLI; the file keeps its traceback.
             logging.getLogger("mineonline").info("run ended with %s", type(exc).__name__, exc_info=(exc_type, exc, tb))

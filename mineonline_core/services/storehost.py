@@ -157,13 +157,26 @@ class StoreClient:
         self._decided_in: int | None = None  # the pid that decided local vs remote
 
     @classmethod
-    def connect(cls, host: Any, *, store_cls: type[FragmentStore], path: str, num_shards: int,
-                options: BaseModel | dict[str, Any] | None = None) -> StoreClient:
+    def connect(
+        cls,
+        host: Any,
+        *,
+        store_cls: type[FragmentStore],
+        path: str,
+        num_shards: int,
+        options: BaseModel | dict[str, Any] | None = None,
+    ) -> StoreClient:
         """A client for a running host; waits until the host has opened its store."""
         import ray
 
-        return cls(host=host, store_cls=store_cls, path=path, num_shards=num_shards, options=options,
-                   host_node_id=ray.get(host.node_id.remote()))
+        return cls(
+            host=host,
+            store_cls=store_cls,
+            path=path,
+            num_shards=num_shards,
+            options=options,
+            host_node_id=ray.get(host.node_id.remote()),
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

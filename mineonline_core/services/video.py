@@ -94,14 +94,20 @@ def compose_frames(
     for i, frame in enumerate(frames):
         frame = _as_hwc_uint8(frame)
         if frame.shape[0] * upscale != h or frame.shape[1] * upscale != w:
-            raise ValueError(f"frame {i} has shape {frame.shape}, unlike frame 0 {first.shape}; an episode's frames must share one size")
+            raise ValueError(
+                f"frame {i} has shape {frame.shape}, unlike frame 0 {first.shape}; an episode's frames must share one size"
+            )
         if upscale > 1:
             frame = np.repeat(np.repeat(frame, upscale, axis=0), upscale, axis=1)
         video[i, :h, :w] = frame
         if strip:
             video[i, h:] = _STRIP_COLOUR
-            video[i, h:] = _overlay(video[i, h:], font, returns[i] if returns is not None else None,
-                                    values[i] if values is not None else None)  # fmt: skip
+            video[i, h:] = _overlay(
+                video[i, h:],
+                font,
+                returns[i] if returns is not None else None,
+                values[i] if values is not None else None,
+            )
     return video
 
 

@@ -55,7 +55,9 @@ class EnvConformance:
     def check_observation(env: gym.Env, obs: Any, where: str) -> None:
         space = env.observation_space
         assert isinstance(obs, dict), f"{where}: the observation is a {type(obs).__name__}, not a dict"
-        assert set(obs) == set(space.spaces), f"{where}: observation keys {sorted(obs)} != space keys {sorted(space.spaces)}"
+        assert set(obs) == set(space.spaces), (
+            f"{where}: observation keys {sorted(obs)} != space keys {sorted(space.spaces)}"
+        )
         for key, sub in space.spaces.items():
             value = np.asarray(obs[key])
             assert value.shape == sub.shape and value.dtype == sub.dtype, (
@@ -65,19 +67,23 @@ class EnvConformance:
 
     @staticmethod
     def check_step(answer: Any, where: str) -> tuple[float, bool, bool, dict]:
-        assert isinstance(answer, tuple) and len(answer) == 5, f"{where}: step must return (obs, reward, terminated, truncated, info)"
+        assert isinstance(answer, tuple) and len(answer) == 5, (
+            f"{where}: step must return (obs, reward, terminated, truncated, info)"
+        )
         _, reward, terminated, truncated, info = answer
         assert isinstance(reward, (int, float, np.integer, np.floating)) and not isinstance(reward, (bool, np.bool_)), (
             f"{where}: reward {reward!r} is a {type(reward).__name__}, not a number"
         )
         assert math.isfinite(float(reward)), f"{where}: reward {reward!r} is not finite"
         for flag, value in (("terminated", terminated), ("truncated", truncated)):
-            assert isinstance(value, (bool, np.bool_)), f"{where}: {flag} {value!r} is a {type(value).__name__}, not a bool"
+            assert isinstance(value, (bool, np.bool_)), (
+                f"{where}: {flag} {value!r} is a {type(value).__name__}, not a bool"
+            )
         assert isinstance(info, dict), f"{where}: info is a {type(info).__name__}, not a dict"
         achievements = info.get("achievements", {})
-        assert isinstance(achievements, dict) and all(isinstance(v, (int, float, np.number)) for v in achievements.values()), (
-            f"{where}: info['achievements'] must map names to counts, got {achievements!r}"
-        )
+        assert isinstance(achievements, dict) and all(
+            isinstance(v, (int, float, np.number)) for v in achievements.values()
+        ), f"{where}: info['achievements'] must map names to counts, got {achievements!r}"
         return float(reward), bool(terminated), bool(truncated), info
 
     def drive(self, env: gym.Env, steps: int, *, seed: int | None = 0) -> list[tuple[Any, float, bool, bool]]:
@@ -103,7 +109,9 @@ class EnvConformance:
     # -- the contract -------------------------------------------------------------------------------
 
     def test_factory_declares_a_name_and_a_config_that_rejects_misspelt_keys(self) -> None:
-        assert isinstance(self.env_cls, type) and issubclass(self.env_cls, EnvFactory), f"{self.env_cls!r} is not an EnvFactory"
+        assert isinstance(self.env_cls, type) and issubclass(self.env_cls, EnvFactory), (
+            f"{self.env_cls!r} is not an EnvFactory"
+        )
         assert isinstance(self.env_cls.name, str) and self.env_cls.name, f"{self.env_cls.__name__}.name is empty"
         assert issubclass(self.env_cls.Config, BaseModel), f"{self.env_cls.__name__}.Config is not a pydantic model"
         self.env_cls.Config(**self.options)
@@ -179,7 +187,9 @@ class EnvConformance:
             raise AssertionError(f"in an env subprocess: {exc}") from exc
         env = self.make_env()
         try:
-            assert observation_space == env.observation_space, f"{observation_space} there, {env.observation_space} here"
+            assert observation_space == env.observation_space, (
+                f"{observation_space} there, {env.observation_space} here"
+            )
             assert action_space == env.action_space, f"{action_space} there, {env.action_space} here"
         finally:
             env.close()

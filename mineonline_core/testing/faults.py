@@ -92,8 +92,12 @@ class FaultyEnv(gym.Wrapper):
         guard_pid: int | None = None,
     ) -> None:
         super().__init__(env)
-        rates = {"step_error_rate": step_error_rate, "reset_error_rate": reset_error_rate,
-                 "nan_reward_rate": nan_reward_rate, "nan_obs_rate": nan_obs_rate}  # fmt: skip
+        rates = {
+            "step_error_rate": step_error_rate,
+            "reset_error_rate": reset_error_rate,
+            "nan_reward_rate": nan_reward_rate,
+            "nan_obs_rate": nan_obs_rate,
+        }
         for key, rate in rates.items():
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{key}={rate}: a probability per call, in [0, 1]")
@@ -203,8 +207,11 @@ def stream_report(fragments: list[dict]) -> dict[str, dict[str, Any]]:
         ended = np.concatenate([f[F.TERMINATED] | f[F.TRUNCATED] for f in frags])
         broken = int(np.sum(first[1:] != ended[:-1])) if not missing else -1
         out[stream] = {
-            "indices": indices, "missing": missing, "steps": int(first.size), "broken_boundaries": broken,
+            "indices": indices,
+            "missing": missing,
+            "steps": int(first.size),
+            "broken_boundaries": broken,
             "truncated": int(sum(int(np.sum(f[F.TRUNCATED])) for f in frags)),
             "terminated": int(sum(int(np.sum(f[F.TERMINATED])) for f in frags)),
-        }  # fmt: skip
+        }
     return out

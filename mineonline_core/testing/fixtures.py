@@ -24,7 +24,9 @@ def plugin_manager() -> PluginManager:
 
 
 @contextlib.contextmanager
-def registered(pm: PluginManager, plugin: Any, *, name: str = "test-plugin", distribution: str = "test", version: str = "0") -> Iterator[Any]:
+def registered(
+    pm: PluginManager, plugin: Any, *, name: str = "test-plugin", distribution: str = "test", version: str = "0"
+) -> Iterator[Any]:
     """Register ``plugin`` (a module or object with hook implementations) for the duration of a block."""
     pm.add_plugin(plugin, Origin(name, distribution, version))
     try:

@@ -56,8 +56,15 @@ class CountingEnv(gym.Env):
     or runs on until a ``TimeLimit`` wrapper truncates it. ``image=True`` adds a small RGB frame.
     """
 
-    def __init__(self, *, tag: float = 0.0, episode_len: int = 10, terminate: bool = True, image: bool = False,
-                 final_reward: float = 1.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        tag: float = 0.0,
+        episode_len: int = 10,
+        terminate: bool = True,
+        image: bool = False,
+        final_reward: float = 1.0,
+    ) -> None:
         self.tag, self.episode_len, self.terminate, self.image = tag, episode_len, terminate, image
         self.final_reward = final_reward  # the reward of an episode's terminal step
         spaces = {"obs": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)}
@@ -156,18 +163,29 @@ def counting_failing_reset(tag: int, episode_len: int = 3, final_reward: float =
     after an episode end raises (the env's first reset works, so a rebuilt env starts)."""
     from mineonline_core.testing.faults import FaultyEnv
 
-    return FaultyEnv(CountingEnv(tag=tag, episode_len=episode_len, final_reward=final_reward), reset_error_after_end=True)
+    return FaultyEnv(
+        CountingEnv(tag=tag, episode_len=episode_len, final_reward=final_reward), reset_error_after_end=True
+    )
 
 
-def faulty_counting(tag: int, episode_len: int = 50, *, at_steps: tuple[int, ...] = (), mode: str = "raise",
-                    raise_rate: float = 0.0, hang_s: float = 3600.0) -> gym.Env:
+def faulty_counting(
+    tag: int,
+    episode_len: int = 50,
+    *,
+    at_steps: tuple[int, ...] = (),
+    mode: str = "raise",
+    raise_rate: float = 0.0,
+    hang_s: float = 3600.0,
+) -> gym.Env:
     """A counting env with the public ``FaultyEnv``: fault ``mode`` at each step of ``at_steps`` in every
     life, or a step error with probability ``raise_rate``."""
     from mineonline_core.testing.faults import FaultyEnv
 
     scheduled = {f"{mode}_at_step": step for step in at_steps}
     assert len(scheduled) == len(at_steps), "one scheduled step per fault kind"
-    return FaultyEnv(CountingEnv(tag=tag, episode_len=episode_len), step_error_rate=raise_rate, hang_s=hang_s, **scheduled)
+    return FaultyEnv(
+        CountingEnv(tag=tag, episode_len=episode_len), step_error_rate=raise_rate, hang_s=hang_s, **scheduled
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +256,9 @@ def rollout_fragments(
         state_before = state
         cols: dict[str, list] = {c: [] for c in F.STEP_COLUMNS}
         for _ in range(fragment_length):
-            latents, state = policy(input=_batch_obs(obs), state_in=state, context={"first": torch.as_tensor(first)[:, None]})
+            latents, state = policy(
+                input=_batch_obs(obs), state_in=state, context={"first": torch.as_tensor(first)[:, None]}
+            )
             logits = latents["pi_logits"][:, 0]
             action = policy.pi_head.sample(logits)
             logprob = policy.pi_head.logprob(action, logits)
@@ -249,8 +269,11 @@ def rollout_fragments(
                 boot = 0.0
                 if trunc and not term:
                     # The value of the observation the episode was cut at, from the state after this step.
-                    lat, _ = policy(input=_batch_obs([o]), state_in=tree_map(lambda x: x[i : i + 1], state),
-                                    context={"first": torch.zeros(1, 1, dtype=torch.bool)})  # fmt: skip
+                    lat, _ = policy(
+                        input=_batch_obs([o]),
+                        state_in=tree_map(lambda x: x[i : i + 1], state),
+                        context={"first": torch.zeros(1, 1, dtype=torch.bool)},
+                    )
                     boot = float(_value(policy, lat)[0, 0])
                 if term or trunc:
                     o, _ = env.reset()
@@ -303,8 +326,13 @@ def ddp_train_step(config: dict) -> None:
     from mineonline_core.registry import import_string
 
     cls = import_string(config["trainer_cls"])
-    trainer = cls(rollout_manager=None, policy_generator=mlp_policy, env_generator=None,
-                  config=OnlineConfig(**config["online"]), run_dir=config["run_dir"])  # fmt: skip
+    trainer = cls(
+        rollout_manager=None,
+        policy_generator=mlp_policy,
+        env_generator=None,
+        config=OnlineConfig(**config["online"]),
+        run_dir=config["run_dir"],
+    )
     trainer.setup_rank(local=config.get("local", False))
     batch = torch.load(config["batch_path"], weights_only=True)
     n, world, rank = batch[F.REWARD].shape[0], trainer.world_size, trainer.rank
@@ -326,21 +354,33 @@ def ddp_run(loop: Callable[[dict], None], config: dict, *, run_dir: str, tag: st
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    return TorchTrainer(
-        loop,
-        train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=num_workers, resources_per_worker={"CPU": 0.5}),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(storage_path=str(Path(run_dir) / "ray_train"), name=tag),
-    ).fit().metrics
+    return (
+        TorchTrainer(
+            loop,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(num_workers=num_workers, resources_per_worker={"CPU": 0.5}),
+            torch_config=TorchConfig(backend="gloo"),
+            run_config=RunConfig(storage_path=str(Path(run_dir) / "ray_train"), name=tag),
+        )
+        .fit()
+        .metrics
+    )
 
 
-def ddp_fit(*, trainer_cls: str, online: dict, batch_path: str, run_dir: str, tag: str, num_workers: int = 2) -> tuple[dict, dict]:
+def ddp_fit(
+    *, trainer_cls: str, online: dict, batch_path: str, run_dir: str, tag: str, num_workers: int = 2
+) -> tuple[dict, dict]:
     """``ddp_train_step`` on ``num_workers`` Ray Train ranks; returns rank 0's parameters and the
     reported metrics. Ray must be initialised."""
     from pathlib import Path
 
     out = Path(run_dir) / f"params_{tag}.pt"
-    config = {"trainer_cls": trainer_cls, "online": online, "batch_path": batch_path, "out_path": str(out), "run_dir": run_dir}
+    config = {
+        "trainer_cls": trainer_cls,
+        "online": online,
+        "batch_path": batch_path,
+        "out_path": str(out),
+        "run_dir": run_dir,
+    }
     metrics = ddp_run(ddp_train_step, config, run_dir=run_dir, tag=tag, num_workers=num_workers)
     return torch.load(out, weights_only=True), metrics

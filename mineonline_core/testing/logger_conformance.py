@@ -40,8 +40,18 @@ class LoggerConformance:
 
     def make_hub(self, run_dir: Path, *, resume: str | None = None) -> LoggerHub:
         options = self.logger_cls.Config(**self.logger_options)
-        config = {"run_name": run_dir.name, "train_config": {"resume": resume}, "logger_config": {"loggers": [self.logger_cls.name]}}
-        return LoggerHub(run_dir=str(run_dir), loggers=[(self.logger_cls, options)], config=config, num_iterations=10, video_dir="videos")
+        config = {
+            "run_name": run_dir.name,
+            "train_config": {"resume": resume},
+            "logger_config": {"loggers": [self.logger_cls.name]},
+        }
+        return LoggerHub(
+            run_dir=str(run_dir),
+            loggers=[(self.logger_cls, options)],
+            config=config,
+            num_iterations=10,
+            video_dir="videos",
+        )
 
     def video_bytes(self) -> bytes:
         from mineonline_core.services.video import encode_episode_video

@@ -34,8 +34,20 @@ import numpy as np
 
 # MineRL HumanSurvival's keyboard actions (``SIMPLE_KEYBOARD_ACTION`` plus the hotbar); the engine
 # ignores other keys of an env action, as MineRL's ``_process_action`` does (e.g. VPT's ``drop``).
-KEYS = ("forward", "back", "left", "right", "jump", "sneak", "sprint", "attack", "use", "pickItem", "inventory",
-        *(f"hotbar.{i}" for i in range(1, 10)))  # fmt: skip
+KEYS = (
+    "forward",
+    "back",
+    "left",
+    "right",
+    "jump",
+    "sneak",
+    "sprint",
+    "attack",
+    "use",
+    "pickItem",
+    "inventory",
+    *(f"hotbar.{i}" for i in range(1, 10)),
+)
 STATS = ("use_item", "pickup", "break_item", "craft_item", "mine_block", "damage_dealt", "custom", "kill_entity")
 MOB_HEALTH = {"cow": 10.0, "pig": 10.0, "sheep": 8.0, "chicken": 4.0, "zombie": 20.0}
 MOB_COLOUR = {"cow": (92, 64, 40), "pig": (240, 160, 160), "sheep": (230, 230, 230), "chicken": (250, 250, 250)}
@@ -87,8 +99,17 @@ class FakeMinecraftEngine:
 
     def reset(self) -> dict[str, Any]:
         self.resets += 1
-        self._world = {"x": 0.0, "z": 0.0, "yaw": 0.0, "pitch": 0.0, "health": 20.0, "mobs": [], "slot": 0,
-                       "inventory": [None] * 36, "stats": {k: {} for k in STATS}}  # fmt: skip
+        self._world = {
+            "x": 0.0,
+            "z": 0.0,
+            "yaw": 0.0,
+            "pitch": 0.0,
+            "health": 20.0,
+            "mobs": [],
+            "slot": 0,
+            "inventory": [None] * 36,
+            "stats": {k: {} for k in STATS},
+        }
         for item, count in self._start_inventory.items():
             self._give(str(item), int(count))
         return self._observe()[0]
@@ -191,7 +212,9 @@ class FakeMinecraftEngine:
             bearing, dist = self._bearing(mob), max(self._distance(mob), 0.5)
             if abs(bearing) < HALF_FOV:
                 cx, size = int(w_px / 2 + bearing / HALF_FOV * w_px / 2), int(min(h / 2, 2.0 * h / dist / 4))
-                frame[max(horizon - size, 0) : horizon + size // 2, max(cx - size, 0) : cx + size] = MOB_COLOUR.get(mob["name"], (200, 0, 0))
+                frame[max(horizon - size, 0) : horizon + size // 2, max(cx - size, 0) : cx + size] = MOB_COLOUR.get(
+                    mob["name"], (200, 0, 0)
+                )
         return frame
 
     def _observe(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -199,11 +222,22 @@ class FakeMinecraftEngine:
         w = self._world
         inventory = {i: dict(s) if s else {"type": "air", "quantity": 0} for i, s in enumerate(w["inventory"])}
         held = w["inventory"][w["slot"]]
-        equipped = {"mainhand": {"type": held["type"] if held else "air", "damage": 0, "maxDamage": 0},
-                    **{part: {"type": "air", "damage": 0, "maxDamage": 0} for part in ("offhand", "head", "chest", "legs", "feet")}}  # fmt: skip
+        equipped = {
+            "mainhand": {"type": held["type"] if held else "air", "damage": 0, "maxDamage": 0},
+            **{
+                part: {"type": "air", "damage": 0, "maxDamage": 0}
+                for part in ("offhand", "head", "chest", "legs", "feet")
+            },
+        }
         pos = {"x": w["x"], "y": 64.0, "z": w["z"], "pitch": w["pitch"], "yaw": w["yaw"]}
-        obs = {"pov": self._render(), "inventory": inventory, "equipped_items": equipped,
-               **{k: dict(v) for k, v in w["stats"].items()}, "player_pos": pos, "is_gui_open": False}  # fmt: skip
+        obs = {
+            "pov": self._render(),
+            "inventory": inventory,
+            "equipped_items": equipped,
+            **{k: dict(v) for k, v in w["stats"].items()},
+            "player_pos": pos,
+            "is_gui_open": False,
+        }
         location = {"xpos": w["x"], "ypos": 64.0, "zpos": w["z"], "pitch": w["pitch"], "yaw": w["yaw"], "biome_id": 1}
         info = {"is_gui_open": False, "location_stats": location, "health": w["health"], "food_level": 20}
         return obs, info
@@ -212,7 +246,9 @@ class FakeMinecraftEngine:
 class FakeHumanSurvival:
     """Stands where ``minestudio.simulator.entry.HumanSurvival`` (MineRL's env spec) stands."""
 
-    def __init__(self, *args: Any, resolution: tuple[int, int] = (640, 360), inventory: dict | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, resolution: tuple[int, int] = (640, 360), inventory: dict | None = None, **kwargs: Any
+    ) -> None:
         self.resolution, self.inventory, self.kwargs = tuple(resolution), inventory, kwargs
 
     def make(self, fake: bool = False, **kwargs: Any) -> FakeMinecraftEngine:

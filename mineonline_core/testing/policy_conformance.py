@@ -52,7 +52,10 @@ class PolicyConformance:
     def _inputs(self, batch: int, steps: int, seed: int = 0) -> dict[str, torch.Tensor]:
         self.observation_space.seed(seed)
         samples = [[self.observation_space.sample() for _ in range(steps)] for _ in range(batch)]
-        return {k: torch.as_tensor(np.stack([np.stack([s[k] for s in row]) for row in samples])) for k in self.observation_space}
+        return {
+            k: torch.as_tensor(np.stack([np.stack([s[k] for s in row]) for row in samples]))
+            for k in self.observation_space
+        }
 
     def _first(self, batch: int, steps: int) -> torch.Tensor:
         first = torch.zeros(batch, steps, dtype=torch.bool)
@@ -64,7 +67,9 @@ class PolicyConformance:
     def _close(a: Any, b: Any, atol: float, what: str) -> None:
         for x, y in zip(tree_leaves(a), tree_leaves(b)):
             assert x.shape == y.shape, f"{what}: shape {tuple(x.shape)} vs {tuple(y.shape)}"
-            assert torch.allclose(x, y, atol=atol, rtol=0), f"{what}: max difference {float((x - y).abs().max()):.2e} > {atol}"
+            assert torch.allclose(x, y, atol=atol, rtol=0), (
+                f"{what}: max difference {float((x - y).abs().max()):.2e} > {atol}"
+            )
 
     # -- the contract -------------------------------------------------------------------------------
 

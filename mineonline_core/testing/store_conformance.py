@@ -66,7 +66,10 @@ def sample_payload(seed: int, *, frames: int = 4, side: int = 16) -> dict[str, A
         "strided": wide[::2, 1::3],  # non-contiguous view
         "transposed": wide.T,
         "empty": np.zeros((0, 4), dtype=np.float32),
-        "state_in": [(rng.standard_normal((1, 8)).astype(np.float32), None), (np.zeros((1, 2, 3)), np.ones((1,), bool))],
+        "state_in": [
+            (rng.standard_normal((1, 8)).astype(np.float32), None),
+            (np.zeros((1, 2, 3)), np.ones((1,), bool)),
+        ],
         "none": None,
         "stream": f"0.0.{seed}",
         "index": seed,

@@ -45,21 +45,36 @@ class TrainerConformance:
 
     def make_trainer(self, tmp_path: Path, **train: Any) -> BaseTrainer:
         """A trainer set up as one local CPU rank: 2 micro-batches of 2 chunks per step, 2 epochs."""
-        train = {"num_iterations": 3, "batches_per_iteration": 2, "batch_size_per_gpu": 2, "gradient_accumulation": 2,
-                 "epochs_per_iteration": 2, "context_length": CONTEXT, "learning_rate": 1e-2, "discount": 0.9,
-                 "max_grad_norm": 1e3, **self.trainer_options, **train}  # fmt: skip
-        config = OnlineConfig(trainer_name=self.trainer_cls.name, train_config=train,
-                              rollout_config={"fragment_length": FRAGMENT, "replay_buffer_config": {"fragments_per_chunk": PER_CHUNK}})  # fmt: skip
-        trainer = self.trainer_cls(rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config,
-                                   run_dir=str(tmp_path))  # fmt: skip
+        train = {
+            "num_iterations": 3,
+            "batches_per_iteration": 2,
+            "batch_size_per_gpu": 2,
+            "gradient_accumulation": 2,
+            "epochs_per_iteration": 2,
+            "context_length": CONTEXT,
+            "learning_rate": 1e-2,
+            "discount": 0.9,
+            "max_grad_norm": 1e3,
+            **self.trainer_options,
+            **train,
+        }
+        config = OnlineConfig(
+            trainer_name=self.trainer_cls.name,
+            train_config=train,
+            rollout_config={"fragment_length": FRAGMENT, "replay_buffer_config": {"fragments_per_chunk": PER_CHUNK}},
+        )
+        trainer = self.trainer_cls(
+            rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+        )
         trainer.setup_rank(local=True)
         trainer.iteration = 1
         return trainer
 
     def make_batch(self, trainer: BaseTrainer) -> dict[str, Any]:
         """Four chunks of real CartPole fragments (episodes end inside them), through ``estimate``."""
-        streams = rollout_fragments(trainer.policy, lambda i: cartpole(12), num_envs=2, fragment_length=FRAGMENT,
-                                    fragments_per_env=4)  # fmt: skip
+        streams = rollout_fragments(
+            trainer.policy, lambda i: cartpole(12), num_envs=2, fragment_length=FRAGMENT, fragments_per_env=4
+        )
         batch = assemble_chunks(chunks_of(streams, PER_CHUNK))
         batch["staleness"] = (trainer.version - batch[F.VERSION]).float()
         return trainer.estimate(batch=batch)
@@ -73,8 +88,12 @@ class TrainerConformance:
         assert isinstance(cls.Config, type) and issubclass(cls.Config, BaseModel), "set `Config` to a pydantic model"
         assert cls.Config.model_config.get("extra") == "forbid", "Config must refuse unknown keys (extra='forbid')"
         undocumented = [k for k, info in cls.Config.model_fields.items() if not info.description]
-        assert not undocumented, f"give every Config key a Field description (`mineonline config docs` shows it): {undocumented}"
-        assert isinstance(validate_trainer_options(cls, OnlineConfig(train_config=self.trainer_options).train_config), cls.Config)
+        assert not undocumented, (
+            f"give every Config key a Field description (`mineonline config docs` shows it): {undocumented}"
+        )
+        assert isinstance(
+            validate_trainer_options(cls, OnlineConfig(train_config=self.trainer_options).train_config), cls.Config
+        )
 
     def test_an_unknown_key_names_the_key_the_trainer_and_the_closest_key(self) -> None:
         known = next(iter(self.trainer_cls.Config.model_fields), "learning_rate")

@@ -51,9 +51,25 @@ from mineonline_core.trainer.goals import Goals
 from mineonline_core.trainer.publish import Publishing
 from mineonline_core.trainer.update import UpdateLoop
 
-_LIVE = ("model", "policy", "optimizer", "scaler", "_buffer", "_store", "_workers", "_pending_release", "_prefetch",
-         "_fetcher", "reference", "_reference_ref", "update_guard", "_broadcaster", "_broadcast",
-         "_snapshot", "_evaluation")
+_LIVE = (
+    "model",
+    "policy",
+    "optimizer",
+    "scaler",
+    "_buffer",
+    "_store",
+    "_workers",
+    "_pending_release",
+    "_prefetch",
+    "_fetcher",
+    "reference",
+    "_reference_ref",
+    "update_guard",
+    "_broadcaster",
+    "_broadcast",
+    "_snapshot",
+    "_evaluation",
+)
 
 
 class TrainerOptions(Section):
@@ -67,9 +83,19 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
     name: ClassVar[str] = ""
     Config: ClassVar[type[BaseModel]] = TrainerOptions
 
-    def __init__(self, *, rollout_manager: Any, policy_generator: Callable[[], nn.Module], env_generator: Callable[[], Any],
-                 config: Any, run_dir: str, logger_hub: Any = None, whole_config: str | None = None,
-                 saved_config: dict | None = None, options: BaseModel | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        rollout_manager: Any,
+        policy_generator: Callable[[], nn.Module],
+        env_generator: Callable[[], Any],
+        config: Any,
+        run_dir: str,
+        logger_hub: Any = None,
+        whole_config: str | None = None,
+        saved_config: dict | None = None,
+        options: BaseModel | None = None,
+    ) -> None:
         self.rollout_manager, self.logger_hub = rollout_manager, logger_hub
         self.policy_generator, self.env_generator = policy_generator, env_generator
         self.config, self.train_config = config, config.train_config
@@ -149,7 +175,9 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
     def check_policy(self, policy: nn.Module) -> None:
         """Options that mean nothing for this policy are rejected with the key and the fix (on the
         driver before any rank starts, and on each rank). Overrides call ``super()``."""
-        if self.train_config.use_normalized_vf and not hasattr(getattr(policy, "value_head", None), "update_normalizer"):
+        if self.train_config.use_normalized_vf and not hasattr(
+            getattr(policy, "value_head", None), "update_normalizer"
+        ):
             raise ConfigError(
                 f"train_config.use_normalized_vf: true needs a value head with a running normaliser, but "
                 f"{type(policy).__name__}.value_head has no update_normalizer(). Set use_normalized_vf: false."
@@ -345,13 +373,19 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
             self.broadcast_model_to_rollout_workers(new_version=True)
         self.perf["perf/broadcast_ms"] = 1e3 * (time.perf_counter() - start)
         steps = batch["reward"].numel() * self.world_size * tc.epochs_per_iteration
-        metrics = {**metrics, **self.perf, "trainer/iteration": iteration, "trainer/version": self.version,
-                   "trainer/learning_rate": self.learning_rate,
-                   "trainer/samples_per_s": steps / max(self.perf["perf/train_ms"] / 1e3, 1e-9),
-                   "trainer/staleness_mean": float(batch["staleness"].mean()),
-                   "trainer/skipped_updates": float(self.update_guard.skipped_iteration),
-                   "trainer/skipped_updates_total": float(self.update_guard.skipped_total),
-                   "trainer/restarts": float(self.restarts), "trainer/rank_hangs": float(self.rank_hangs)}  # fmt: skip
+        metrics = {
+            **metrics,
+            **self.perf,
+            "trainer/iteration": iteration,
+            "trainer/version": self.version,
+            "trainer/learning_rate": self.learning_rate,
+            "trainer/samples_per_s": steps / max(self.perf["perf/train_ms"] / 1e3, 1e-9),
+            "trainer/staleness_mean": float(batch["staleness"].mean()),
+            "trainer/skipped_updates": float(self.update_guard.skipped_iteration),
+            "trainer/skipped_updates_total": float(self.update_guard.skipped_total),
+            "trainer/restarts": float(self.restarts),
+            "trainer/rank_hangs": float(self.rank_hangs),
+        }
         self.last_metrics = metrics
         if self.rank == 0:
             self._log(metrics, batch)
@@ -363,6 +397,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         if self.rank == 0 and self.goals.active and self.logger_hub is not None:
             self._judge_goals(ray.get(self.logger_hub.latest.remote()))
         return metrics
+
 
 def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)

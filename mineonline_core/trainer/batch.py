@@ -39,7 +39,9 @@ def assemble_chunks(chunks: list[list[dict]], *, device: torch.device | str = "c
     batch[F.NEXT_OBS] = tree_stack([s[F.NEXT_OBS] for s in sequences], axis=0)
     for column in (F.STATE_IN, F.REF_STATE_IN):
         states = [s[column] for s in sequences]
-        batch[column] = None if any(s is None for s in states) else tree_cat([tree_map(np.asarray, s) for s in states], axis=0)
+        batch[column] = (
+            None if any(s is None for s in states) else tree_cat([tree_map(np.asarray, s) for s in states], axis=0)
+        )
     return to_torch(batch, device)
 
 
@@ -72,13 +74,21 @@ def current_policy_outputs(
     policy = unwrap(policy)
     n = batch[F.REWARD].shape[0]
     step = batch_size or n
-    parts = [_slice_outputs(policy, batch, slice(start, start + step), context_length=context_length, autocast=autocast)
-             for start in range(0, n, step)]  # fmt: skip
+    parts = [
+        _slice_outputs(policy, batch, slice(start, start + step), context_length=context_length, autocast=autocast)
+        for start in range(0, n, step)
+    ]
     return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
 
 
-def _slice_outputs(policy: nn.Module, batch: dict[str, Any], rows: slice, *, context_length: int,
-                   autocast: Callable[[], contextlib.AbstractContextManager]) -> dict[str, torch.Tensor]:  # fmt: skip
+def _slice_outputs(
+    policy: nn.Module,
+    batch: dict[str, Any],
+    rows: slice,
+    *,
+    context_length: int,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+) -> dict[str, torch.Tensor]:
     obs, state_in, first = (tree_index(batch[c], rows) for c in (F.OBS, F.STATE_IN, F.FIRST))
     # Gradients recorded as in the update, because some kernels compute otherwise without them (VPT's
     # attention in bf16 on CPU differs by 1e-4 in log-prob); each window's graph is dropped with
@@ -118,13 +128,20 @@ def estimate_advantages(
     log-prob of the stored actions) and ``old_vpred`` (the value head's output, the centre of a
     clipped value loss) to ``batch``, all (N, L) float32: GAE over the current model's values, from
     one pass of ``current_policy_outputs`` (``batch_size`` and ``autocast`` as there)."""
-    current = current_policy_outputs(policy, batch, context_length=context_length, batch_size=batch_size,
-                                     autocast=autocast)  # fmt: skip
+    current = current_policy_outputs(
+        policy, batch, context_length=context_length, batch_size=batch_size, autocast=autocast
+    )
     value = current["value"]
     advantage, returns = compute_gae(
-        reward=batch[F.REWARD], value=value, next_value=current["next_value"], terminated=batch[F.TERMINATED],
-        truncated=batch[F.TRUNCATED], bootstrap=batch[F.BOOTSTRAP], discount=discount, gae_lambda=gae_lambda,
-    )  # fmt: skip
+        reward=batch[F.REWARD],
+        value=value,
+        next_value=current["next_value"],
+        terminated=batch[F.TERMINATED],
+        truncated=batch[F.TRUNCATED],
+        bootstrap=batch[F.BOOTSTRAP],
+        discount=discount,
+        gae_lambda=gae_lambda,
+    )
     batch[F.VALUE], batch[F.ADVANTAGE], batch[F.RETURN] = value, advantage, returns
     batch[F.LOGPROB_PROX], batch[F.OLD_VPRED] = current["logprob"], current["vpred"]
     batch["staleness"] = (version - batch[F.VERSION]).float()

@@ -103,8 +103,13 @@ def rng_state() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached": float(cached)},  # fmt: skip
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
         "python": {"version": version, "internal": list(internal), "gauss": gauss},
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
@@ -168,7 +173,9 @@ def save_checkpoint(
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        _write_files(tmp, iteration, model_state, optimizer_state, scaler_state, trainer_state, config_yaml, source_text)
+        _write_files(
+            tmp, iteration, model_state, optimizer_state, scaler_state, trainer_state, config_yaml, source_text
+        )
     except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(_write_failure(root, final.name, exc)) from exc
@@ -183,10 +190,22 @@ def save_checkpoint(
     return final
 
 
-def _write_files(tmp: Path, iteration: int, model_state: dict, optimizer_state: dict, scaler_state: dict | None,
-                 trainer_state: dict, config_yaml: str, source_text: str | None) -> None:  # fmt: skip
-    contents = {"model.pt": model_state, "optimizer.pt": optimizer_state, "scaler.pt": scaler_state or {},
-                "trainer.pt": {**trainer_state, "iteration": iteration, "rng": rng_state()}}  # fmt: skip
+def _write_files(
+    tmp: Path,
+    iteration: int,
+    model_state: dict,
+    optimizer_state: dict,
+    scaler_state: dict | None,
+    trainer_state: dict,
+    config_yaml: str,
+    source_text: str | None,
+) -> None:
+    contents = {
+        "model.pt": model_state,
+        "optimizer.pt": optimizer_state,
+        "scaler.pt": scaler_state or {},
+        "trainer.pt": {**trainer_state, "iteration": iteration, "rng": rng_state()},
+    }
     # format 2: config.yaml is the resolved config (format 1 held the config file as written).
     manifest: dict[str, Any] = {"format": 2, "iteration": iteration, "files": {}}
     for name, obj in contents.items():
@@ -304,11 +323,15 @@ def verify_checkpoint(path: str | Path) -> Path:
         manifest = json.loads((path / MANIFEST).read_text())
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"train_config.resume: the manifest of {str(path)!r} is unreadable ({exc}); the checkpoint is corrupted.") from exc
+        raise CheckpointError(
+            f"train_config.resume: the manifest of {str(path)!r} is unreadable ({exc}); the checkpoint is corrupted."
+        ) from exc
     for name in (*_FILES, "config.yaml", *([SOURCE] if SOURCE in files else [])):
         file = path / name
         if name not in files or not file.is_file():
-            raise CheckpointError(f"train_config.resume: {str(path)!r} is truncated: {name} is missing. Use an earlier checkpoint.")
+            raise CheckpointError(
+                f"train_config.resume: {str(path)!r} is truncated: {name} is missing. Use an earlier checkpoint."
+            )
         if file.stat().st_size != files[name]["bytes"] or _sha256(file) != files[name]["sha256"]:
             raise CheckpointError(
                 f"train_config.resume: {str(file)!r} does not match its sha256 in {MANIFEST} (truncated or "
@@ -330,9 +353,11 @@ def _unsafe(file: Path, exc: BaseException) -> str:
     # torch's refusal wraps advice around the line that names what the file asked to run: keep that line
     advice = ("Weights only load failed", "Check the documentation", "Please file an issue")
     cause = next((line for line in lines if not line.startswith(advice)), lines[0] if lines else "")
-    return (f"train_config.resume: {str(file)!r} is refused: it holds more than tensors and plain data, so loading it "
-            f"could run code ({type(exc).__name__}: {cause}). It was not loaded. Restore the file, or use an earlier "
-            "checkpoint.")
+    return (
+        f"train_config.resume: {str(file)!r} is refused: it holds more than tensors and plain data, so loading it "
+        f"could run code ({type(exc).__name__}: {cause}). It was not loaded. Restore the file, or use an earlier "
+        "checkpoint."
+    )
 
 
 def _load(file: Path, *, mmap: bool = False) -> Any:

@@ -20,7 +20,9 @@ from collections.abc import Sequence
 import torch
 
 
-def rank_device(*, gpu_ids: Sequence[str], visible_devices: str | None, device_count: int) -> tuple[torch.device | None, str]:
+def rank_device(
+    *, gpu_ids: Sequence[str], visible_devices: str | None, device_count: int
+) -> tuple[torch.device | None, str]:
     """This process's CUDA device for the first of ``gpu_ids`` (Ray's names of the leased GPUs on
     this node), or None and why not. ``visible_devices``: this process's ``CUDA_VISIBLE_DEVICES``
     (None when unset, so that device ``i`` is GPU ``i``); ``device_count``: the CUDA devices it sees."""
@@ -34,5 +36,8 @@ def rank_device(*, gpu_ids: Sequence[str], visible_devices: str | None, device_c
         names = [name.strip() for name in visible_devices.split(",")][:device_count]
     gpu = str(gpu_ids[0])
     if gpu not in names:
-        return None, f"Ray's GPU {gpu} is not one of the driver's CUDA devices (CUDA_VISIBLE_DEVICES={visible_devices!r})"
+        return (
+            None,
+            f"Ray's GPU {gpu} is not one of the driver's CUDA devices (CUDA_VISIBLE_DEVICES={visible_devices!r})",
+        )
     return torch.device("cuda", names.index(gpu)), f"Ray's GPU {gpu}"

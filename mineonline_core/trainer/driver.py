@@ -82,10 +82,12 @@ class DriverSide:
         while True:  # one Ray Train run per attempt; see trainer/recovery.py for why not FailureConfig
             trainer = TorchTrainer(
                 self._train_func,
-                scaling_config=ScalingConfig(num_workers=tc.num_workers, use_gpu=use_gpu, resources_per_worker=resources),
+                scaling_config=ScalingConfig(
+                    num_workers=tc.num_workers, use_gpu=use_gpu, resources_per_worker=resources
+                ),
                 torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
                 run_config=RunConfig(storage_path=str(Path(self.run_dir) / "ray_train"), name=f"train-{self.restarts}"),
-            )  # fmt: skip
+            )
             watch = None
             if hang_timeout:
                 ray.get(self._heartbeats.clear.remote())
@@ -104,8 +106,12 @@ class DriverSide:
                     raise RunFailedError(f"Training failed on a Ray Train worker{limit}:{hung} {exc}") from exc
                 self.restarts += 1
                 self.rank_hangs += int(bool(watch is not None and watch.hung))
-                log.warning("a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
-                            cause, self.restarts, tc.max_trainer_restarts)  # fmt: skip
+                log.warning(
+                    "a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
+                    cause,
+                    self.restarts,
+                    tc.max_trainer_restarts,
+                )
             finally:
                 if watch is not None:
                     watch.stop()
@@ -115,8 +121,12 @@ class DriverSide:
         board = getattr(self, "_heartbeats", None)
         if self.in_process or board is None:
             return None
-        return RankBeat(board=board, member=f"trainer rank {self.rank}", timeout=self.config.hang_timeout,
-                        detail=lambda: f"iteration {self.iteration}")  # fmt: skip
+        return RankBeat(
+            board=board,
+            member=f"trainer rank {self.rank}",
+            timeout=self.config.hang_timeout,
+            detail=lambda: f"iteration {self.iteration}",
+        )
 
     def _driver_device(self) -> tuple[torch.device | None, Any]:
         """The CPU, or the GPU this process leased (with its lease); None when Ray Train must run the

@@ -71,9 +71,13 @@ class EvaluationClient:
             first = self.skipped == 1
             (log.warning if first else log.info)(
                 "evaluation of iteration %d skipped: the evaluation of iteration %d is still running%s (eval/skipped: %d)",
-                iteration, running["iteration"],
-                "; train_config.eval_interval is shorter than one evaluation, or eval_episodes too many" if first else "",
-                self.skipped)  # fmt: skip
+                iteration,
+                running["iteration"],
+                "; train_config.eval_interval is shorter than one evaluation, or eval_episodes too many"
+                if first
+                else "",
+                self.skipped,
+            )
             self._log({"eval/skipped": float(self.skipped)}, env_steps)
             return False
         with self._lock:
@@ -108,7 +112,12 @@ class EvaluationClient:
         except (ray.exceptions.RayError, TimeoutError) as exc:
             self.failed += 1
             cause = last_line(exc)
-            log.warning("evaluation of iteration %d failed: %s (eval/failed: %d); training goes on", request["iteration"], cause, self.failed)
+            log.warning(
+                "evaluation of iteration %d failed: %s (eval/failed: %d); training goes on",
+                request["iteration"],
+                cause,
+                self.failed,
+            )
             self._log({"eval/failed": float(self.failed)}, request["env_steps"])
             if isinstance(exc, ray.exceptions.RayActorError):  # its process died: the next evaluation gets a new one
                 self.actor = self._start()
@@ -119,7 +128,9 @@ class EvaluationClient:
         request = self.busy
         if request is not None:
             self.skipped += 1
-            log.warning("evaluation of iteration %d abandoned: %s (eval/skipped: %d)", request["iteration"], why, self.skipped)
+            log.warning(
+                "evaluation of iteration %d abandoned: %s (eval/skipped: %d)", request["iteration"], why, self.skipped
+            )
             self._log({"eval/skipped": float(self.skipped)}, request["env_steps"])
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
@@ -138,9 +149,14 @@ class Evaluating:
         from mineonline_core.config.generators import Deferred
 
         shutil.rmtree(self.save_dir / CANDIDATE_DIR, ignore_errors=True)  # a crashed run's candidate
-        kwargs = {"name": actor_name(str(self.config.run_name), EVALUATOR, self.restarts), "namespace": NAMESPACE,
-                  "config": self.config, "policy_generator": Deferred(self.policy_generator),
-                  "env_generator": Deferred(self.env_generator), "logger_hub": self.logger_hub}  # fmt: skip
+        kwargs = {
+            "name": actor_name(str(self.config.run_name), EVALUATOR, self.restarts),
+            "namespace": NAMESPACE,
+            "config": self.config,
+            "policy_generator": Deferred(self.policy_generator),
+            "env_generator": Deferred(self.env_generator),
+            "logger_hub": self.logger_hub,
+        }
         self._evaluation = EvaluationClient(start=lambda: start_evaluator(**kwargs), logger_hub=self.logger_hub)
 
     def evaluate_iteration(self, *, published: bool) -> None:
@@ -153,7 +169,11 @@ class Evaluating:
             self._judge_evaluation(request, metrics)
         if self.iteration % self.train_config.eval_interval:
             return
-        weights = None if published else ray.put({k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()})
+        weights = (
+            None
+            if published
+            else ray.put({k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()})
+        )
         if client.request(iteration=self.iteration, version=self.version, env_steps=self.env_steps, weights=weights):
             if self.goals.judges_by_eval:
                 self._write_checkpoint(self.save_dir / CANDIDATE_DIR, keep_interval=None)
@@ -189,5 +209,9 @@ class Evaluating:
         kept = root / candidate.name
         shutil.rmtree(kept, ignore_errors=True)
         os.replace(candidate, kept)
-        record = {"iteration": request["iteration"], "model_version": request["version"], "env_steps": request["env_steps"]}
+        record = {
+            "iteration": request["iteration"],
+            "model_version": request["version"],
+            "env_steps": request["env_steps"],
+        }
         replace_best(root, kept, {**record, self.goals.metric: value})

@@ -36,9 +36,16 @@ class ChunkFetching:
         ``discount`` and ``gae_lambda``, plus ``logprob_prox`` and ``old_vpred`` from the same pass
         (``trainer.batch.estimate_advantages``). An override may use ``current_policy_outputs``."""
         tc = self.train_config
-        return estimate_advantages(self.model, batch, version=self.version, context_length=tc.context_length,
-                                   discount=tc.discount, gae_lambda=tc.gae_lambda, batch_size=tc.batch_size_per_gpu,
-                                   autocast=self.autocast)  # fmt: skip
+        return estimate_advantages(
+            self.model,
+            batch,
+            version=self.version,
+            context_length=tc.context_length,
+            discount=tc.discount,
+            gae_lambda=tc.gae_lambda,
+            batch_size=tc.batch_size_per_gpu,
+            autocast=self.autocast,
+        )
 
     def current_policy_outputs(self, *, batch: dict[str, Any]) -> dict[str, Any]:
         """The current model over whole chunks from their stored recurrent states, without
@@ -46,8 +53,13 @@ class ChunkFetching:
         ``self.autocast()``): ``logprob`` of the stored actions, ``vpred`` and ``value`` (N, L), and
         ``next_value`` (N,), values denormalised (``trainer.batch.current_policy_outputs``)."""
         tc = self.train_config
-        return current_policy_outputs(self.model, batch, context_length=tc.context_length,
-                                      batch_size=tc.batch_size_per_gpu, autocast=self.autocast)  # fmt: skip
+        return current_policy_outputs(
+            self.model,
+            batch,
+            context_length=tc.context_length,
+            batch_size=tc.batch_size_per_gpu,
+            autocast=self.autocast,
+        )
 
     def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
         """This iteration's chunks, with ``staleness`` and the ``estimate`` columns. The chunks of
@@ -74,7 +86,9 @@ class ChunkFetching:
             # Iteration j trains at the version the iterations before it will have published: the
             # buffer judges staleness against that, so fetching early never loosens max_staleness.
             bumps = sum(1 for k in range(self.iteration, iteration) if self.publishes_version(k))
-            ahead.append((iteration, num_chunks, self._fetch_in_background(num_chunks, self.version + bumps, iteration)))
+            ahead.append(
+                (iteration, num_chunks, self._fetch_in_background(num_chunks, self.version + bumps, iteration))
+            )
         batch["staleness"] = (self.version - batch[F.VERSION]).float()
         batch = self.estimate(batch=batch)
         self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)  # what the loop waited for, not the fetch itself
@@ -99,8 +113,11 @@ class ChunkFetching:
             for chunk in chunks:
                 fragments = payloads[offset : offset + len(chunk["keys"])]
                 offset += len(chunk["keys"])
-                bad = [key for key, frag, crc in zip(chunk["keys"], fragments, chunk["checksums"])
-                       if fragment_checksum(key, frag) != crc]  # fmt: skip
+                bad = [
+                    key
+                    for key, frag, crc in zip(chunk["keys"], fragments, chunk["checksums"])
+                    if fragment_checksum(key, frag) != crc
+                ]
                 if bad:
                     self.corrupt_fragments += len(bad)
                     log.warning("dropped chunk %s: fragments %s do not match their checksums", chunk["chunk_id"], bad)
@@ -172,5 +189,3 @@ class OrderedWorker:
                 future.set_result(fn(*args))
             except BaseException as exc:  # noqa: BLE001 - re-raised by the loop when it takes the batch
                 future.set_exception(exc)
-
-

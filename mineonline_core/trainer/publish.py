@@ -46,7 +46,9 @@ class Publishing:
         if best is not None:
             root = self.save_dir / BEST_DIR
             written = self._write_checkpoint(root, keep_interval=None)
-            replace_best(root, written, {"iteration": self.iteration, self.goals.metric: best, "env_steps": self.env_steps})
+            replace_best(
+                root, written, {"iteration": self.iteration, self.goals.metric: best, "env_steps": self.env_steps}
+            )
         self._goal_reached = self.goals.stop_reason(latest)
         if self._goal_reached is not None:
             print(f"mineonline: stopping after iteration {self.iteration}: {self._goal_reached}", flush=True)
@@ -134,7 +136,11 @@ class Publishing:
 
     def save_checkpoint(self) -> Path | None:
         """Rank 0 writes the checkpoint of the current iteration; every rank then runs ``on_checkpoint``."""
-        path = self._write_checkpoint(self.save_dir, keep_interval=self.train_config.keep_interval) if self.rank == 0 else None
+        path = (
+            self._write_checkpoint(self.save_dir, keep_interval=self.train_config.keep_interval)
+            if self.rank == 0
+            else None
+        )
         self.on_checkpoint(path)
         return path
 
@@ -142,13 +148,22 @@ class Publishing:
         model_state = unwrap(self.model).state_dict()
         require_finite(model_state, what="checkpointed")
         return ckpt.save_checkpoint(
-            root, iteration=self.iteration, model_state=model_state,
-            optimizer_state=self.optimizer.state_dict(), scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
-            trainer_state={"version": self.version, "learning_rate": self.learning_rate,
-                           "env_steps": self.env_steps, "best_return": self.goals.best_return, "extra": self.trainer_state()},
-            config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False), source_text=self.whole_config,
+            root,
+            iteration=self.iteration,
+            model_state=model_state,
+            optimizer_state=self.optimizer.state_dict(),
+            scaler_state=self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            trainer_state={
+                "version": self.version,
+                "learning_rate": self.learning_rate,
+                "env_steps": self.env_steps,
+                "best_return": self.goals.best_return,
+                "extra": self.trainer_state(),
+            },
+            config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False),
+            source_text=self.whole_config,
             keep_interval=keep_interval,
-        )  # fmt: skip
+        )
 
 
 class _Snapshot:

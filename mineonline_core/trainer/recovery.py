@@ -60,7 +60,12 @@ def rejoin_version(manager: Any, version: int) -> int:
         return version
     latest = ray.get(manager.latest_version.remote())
     if latest is not None and latest > version:
-        log.warning("the rollout workers hold weights of version %d, newer than the checkpoint's %d (published by a "
-                    "trainer that died); the checkpoint's weights are published as version %d", latest, version, latest + 1)  # fmt: skip
+        log.warning(
+            "the rollout workers hold weights of version %d, newer than the checkpoint's %d (published by a "
+            "trainer that died); the checkpoint's weights are published as version %d",
+            latest,
+            version,
+            latest + 1,
+        )
         return int(latest) + 1
     return version

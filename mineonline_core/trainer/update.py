@@ -43,7 +43,9 @@ class UpdateLoop:
 
     # -- hooks ------------------------------------------------------------------------------------
 
-    def compute_loss(self, *, batch: dict[str, Any], outputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(
+        self, *, batch: dict[str, Any], outputs: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss to minimise over one window of one micro-batch, and scalar metrics (unprefixed)."""
         raise NotImplementedError(f"{type(self).__name__} implements no compute_loss(*, batch, outputs)")
 
@@ -154,11 +156,17 @@ class UpdateLoop:
             with no_sync:
                 with self.autocast():
                     latents, state_out = self.model(input=part[F.OBS], state_in=state, context=context)
-                    outputs = {**latents, "pi_logits": _float(latents["pi_logits"]), "vpred": squeeze_value(latents["vpred"]).float(),
-                               "ref_logits": None}  # fmt: skip
+                    outputs = {
+                        **latents,
+                        "pi_logits": _float(latents["pi_logits"]),
+                        "vpred": squeeze_value(latents["vpred"]).float(),
+                        "ref_logits": None,
+                    }
                     if use_reference:
                         with torch.no_grad():
-                            ref_latents, ref_state = self.reference(input=part[F.OBS], state_in=ref_state, context=context)
+                            ref_latents, ref_state = self.reference(
+                                input=part[F.OBS], state_in=ref_state, context=context
+                            )
                         outputs["ref_logits"] = _float(ref_latents["pi_logits"])
                 loss, stats = self.compute_loss(batch=part, outputs=outputs)
                 weight = (window.stop - window.start) / length
@@ -194,8 +202,13 @@ class UpdateLoop:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # one rank's NaN loss skips the step everywhere
             finite = bool(flag.item() > 0)
         named = ((name, p.grad) for name, p in unwrap(self.model).named_parameters())
-        return self.update_guard.check(finite=finite, loss_terms=loss_terms, named_grads=named, grad_norm=grad_norm,
-                                       where=f"trainer rank {self.rank}, iteration {self.iteration}")  # fmt: skip
+        return self.update_guard.check(
+            finite=finite,
+            loss_terms=loss_terms,
+            named_grads=named,
+            grad_norm=grad_norm,
+            where=f"trainer rank {self.rank}, iteration {self.iteration}",
+        )
 
     # -- cross-rank statistics --------------------------------------------------------------------
 
@@ -205,7 +218,13 @@ class UpdateLoop:
 
     def global_mean_std(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and (unbiased) standard deviation of ``x`` over every rank's values."""
-        sums = torch.stack([x.double().sum(), (x.double() ** 2).sum(), torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device)])
+        sums = torch.stack(
+            [
+                x.double().sum(),
+                (x.double() ** 2).sum(),
+                torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device),
+            ]
+        )
         if self.distributed():
             dist.all_reduce(sums)
         mean = sums[0] / sums[2]
@@ -224,7 +243,9 @@ class UpdateLoop:
 def _per_step(value: Any, n: int, length: int) -> bool:
     """A per-step column: every leaf a tensor of leading shape (N, L)."""
     leaves = tree_leaves(value) if value is not None else []
-    return bool(leaves) and all(isinstance(x, torch.Tensor) and x.dim() >= 2 and tuple(x.shape[:2]) == (n, length) for x in leaves)
+    return bool(leaves) and all(
+        isinstance(x, torch.Tensor) and x.dim() >= 2 and tuple(x.shape[:2]) == (n, length) for x in leaves
+    )
 
 
 def _float(tree: Any) -> Any:

@@ -60,9 +60,11 @@ class PPOConfig(TrainerOptions):
     """PPOTrainer's ``train_config`` keys (MineStudio's names, plus mineonline's variants)."""
 
     ppo_clip: float = setting(
-        0.2, "PPO clip epsilon: the ratio to the proximal policy (the model at the start of the update) is clipped to "
-        "[1-e, 1+e].", gt=0,
-    )  # fmt: skip
+        0.2,
+        "PPO clip epsilon: the ratio to the proximal policy (the model at the start of the update) is clipped to "
+        "[1-e, 1+e].",
+        gt=0,
+    )
     behaviour_weight_clip: float = setting(
         2.0,
         "Truncation c of the importance weight w = min(pi_prox / mu, c) by which the decoupled PPO objective "
@@ -74,7 +76,8 @@ class PPOConfig(TrainerOptions):
         ge=1,
     )
     clip_vloss: bool = Field(
-        False, description="Clip the value loss around the value head's output at the start of the update, like the ratio."
+        False,
+        description="Clip the value loss around the value head's output at the start of the update, like the ratio.",
     )
     ppo_policy_coef: float = setting(1.0, "Weight of the clipped policy loss.", ge=0)
     ppo_vf_coef: float = setting(0.5, "Weight of the value loss.", ge=0)
@@ -88,7 +91,9 @@ class PPOConfig(TrainerOptions):
         ge=0,
     )
     coef_rho_decay: float = setting(0.9995, "Factor the KL weight is multiplied by after each iteration.", gt=0, le=1)
-    log_ratio_range: float = setting(50.0, "Log-probability ratios are clamped to +-this before exp, for stability.", gt=0)
+    log_ratio_range: float = setting(
+        50.0, "Log-probability ratios are clamped to +-this before exp, for stability.", gt=0
+    )
     normalize_advantage_full_batch: bool = Field(
         True,
         description="Normalise advantages over an iteration's whole batch (every rank); false "
@@ -211,12 +216,19 @@ def ppo_loss(
     else:
         loss = vf_coef * value_loss + policy_terms + rho * kl_ref
     with torch.no_grad():
-        stats = {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": entropy.detach(), "kl_ref": kl_ref.detach(),
-                 "approx_kl": ((ratio - 1) - log_ratio).mean(), "clipfrac": ((ratio - 1).abs() > clip).float().mean(),
-                 "ratio_deviation": (ratio - 1).abs().max(), "behaviour_weight_mean": weight.mean(),
-                 "behaviour_weight_clipfrac": (log_weight.exp() > behaviour_weight_clip).float().mean(),
-                 # KL(mu || pi_prox) over the actions mu chose: what the behaviour weight corrects.
-                 "behaviour_kl": ((log_weight.exp() - 1) - log_weight).mean()}  # fmt: skip
+        stats = {
+            "policy_loss": policy_loss.detach(),
+            "value_loss": value_loss.detach(),
+            "entropy": entropy.detach(),
+            "kl_ref": kl_ref.detach(),
+            "approx_kl": ((ratio - 1) - log_ratio).mean(),
+            "clipfrac": ((ratio - 1).abs() > clip).float().mean(),
+            "ratio_deviation": (ratio - 1).abs().max(),
+            "behaviour_weight_mean": weight.mean(),
+            "behaviour_weight_clipfrac": (log_weight.exp() > behaviour_weight_clip).float().mean(),
+            # KL(mu || pi_prox) over the actions mu chose: what the behaviour weight corrects.
+            "behaviour_kl": ((log_weight.exp() - 1) - log_weight).mean(),
+        }
     return loss, stats
 
 
@@ -230,16 +242,31 @@ class PPOTrainer(BaseTrainer):
 
     # -- the loss ---------------------------------------------------------------------------------
 
-    def compute_loss(self, *, batch: dict[str, Any], outputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(
+        self, *, batch: dict[str, Any], outputs: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         o = self.options
         return ppo_loss(
-            pi_head=self.policy.pi_head, pi_logits=outputs["pi_logits"], vpred=outputs["vpred"], action=batch[F.ACTION],
-            behaviour_logprob=batch[F.LOGPROB], proximal_logprob=batch[F.LOGPROB_PROX], old_vpred=batch[F.OLD_VPRED],
-            advantage=batch[F.ADVANTAGE], value_target=batch[F.VALUE_TARGET], ref_logits=outputs["ref_logits"],
-            rho=self.rho, clip=o.ppo_clip, behaviour_weight_clip=o.behaviour_weight_clip,
-            log_ratio_range=o.log_ratio_range, clip_vloss=o.clip_vloss,
-            policy_coef=o.ppo_policy_coef, vf_coef=o.ppo_vf_coef, entropy_coef=o.entropy_bonus_coef, warmup=self.warmup,
-        )  # fmt: skip
+            pi_head=self.policy.pi_head,
+            pi_logits=outputs["pi_logits"],
+            vpred=outputs["vpred"],
+            action=batch[F.ACTION],
+            behaviour_logprob=batch[F.LOGPROB],
+            proximal_logprob=batch[F.LOGPROB_PROX],
+            old_vpred=batch[F.OLD_VPRED],
+            advantage=batch[F.ADVANTAGE],
+            value_target=batch[F.VALUE_TARGET],
+            ref_logits=outputs["ref_logits"],
+            rho=self.rho,
+            clip=o.ppo_clip,
+            behaviour_weight_clip=o.behaviour_weight_clip,
+            log_ratio_range=o.log_ratio_range,
+            clip_vloss=o.clip_vloss,
+            policy_coef=o.ppo_policy_coef,
+            vf_coef=o.ppo_vf_coef,
+            entropy_coef=o.entropy_bonus_coef,
+            warmup=self.warmup,
+        )
 
     def prepare_batch(self, *, batch: dict[str, Any]) -> dict[str, Any]:
         if F.LOGPROB_PROX not in batch:
@@ -290,8 +317,11 @@ class PPOTrainer(BaseTrainer):
                         param.grad = None  # AdamW skips it entirely: no step, no weight decay
 
     def iteration_metrics(self) -> dict[str, float]:
-        return {"trainer/rho": self.rho, "trainer/vf_warmup": float(self.warmup),
-                "trainer/value_only": float(self.warmup and self.options.vf_warmup_value_head_only)}  # fmt: skip
+        return {
+            "trainer/rho": self.rho,
+            "trainer/vf_warmup": float(self.warmup),
+            "trainer/value_only": float(self.warmup and self.options.vf_warmup_value_head_only),
+        }
 
     # -- model, reference, checkpoints ------------------------------------------------------------
 

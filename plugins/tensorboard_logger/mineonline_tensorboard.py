@@ -54,7 +54,9 @@ class TensorBoardOptions(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    tensorboard_dir: str = Field("tensorboard", description="Event file directory; relative paths are under the run directory.")
+    tensorboard_dir: str = Field(
+        "tensorboard", description="Event file directory; relative paths are under the run directory."
+    )
     flush_secs: float = Field(10.0, gt=0, description="Seconds between flushes of pending events to disk.")
 
 

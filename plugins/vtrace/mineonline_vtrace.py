@@ -138,14 +138,18 @@ class VTraceOptions(TrainerOptions):
     """``train_config`` keys of VTraceTrainer, beside the core's loop keys."""
 
     rho_bar: float = Field(
-        1.0, gt=0, description="V-trace truncation of the importance weight rho_t = min(rho_bar, pi/mu) (IMPALA's "
+        1.0,
+        gt=0,
+        description="V-trace truncation of the importance weight rho_t = min(rho_bar, pi/mu) (IMPALA's "
         "rho-bar): the fixed point of the value targets lies between the behaviour and the target policy's values, "
         "nearer pi the larger it is. A large value (1e9) turns the truncation off.",
-    )  # fmt: skip
+    )
     c_bar: float = Field(
-        1.0, gt=0, description="V-trace truncation of the trace coefficients c_i = min(c_bar, pi/mu) (IMPALA's c-bar): "
+        1.0,
+        gt=0,
+        description="V-trace truncation of the trace coefficients c_i = min(c_bar, pi/mu) (IMPALA's c-bar): "
         "how far back along the chunk a temporal difference corrects a target; 0 gives one-step targets.",
-    )  # fmt: skip
+    )
     vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss towards the V-trace targets v_s.")
     entropy_bonus_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
 
@@ -164,28 +168,45 @@ class VTraceTrainer(BaseTrainer):
         opts = self.options
         current = self.current_policy_outputs(batch=batch)
         targets = vtrace(
-            behaviour_logprob=batch[F.LOGPROB], target_logprob=current["logprob"], reward=batch[F.REWARD],
-            value=current["value"], next_value=current["next_value"], terminated=batch[F.TERMINATED],
-            truncated=batch[F.TRUNCATED], bootstrap=batch[F.BOOTSTRAP], discount=self.train_config.discount,
-            rho_bar=opts.rho_bar, c_bar=opts.c_bar,
-        )  # fmt: skip
+            behaviour_logprob=batch[F.LOGPROB],
+            target_logprob=current["logprob"],
+            reward=batch[F.REWARD],
+            value=current["value"],
+            next_value=current["next_value"],
+            terminated=batch[F.TERMINATED],
+            truncated=batch[F.TRUNCATED],
+            bootstrap=batch[F.BOOTSTRAP],
+            discount=self.train_config.discount,
+            rho_bar=opts.rho_bar,
+            c_bar=opts.c_bar,
+        )
         batch[F.VALUE], batch[F.RETURN], batch[F.ADVANTAGE] = current["value"], targets.vs, targets.pg_advantage
         batch[RHO], batch[PG_DELTA] = targets.rho, targets.pg_delta
         ratio = (current["logprob"] - batch[F.LOGPROB].float()).exp()
-        self._rho_metrics = {"trainer/vtrace_rho_mean": float(targets.rho.mean()),
-                             "trainer/vtrace_rho_clipfrac": float((ratio > opts.rho_bar).float().mean())}  # fmt: skip
+        self._rho_metrics = {
+            "trainer/vtrace_rho_mean": float(targets.rho.mean()),
+            "trainer/vtrace_rho_clipfrac": float((ratio > opts.rho_bar).float().mean()),
+        }
         return batch
 
-    def compute_loss(self, *, batch: dict[str, Any], outputs: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(
+        self, *, batch: dict[str, Any], outputs: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """IMPALA's loss over one window; the core's loop put ``value_target`` (v_s) in the value
         head's normalised units."""
         opts, policy = self.options, unwrap(self.model)
         return vtrace_loss(
-            pi_head=policy.pi_head, pi_logits=outputs["pi_logits"], vpred=outputs["vpred"], action=batch[F.ACTION],
-            behaviour_logprob=batch[F.LOGPROB], value_target=batch[F.VALUE_TARGET],
-            pg_delta=batch[PG_DELTA] / _value_scale(policy), rho_bar=opts.rho_bar, vf_coef=opts.vf_coef,
+            pi_head=policy.pi_head,
+            pi_logits=outputs["pi_logits"],
+            vpred=outputs["vpred"],
+            action=batch[F.ACTION],
+            behaviour_logprob=batch[F.LOGPROB],
+            value_target=batch[F.VALUE_TARGET],
+            pg_delta=batch[PG_DELTA] / _value_scale(policy),
+            rho_bar=opts.rho_bar,
+            vf_coef=opts.vf_coef,
             entropy_coef=opts.entropy_bonus_coef,
-        )  # fmt: skip
+        )
 
     def iteration_metrics(self) -> dict[str, float]:
         return dict(getattr(self, "_rho_metrics", {}))

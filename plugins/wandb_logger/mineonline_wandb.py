@@ -44,12 +44,32 @@ SECRET_KEY = re.compile(r"api[_-]?key|token|secret|passw(or)?d|credential", re.I
 # proxies, app_url_override), which credentials are used (api_key, credentials_file, identity tokens)
 # and what is read or uploaded from disk (root_dir, code_dir, program, ignore_globs) come from the
 # environment of the machine that runs the job, never from a config file that may be shared.
-SETTINGS_ALLOWED = frozenset({
-    "console", "console_multipart", "quiet", "silent", "show_colors", "show_emoji", "show_errors", "show_info",
-    "show_warnings", "disable_code", "disable_git", "disable_job_creation", "label_disable", "init_timeout",
-    "finish_timeout", "heartbeat_seconds", "login_timeout", "summary_timeout", "x_disable_stats", "x_disable_meta",
-    "x_disable_machine_info", "x_stats_sampling_interval",
-})  # fmt: skip
+SETTINGS_ALLOWED = frozenset(
+    {
+        "console",
+        "console_multipart",
+        "quiet",
+        "silent",
+        "show_colors",
+        "show_emoji",
+        "show_errors",
+        "show_info",
+        "show_warnings",
+        "disable_code",
+        "disable_git",
+        "disable_job_creation",
+        "label_disable",
+        "init_timeout",
+        "finish_timeout",
+        "heartbeat_seconds",
+        "login_timeout",
+        "summary_timeout",
+        "x_disable_stats",
+        "x_disable_meta",
+        "x_disable_machine_info",
+        "x_stats_sampling_interval",
+    }
+)
 
 
 class WandbOptions(BaseModel):
@@ -67,13 +87,19 @@ class WandbOptions(BaseModel):
     mode: Literal["online", "offline", "disabled", "shared"] | None = Field(
         None, description="wandb mode; default: WANDB_MODE if set, else 'offline'. Online needs an API key."
     )
-    dir: str | None = Field(None, description="Where the wandb files go; relative to the run directory; default: the run directory.")
+    dir: str | None = Field(
+        None, description="Where the wandb files go; relative to the run directory; default: the run directory."
+    )
     id: str | None = Field(None, description="wandb run id, to resume a specific wandb run.")
-    resume: bool | Literal["allow", "never", "must", "auto"] | None = Field(None, description="wandb resume behaviour for `id`.")
+    resume: bool | Literal["allow", "never", "must", "auto"] | None = Field(
+        None, description="wandb resume behaviour for `id`."
+    )
     resume_from: str | None = Field(None, description="Rewind a run to a step: '{run_id}?_step={step}'.")
     fork_from: str | None = Field(None, description="Fork a run at a step: '{run_id}?_step={step}'.")
     config_exclude_keys: list[str] | None = Field(None, description="Top-level config keys not to store in wandb.")
-    config_include_keys: list[str] | None = Field(None, description="Only these top-level config keys are stored in wandb.")
+    config_include_keys: list[str] | None = Field(
+        None, description="Only these top-level config keys are stored in wandb."
+    )
     allow_val_change: bool | None = Field(None, description="Allow config values to change after they are set.")
     save_code: bool | None = Field(None, description="Save the main script or notebook with the run.")
     force: bool | None = Field(None, description="Fail instead of running offline when not logged in (online mode).")

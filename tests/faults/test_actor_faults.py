@@ -28,17 +28,25 @@ def _config(tmp_path, run_name: str, **rollout):
     from mineonline_core.config import load_config
 
     data = {
-        "run_name": run_name, "output_dir": str(tmp_path), "seed": 0,
+        "run_name": run_name,
+        "output_dir": str(tmp_path),
+        "seed": 0,
         "rollout_config": {
-            "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": T,
+            "num_rollout_workers": 1,
+            "num_cpus_per_worker": 0.5,
+            "fragment_length": T,
             "worker_config": {"num_envs": 2, "batch_size": 2, "step_timeout": 10.0},
-            "replay_buffer_config": {"max_chunks": 100000, "max_staleness": 1000, "fragments_per_chunk": 1,
-                                     "database_config": {"backend": "lmdb"}},
+            "replay_buffer_config": {
+                "max_chunks": 100000,
+                "max_staleness": 1000,
+                "fragments_per_chunk": 1,
+                "database_config": {"backend": "lmdb"},
+            },
             **rollout,
         },
         "train_config": {"context_length": T, "num_workers": 1, "num_cpus_per_worker": 0.5, "batch_size_per_gpu": 1},
         "logger_config": {"loggers": []},
-    }  # fmt: skip
+    }
     return load_config(data).config
 
 
@@ -51,8 +59,9 @@ def _start(tmp_path, run_name: str, env_fn=None, **rollout):
 
     cfg = _config(tmp_path, run_name, **rollout)
     env_fn = adapted(env_fn or functools.partial(tk.CountingEnv, tag=3.0, episode_len=1000))
-    manager = launch_rollout_manager(policy_generator=functools.partial(tk.TinyMLPPolicy), env_generator=env_fn,
-                                     config=cfg, store_cls=LMDBStore)  # fmt: skip
+    manager = launch_rollout_manager(
+        policy_generator=functools.partial(tk.TinyMLPPolicy), env_generator=env_fn, config=cfg, store_cls=LMDBStore
+    )
     ray.get(manager.wait_ready.remote(180), timeout=240)
     return manager
 
@@ -74,7 +83,9 @@ def _wait(predicate, timeout: float, what: str, last=lambda: None):
             return value
         time.sleep(0.25)  # polling a remote condition
     seen = last()
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (f"; last seen: {seen}" if seen else ""))
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what}" + (f"; last seen: {seen}" if seen else "")
+    )
 
 
 def _buffer_size(manager) -> float:
@@ -124,8 +135,12 @@ def test_killed_rollout_worker_is_restarted_with_current_weights(ray_cluster, tm
             seen.append(w)
             return w if w.get("incarnation") == 1 and w.get("ready") and w.get("fragments_sent", 0) >= 2 else None
 
-        status = _wait(rejoined, 300, "the restarted worker (incarnation 1) to send 2 fragments",
-                       last=lambda: seen[-1] if seen else None)  # fmt: skip
+        status = _wait(
+            rejoined,
+            300,
+            "the restarted worker (incarnation 1) to send 2 fragments",
+            last=lambda: seen[-1] if seen else None,
+        )
         recovered_s = time.monotonic() - killed_at
         assert status["version"] == 2  # rejoined with the current weights, not the initial ones
         ray.get(manager.health.remote())  # a restarted worker is not a failure of the run
@@ -143,8 +158,10 @@ def test_killed_rollout_worker_is_restarted_with_current_weights(ray_cluster, tm
         assert new_life and all(int(f[F.VERSION].min()) == 2 for f in new_life)
         steps_after = sum(len(f[F.REWARD]) for f in new_life)
         assert steps_after >= 2 * T
-        print(f"FIGURE worker SIGKILL: restarted (incarnation 1), rejoined at version 2 in {recovered_s:.1f}s, "
-              f"{steps_after} steps after it, {before:.0f} chunks before, 0 gaps in {len(report)} streams")
+        print(
+            f"FIGURE worker SIGKILL: restarted (incarnation 1), rejoined at version 2 in {recovered_s:.1f}s, "
+            f"{steps_after} steps after it, {before:.0f} chunks before, 0 gaps in {len(report)} streams"
+        )
     finally:
         _stop(manager)
 
@@ -199,8 +216,9 @@ def test_worker_crash_loop_is_capped_and_fails_the_run(ray_cluster, tmp_path) ->
 
     crash = FaultyEnvFactory(functools.partial(tk.CountingEnv, tag=3.0, episode_len=1000), kill_at_step=3)
     worker_config = {"num_envs": 2, "batch_size": 2, "step_timeout": 10.0, "env_processes": False}
-    manager = _start(tmp_path, "crash-loop", env_fn=crash, max_worker_restarts=2, restart_window=600.0,
-                     worker_config=worker_config)  # fmt: skip
+    manager = _start(
+        tmp_path, "crash-loop", env_fn=crash, max_worker_restarts=2, restart_window=600.0, worker_config=worker_config
+    )
     try:
         _broadcast(manager, 1)  # the first life steps, and dies
         started = time.monotonic()
@@ -218,7 +236,9 @@ def test_worker_crash_loop_is_capped_and_fails_the_run(ray_cluster, tmp_path) ->
         assert "restarted 3 times" in message and "max_worker_restarts=2 per restart_window=600s" in message, message
         assert "rollout worker 0: " in message and "last error:" in message
         assert ray.get(manager.status.remote())["incarnations"][0] >= 3
-        print(f"FIGURE worker crash loop: run failed after 3 restarts in {time.monotonic() - started:.1f}s: "
-              f"{' '.join(message.split())[:300]}")
+        print(
+            f"FIGURE worker crash loop: run failed after 3 restarts in {time.monotonic() - started:.1f}s: "
+            f"{' '.join(message.split())[:300]}"
+        )
     finally:
         _stop(manager)

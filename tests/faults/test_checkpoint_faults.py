@@ -31,9 +31,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def _save(root: Path, iteration: int) -> Path:
     policy = mlp_policy()
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    return ckpt.save_checkpoint(root, iteration=iteration, model_state=policy.state_dict(), optimizer_state=opt.state_dict(),
-                                scaler_state={}, trainer_state={"version": iteration, "learning_rate": 1e-3, "extra": {}},
-                                config_yaml="train_config:\n  save_interval: 1\n")  # fmt: skip
+    return ckpt.save_checkpoint(
+        root,
+        iteration=iteration,
+        model_state=policy.state_dict(),
+        optimizer_state=opt.state_dict(),
+        scaler_state={},
+        trainer_state={"version": iteration, "learning_rate": 1e-3, "extra": {}},
+        config_yaml="train_config:\n  save_interval: 1\n",
+    )
 
 
 def _dead_pid() -> int:
@@ -109,7 +115,9 @@ def test_a_checkpoint_file_that_runs_code_is_refused_before_ray_naming_it(tmp_pa
     run_dir.mkdir(parents=True)
     (run_dir / "run.json").write_text(json.dumps({"run_name": "evil", "source_path": None, "overrides": []}))
     config = yaml.safe_load((ROOT / "examples" / "cartpole.yaml").read_text())
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({**config, "run_name": "evil", "output_dir": str(tmp_path / "runs")}))
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump({**config, "run_name": "evil", "output_dir": str(tmp_path / "runs")})
+    )
     checkpoint = _save(run_dir / "checkpoints", 1)
     marker = tmp_path / "payload-ran"
     _swap_for_payload(checkpoint, name, marker)
@@ -132,8 +140,6 @@ def test_a_checkpoint_file_that_runs_code_is_refused_before_ray_naming_it(tmp_pa
     assert not marker.exists()
 
 
-
-
 def _start_run(tmp_path: Path, data: dict, log_name: str = "driver.log") -> tuple[subprocess.Popen, Path]:
     """``mineonline run`` in a session of its own; returns the driver and its log file."""
     config = tmp_path / "run.yaml"
@@ -141,8 +147,14 @@ def _start_run(tmp_path: Path, data: dict, log_name: str = "driver.log") -> tupl
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
     log = tmp_path / log_name
     with open(log, "w") as handle:
-        driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"], cwd=ROOT,
-                                  env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"],
+            cwd=ROOT,
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return driver, log
 
 
@@ -155,19 +167,30 @@ def _end_session(driver: subprocess.Popen) -> list[int]:
 
 
 RUN = {
-    "seed": 0, "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
+    "seed": 0,
+    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+    "policy_config": {"name": "mlp"},
     "logger_config": {"loggers": []},
     "rollout_config": {
-        "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 16,
+        "num_rollout_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "fragment_length": 16,
         "worker_config": {"num_envs": 2, "batch_size": 2},
         "replay_buffer_config": {"max_chunks": 16, "fragments_per_chunk": 1},
     },
     "train_config": {
-        "num_workers": 1, "num_cpus_per_worker": 0.5, "num_iterations": 100_000, "batches_per_iteration": 1,
-        "gradient_accumulation": 1, "batch_size_per_gpu": 2, "context_length": 16, "epochs_per_iteration": 1,
-        "save_interval": 1000, "keep_interval": 1000,
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "num_iterations": 100_000,
+        "batches_per_iteration": 1,
+        "gradient_accumulation": 1,
+        "batch_size_per_gpu": 2,
+        "context_length": 16,
+        "epochs_per_iteration": 1,
+        "save_interval": 1000,
+        "keep_interval": 1000,
     },
-}  # fmt: skip
+}
 
 
 def test_sigterm_while_the_trainer_waits_for_data_stops_with_a_final_checkpoint(tmp_path: Path) -> None:
@@ -181,7 +204,9 @@ def test_sigterm_while_the_trainer_waits_for_data_stops_with_a_final_checkpoint(
     try:
         end = time.monotonic() + 300
         # The rollout worker has sent its first report (env steps taken): the trainer is waiting by now.
-        while "rollout/env_steps" not in ((run_dir / "metrics.jsonl").read_text() if (run_dir / "metrics.jsonl").exists() else ""):
+        while "rollout/env_steps" not in (
+            (run_dir / "metrics.jsonl").read_text() if (run_dir / "metrics.jsonl").exists() else ""
+        ):
             assert driver.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < end, "no rollout report within 300 s"
             time.sleep(0.5)  # polling the run's metrics file
@@ -204,10 +229,14 @@ def small_disk(tmp_path: Path):
     """A 40 MiB tmpfs: a real disk that fills up (skipped where mounting is not permitted)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)], capture_output=True, text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()}); the ENOSPC path is covered by "
-                    "tests/test_bad_input.py::test_a_full_disk_while_checkpointing")  # fmt: skip
+        pytest.skip(
+            f"cannot mount a tmpfs here ({made.stderr.strip()}); the ENOSPC path is covered by "
+            "tests/test_bad_input.py::test_a_full_disk_while_checkpointing"
+        )
     try:
         yield mount
     finally:
@@ -258,7 +287,10 @@ def test_a_full_disk_under_the_run_is_one_message_last_on_the_console(small_disk
     print(output[-3000:])
     assert code != 0 and "Traceback" not in output and "Logging error" not in output
     message, where = lines[-2:]  # the error and where its log is
-    assert message.startswith("error: train_config.save_path: writing checkpoint_") and str(run_dir / "checkpoints") in message
+    assert (
+        message.startswith("error: train_config.save_path: writing checkpoint_")
+        and str(run_dir / "checkpoints") in message
+    )
     assert "No space left on device" in message and "MiB free of 40 MiB" in message
     assert where.startswith(f"(full log: {run_dir / 'run.log'}") and "OSError" not in where
     for _, path in ckpt.list_checkpoints(run_dir / "checkpoints"):

@@ -28,11 +28,25 @@ NAMES = ("rollout_manager", "replay_buffer", "episode_statistics", "logger_hub",
 def _config(tmp_path: Path, run_name: str, **train) -> Path:
     data = yaml.safe_load((ROOT / "examples" / "cartpole.yaml").read_text())
     data.update(run_name=run_name, output_dir=str(tmp_path / "runs"), seed=0)
-    data["rollout_config"].update(num_rollout_workers=2, num_cpus_per_worker=0.5, fragment_length=16,
-                                  worker_config={"num_envs": 2, "batch_size": 2})  # fmt: skip
-    data["train_config"].update({"num_iterations": 100_000, "num_cpus_per_worker": 1, "batches_per_iteration": 1,
-                                 "batch_size_per_gpu": 2, "epochs_per_iteration": 1, "context_length": 16,
-                                 "save_interval": 1, "keep_interval": 1, **train})  # fmt: skip
+    data["rollout_config"].update(
+        num_rollout_workers=2,
+        num_cpus_per_worker=0.5,
+        fragment_length=16,
+        worker_config={"num_envs": 2, "batch_size": 2},
+    )
+    data["train_config"].update(
+        {
+            "num_iterations": 100_000,
+            "num_cpus_per_worker": 1,
+            "batches_per_iteration": 1,
+            "batch_size_per_gpu": 2,
+            "epochs_per_iteration": 1,
+            "context_length": 16,
+            "save_interval": 1,
+            "keep_interval": 1,
+            **train,
+        }
+    )
     path = tmp_path / f"{run_name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -43,8 +57,23 @@ def _driver(tmp_path: Path, config: Path, address: str, *extra: str) -> tuple[su
     env.update(PYTHONPATH=str(ROOT), WANDB_MODE="disabled")
     out = tmp_path / f"{config.stem}.out"
     with open(out, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress",
-                                 "--address", address, *extra], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mineonline_core.cli",
+                "run",
+                str(config),
+                "--no-progress",
+                "--address",
+                address,
+                *extra,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     return proc, out
 
 
@@ -177,7 +206,9 @@ def test_lost_nodes_cost_only_their_workers_and_ranks(cluster, tmp_path: Path) -
     assert restarted and restarted == list(range(restarted[0], restarted[0] + len(restarted)))
     first = [int(r["trainer/iteration"]) for r in _records(run_dir) if r.get("trainer/restarts") == 0]
     assert 0 <= max(first) - (restarted[0] - 1) <= 1  # resumed from the latest checkpoint (save_interval 1)
-    print(f"FIGURE {nodes_killed} node(s) killed: {len(restarted)} iterations after the rank's restart, from iteration {restarted[0]}")
+    print(
+        f"FIGURE {nodes_killed} node(s) killed: {len(restarted)} iterations after the rank's restart, from iteration {restarted[0]}"
+    )
 
 
 def test_a_rank_that_fits_no_node_is_refused_before_training(cluster, tmp_path: Path) -> None:
@@ -257,8 +288,9 @@ def test_a_rank_lost_with_its_node_counts_as_a_dead_rank() -> None:
         return WorkerGroupError("[Rank 0 Error Snippet]: ...", {0: failure})
 
     info = "A worker health check failed.\nWorker info: Worker(actor=Actor(RayTrainWorker, 87aa7d3f), ...)"
-    unavailable = ActorUnavailableError("The actor is temporarily unavailable: RpcError: RPC error: recvmsg:Connection "
-                                        "reset by peer rpc_code: 14", None)  # fmt: skip
+    unavailable = ActorUnavailableError(
+        "The actor is temporarily unavailable: RpcError: RPC error: recvmsg:Connection reset by peer rpc_code: 14", None
+    )
     assert is_rank_death(group_error(WorkerHealthCheckFailedError(info, failure=unavailable)))
     assert not is_rank_death(group_error(WorkerHealthCheckFailedError(info, failure=RaySystemError("cannot pickle"))))
     assert not is_rank_death(group_error(ValueError("the training function raised")))
@@ -283,6 +315,9 @@ def test_a_driver_that_died_without_a_word_is_explained(tmp_path: Path) -> None:
         alive = supervise.abrupt_end_report(live, -9, "/runs/x")
     assert lost.startswith(f"lost the Ray cluster at {dead}") and "(exit status 1)" in lost
     assert lost.endswith(f"mineonline run --resume '/runs/a b' --address {dead}")
-    assert alive.startswith("the driver process ended abruptly (signal 9)") and f"--resume /runs/x --address {live}" in alive
+    assert (
+        alive.startswith("the driver process ended abruptly (signal 9)")
+        and f"--resume /runs/x --address {live}" in alive
+    )
     code = supervise.supervised(["plugins"], dead)  # `mineonline plugins` notes its exit like any command
     assert code == 0

@@ -47,11 +47,19 @@ def _actors(ray, run: str, tmp_path):
             pass
 
         def diagnose(self):
-            return ["rollout worker 0: life 3, 0 env steps; last error: env 0: injected reset fault",
-                    "replay buffer: 0 of the 2 chunks asked for are eligible at model version 0"]
+            return [
+                "rollout worker 0: life 3, 0 env steps; last error: env 0: injected reset fault",
+                "replay buffer: 0 of the 2 chunks asked for are eligible at model version 0",
+            ]
 
-    hub = start_logger_hub(run_name=run, run_dir=str(tmp_path / run), loggers=[(ConsoleLogger, ConsoleLogger.Config())],
-                           config={}, num_iterations=10, video_dir=str(tmp_path / run / "videos"))  # fmt: skip
+    hub = start_logger_hub(
+        run_name=run,
+        run_dir=str(tmp_path / run),
+        loggers=[(ConsoleLogger, ConsoleLogger.Config())],
+        config={},
+        num_iterations=10,
+        video_dir=str(tmp_path / run / "videos"),
+    )
     manager = Manager.options(name=actor_name(run, ROLLOUT_MANAGER), namespace=NAMESPACE).remote()
     ray.get(manager.health.remote())
     return hub, manager
@@ -60,12 +68,21 @@ def _actors(ray, run: str, tmp_path):
 def _config(run: str, progress_timeout: float = 900.0):
     from mineonline_core.config import load_config
 
-    return load_config({"run_name": run, "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
-                        "logger_config": {"loggers": []}, "train_config": {"num_iterations": 10},
-                        "progress_timeout": progress_timeout}).config  # fmt: skip
+    return load_config(
+        {
+            "run_name": run,
+            "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+            "policy_config": {"name": "mlp"},
+            "logger_config": {"loggers": []},
+            "train_config": {"num_iterations": 10},
+            "progress_timeout": progress_timeout,
+        }
+    ).config
 
 
-@pytest.mark.parametrize("fault", ["kill_logger_hub", "kill_manager", "manager_reports_failure", "trainer_raises", "stalled"])
+@pytest.mark.parametrize(
+    "fault", ["kill_logger_hub", "kill_manager", "manager_reports_failure", "trainer_raises", "stalled"]
+)
 def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
     import ray
 
@@ -74,13 +91,20 @@ def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
     run = f"driver-{fault.replace('_', '-')}"
     hub, manager = _actors(ray, run, tmp_path)
     trainer = BlockingTrainer(ValueError("loss is NaN at iteration 3") if fault == "trainer_raises" else None)
-    expected = {"kill_logger_hub": "LoggerHub", "kill_manager": "Manager", "manager_reports_failure": "buffer actor died",
-                "trainer_raises": "ValueError: loss is NaN", "stalled": "no new training iteration for"}[fault]  # fmt: skip
+    expected = {
+        "kill_logger_hub": "LoggerHub",
+        "kill_manager": "Manager",
+        "manager_reports_failure": "buffer actor died",
+        "trainer_raises": "ValueError: loss is NaN",
+        "stalled": "no new training iteration for",
+    }[fault]
     outcome: dict = {}
 
     def watch() -> None:
         try:
-            _train_with_progress(trainer, manager, hub, _config(run, 3.0 if fault == "stalled" else 900.0), progress=False)
+            _train_with_progress(
+                trainer, manager, hub, _config(run, 3.0 if fault == "stalled" else 900.0), progress=False
+            )
         except BaseException as exc:  # noqa: BLE001 - the failure under test
             outcome["error"] = exc
         outcome["at"] = time.monotonic()
@@ -108,7 +132,11 @@ def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
     if fault in ("manager_reports_failure", "trainer_raises", "stalled"):
         assert isinstance(error, MineOnlineError)  # the CLI prints its message without a traceback
     if fault == "stalled":  # the run says why: every actor's last error and the buffer's reason
-        assert "progress_timeout=3" in str(error) and "injected reset fault" in str(error) and "0 of the 2 chunks" in str(error)
+        assert (
+            "progress_timeout=3" in str(error)
+            and "injected reset fault" in str(error)
+            and "0 of the 2 chunks" in str(error)
+        )
     first_line = str(error).splitlines()[0][:160]
     print(f"FIGURE driver {fault}: run failed after {detected_s:.1f}s with {type(error).__name__}: {first_line}")
     for actor in (hub, manager):

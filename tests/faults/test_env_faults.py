@@ -30,8 +30,9 @@ def counting(tag: float) -> functools.partial:
     return functools.partial(tk.CountingEnv, tag=tag, episode_len=1000)  # long episodes: every end is a fault
 
 
-def run(faulty: FaultyEnvFactory, *, fragments: int, faulty_fragments: int = 0, limit_s: float = 300.0,
-        **kwargs) -> tuple[FragmentCollector, list[dict], list[dict], float]:
+def run(
+    faulty: FaultyEnvFactory, *, fragments: int, faulty_fragments: int = 0, limit_s: float = 300.0, **kwargs
+) -> tuple[FragmentCollector, list[dict], list[dict], float]:
     """Collect at least ``fragments``, of which ``faulty_fragments`` from the faulty env (stream 0.0.0).
 
     The collector does not wait for an env that is down or slow when others are ready, so the clean
@@ -40,15 +41,24 @@ def run(faulty: FaultyEnvFactory, *, fragments: int, faulty_fragments: int = 0, 
     """
     torch.manual_seed(0)
     fns = [faulty, counting(1.0), counting(2.0)]
-    collector = tk.collector(policy=tk.TinyMLPPolicy(), env_fns=fns, fragment_length=T, batch_size=2,
-                             backoff_base=0.05, backoff_max=0.5, **kwargs)  # fmt: skip
+    collector = tk.collector(
+        policy=tk.TinyMLPPolicy(),
+        env_fns=fns,
+        fragment_length=T,
+        batch_size=2,
+        backoff_base=0.05,
+        backoff_max=0.5,
+        **kwargs,
+    )
     start = time.monotonic()
     frags: list[dict] = []
     try:
         while len(frags) < fragments or sum(f[F.STREAM] == "0.0.0" for f in frags) < faulty_fragments:
             # A deadline, not a fragment count: the clean envs keep stepping during the fault and the rebuild.
             # Generous (a loaded machine is slow): it only ends a run whose faulty env never comes back.
-            assert time.monotonic() - start < limit_s, f"the faulty env produced no fragment again within {limit_s:.0f}s"
+            assert time.monotonic() - start < limit_s, (
+                f"the faulty env produced no fragment again within {limit_s:.0f}s"
+            )
             frags += collector.collect(1)
         elapsed = time.monotonic() - start
         records = collector.episode_records()
@@ -121,15 +131,16 @@ def test_exceptions_at_a_rate(tmp_path) -> None:
         store.close()
     corrupt = sum(fragment_checksum(m["key"], b) != m["checksum"] for m, b in zip(metas, back))
     assert corrupt == 0 and all(r["missing"] == [] for r in report.values())
-    print(f"FIGURE env exceptions at 1%: {injected} injected, {collector.env_failures} failures, "
-          f"{collector.env_restarts} rebuilds, {len(frags)} fragments through LMDB: 0 lost, 0 checksum mismatches")
+    print(
+        f"FIGURE env exceptions at 1%: {injected} injected, {collector.env_failures} failures, "
+        f"{collector.env_restarts} rebuilds, {len(frags)} fragments through LMDB: 0 lost, 0 checksum mismatches"
+    )
 
 
 @pytest.mark.parametrize("kind", ["hang", "kill", "raise"])
 def test_one_fault_rebuild_and_recovery(tmp_path, kind: str) -> None:
     at = {"hang": "hang_at_step", "kill": "kill_at_step", "raise": "raise_at_step"}[kind]
-    faulty = FaultyEnvFactory(counting(0.0), once=True, state_dir=str(tmp_path), hang_s=60.0,
-                              **{at: 2 * T + 3})  # fmt: skip
+    faulty = FaultyEnvFactory(counting(0.0), once=True, state_dir=str(tmp_path), hang_s=60.0, **{at: 2 * T + 3})
     collector, frags, records, elapsed = run(faulty, fragments=12, faulty_fragments=4, step_timeout=1.5)
     injected = injected_faults(tmp_path)
     assert injected[{"raise": "step_error"}.get(kind, kind)] == 1 and injected["lives"] == 2
@@ -142,7 +153,9 @@ def test_one_fault_rebuild_and_recovery(tmp_path, kind: str) -> None:
     assert after >= T  # the rebuilt env went on collecting
     (record,) = [r for r in records if r["stream"] == "0.0.0"]
     assert record["truncated"] and record["length"] == 2 * T + 2
-    print(f"FIGURE env {kind}: 1 fault, 1 rebuild, {after} steps after it, 0 fragments lost, {elapsed:.1f}s for {len(frags)} fragments")
+    print(
+        f"FIGURE env {kind}: 1 fault, 1 rebuild, {after} steps after it, 0 fragments lost, {elapsed:.1f}s for {len(frags)} fragments"
+    )
     if kind == "hang":
         # Detected by step_timeout, not by the hang ending (60 s): a hang that ends is a step that
         # succeeds, and env_failures == 1 with the step truncated above says the step failed.
@@ -182,8 +195,10 @@ def test_nonfinite_answers_never_reach_a_fragment(tmp_path, caplog, kind: str) -
     key = "reward is nan" if kind == "nan_reward" else "observation key 'obs'"
     lines = [r.getMessage() for r in caplog.records if "worker 0 env 0:" in r.getMessage() and key in r.getMessage()]
     assert len(lines) == collector.env_nonfinite, [r.getMessage() for r in caplog.records][:5]
-    print(f"FIGURE env {kind} at 1%: {injected} injected, {collector.env_nonfinite} steps failed and reset, "
-          f"0 non-finite values in {len(frags)} fragments")
+    print(
+        f"FIGURE env {kind} at 1%: {injected} injected, {collector.env_nonfinite} steps failed and reset, "
+        f"0 non-finite values in {len(frags)} fragments"
+    )
 
 
 def test_env_rebuilds_are_capped_per_window(tmp_path) -> None:

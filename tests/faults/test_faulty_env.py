@@ -46,8 +46,15 @@ def test_scheduled_faults_fire_once_across_lives(tmp_path) -> None:
         first.step(0)
         first.step(0)
     assert _fault_steps(factory(), 20) == []  # the second life runs clean
-    assert injected_faults(tmp_path) == {"step_error": 1, "reset_error": 0, "hang": 0, "kill": 1, "nan_reward": 0,
-                                         "nan_obs": 0, "lives": 2}  # fmt: skip
+    assert injected_faults(tmp_path) == {
+        "step_error": 1,
+        "reset_error": 0,
+        "hang": 0,
+        "kill": 1,
+        "nan_reward": 0,
+        "nan_obs": 0,
+        "lives": 2,
+    }
 
 
 def test_reset_faults_and_pickling(tmp_path) -> None:

@@ -54,8 +54,16 @@ def _wait(what: str, done, timeout: float = 240.0, step=lambda: time.sleep(0.2))
 
 def test_one_frozen_env_of_four_does_not_hold_the_others() -> None:
     fns = [functools.partial(tk.counting, i, episode_len=1000) for i in range(4)]
-    c = tk.collector(policy=tk.TinyMLPPolicy(), env_fns=fns, fragment_length=4, batch_size=4, step_timeout=8.0,
-                     startup_timeout=120, backoff_base=0.01, seed=0)  # fmt: skip
+    c = tk.collector(
+        policy=tk.TinyMLPPolicy(),
+        env_fns=fns,
+        fragment_length=4,
+        batch_size=4,
+        step_timeout=8.0,
+        startup_timeout=120,
+        backoff_base=0.01,
+        seed=0,
+    )
     frozen_pid = c._slots[3].proc.pid
     steps = np.zeros(4, dtype=int)
     try:
@@ -90,16 +98,26 @@ def _config(tmp_path, run_name: str, **train):
     from mineonline_core.config import load_config
 
     data = {
-        "run_name": run_name, "output_dir": str(tmp_path), "seed": 0, "hang_timeout": HANG_S,
+        "run_name": run_name,
+        "output_dir": str(tmp_path),
+        "seed": 0,
+        "hang_timeout": HANG_S,
         "rollout_config": {
-            "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 8,
+            "num_rollout_workers": 1,
+            "num_cpus_per_worker": 0.5,
+            "fragment_length": 8,
             "worker_config": {"num_envs": 2, "batch_size": 2, "step_timeout": 30.0},
             "replay_buffer_config": {"max_chunks": 100000, "max_staleness": 1000, "fragments_per_chunk": 1},
         },
-        "train_config": {"context_length": 8, "num_workers": 1, "num_cpus_per_worker": 0.5, "batch_size_per_gpu": 1,
-                         **train},
+        "train_config": {
+            "context_length": 8,
+            "num_workers": 1,
+            "num_cpus_per_worker": 0.5,
+            "batch_size_per_gpu": 1,
+            **train,
+        },
         "logger_config": {"loggers": []},
-    }  # fmt: skip
+    }
     return load_config(data).config
 
 
@@ -131,8 +149,10 @@ def test_frozen_rollout_worker_is_named_killed_and_restarted(ray_cluster, tmp_pa
         pids = [pid, *ray.get(worker.__ray_call__.remote(lambda self: [s.proc.pid for s in self.collector._slots]))]
         with frozen(pid):
             # Named while it is still frozen: the buffer's waiting message and the stall diagnosis.
-            _wait("the hung worker named in the buffer's explanation",
-                  lambda: "hung" in ray.get(buffer.explain.remote(1000)))  # fmt: skip
+            _wait(
+                "the hung worker named in the buffer's explanation",
+                lambda: "hung" in ray.get(buffer.explain.remote(1000)),
+            )
             why = ray.get(buffer.explain.remote(1000))
             print(f"FIGURE {why}")
             assert f"rollout worker 0 (life 0) is hung: pid {pid} on node" in why, why
@@ -180,26 +200,58 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
     root = Path(__file__).resolve().parents[2]
     run_dir = tmp_path / "runs" / "frozen"
     data = {
-        "run_name": "frozen", "seed": 0, "output_dir": str(tmp_path / "runs"), "hang_timeout": HANG_S,
-        "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
+        "run_name": "frozen",
+        "seed": 0,
+        "output_dir": str(tmp_path / "runs"),
+        "hang_timeout": HANG_S,
+        "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+        "policy_config": {"name": "mlp"},
         "logger_config": {"loggers": []},
-        "rollout_config": {"num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 16,
-                           "worker_config": {"num_envs": 2, "batch_size": 2},
-                           "replay_buffer_config": {"max_chunks": 64, "fragments_per_chunk": 1}},
-        "train_config": {"num_workers": 1, "use_ray_train": True, "max_trainer_restarts": 1, "num_cpus_per_worker": 0.5,
-                         "num_iterations": 100_000, "batches_per_iteration": 2, "gradient_accumulation": 1,
-                         "batch_size_per_gpu": 2, "context_length": 16, "epochs_per_iteration": 1, "save_interval": 1},
-    }  # fmt: skip
+        "rollout_config": {
+            "num_rollout_workers": 1,
+            "num_cpus_per_worker": 0.5,
+            "fragment_length": 16,
+            "worker_config": {"num_envs": 2, "batch_size": 2},
+            "replay_buffer_config": {"max_chunks": 64, "fragments_per_chunk": 1},
+        },
+        "train_config": {
+            "num_workers": 1,
+            "use_ray_train": True,
+            "max_trainer_restarts": 1,
+            "num_cpus_per_worker": 0.5,
+            "num_iterations": 100_000,
+            "batches_per_iteration": 2,
+            "gradient_accumulation": 1,
+            "batch_size_per_gpu": 2,
+            "context_length": 16,
+            "epochs_per_iteration": 1,
+            "save_interval": 1,
+        },
+    }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     log_path = tmp_path / "driver.log"
     with open(log_path, "w") as log:
-        driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(tmp_path / "run.yaml"),
-                                   "--no-progress"], cwd=root, stdout=log, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "WANDB_MODE": "disabled"}, start_new_session=True)  # fmt: skip
-    records = lambda: [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if (run_dir / "metrics.jsonl").exists() else []  # noqa: E731
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "mineonline_core.cli", "run", str(tmp_path / "run.yaml"), "--no-progress"],
+            cwd=root,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "WANDB_MODE": "disabled"},
+            start_new_session=True,
+        )
+    records = lambda: (
+        [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        if (run_dir / "metrics.jsonl").exists()
+        else []
+    )  # noqa: E731
 
     def running(what: str, done) -> None:
-        _wait(what, lambda: (driver.poll() is None or pytest_fail(log_path)) and done(), timeout=400, step=lambda: time.sleep(0.5))
+        _wait(
+            what,
+            lambda: (driver.poll() is None or pytest_fail(log_path)) and done(),
+            timeout=400,
+            step=lambda: time.sleep(0.5),
+        )
 
     stopped: list[int] = []
     try:
@@ -212,7 +264,9 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
             os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
         print(f"FIGURE froze rank pid {rank} and rollout worker pid {worker} at {time.strftime('%H:%M:%S')}")
-        after = lambda: [r["trainer/iteration"] for r in records() if r.get("trainer/restarts") == 1 and "trainer/iteration" in r]  # noqa: E731
+        after = lambda: [
+            r["trainer/iteration"] for r in records() if r.get("trainer/restarts") == 1 and "trainer/iteration" in r
+        ]  # noqa: E731
         running("two iterations after the restart", lambda: len(after()) >= 2)
         assert not _alive(rank) and not _alive(worker)  # killed as hung, not resumed
         os.kill(driver.pid, signal.SIGINT)
@@ -239,4 +293,3 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
 
 def pytest_fail(log_path) -> bool:
     raise AssertionError("the run ended early:\n" + log_path.read_text()[-3000:])
-

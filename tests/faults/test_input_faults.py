@@ -20,12 +20,16 @@ ROOT = Path(__file__).resolve().parents[2]
 CARTPOLE = str(ROOT / "examples" / "cartpole.yaml")
 
 
-def test_a_config_module_that_loops_at_import_is_interrupted_naming_the_file(tmp_path: Path, monkeypatch, capsys, caplog) -> None:
+def test_a_config_module_that_loops_at_import_is_interrupted_naming_the_file(
+    tmp_path: Path, monkeypatch, capsys, caplog
+) -> None:
     from mineonline_core.config import deadline
 
     module = tmp_path / "looping.py"
-    module.write_text("import time\nwhile True:  # waits for a file that never comes\n    try:\n        time.sleep(0.01)\n"
-                      "    except Exception:\n        pass\nonline_dict = {}\n")  # fmt: skip
+    module.write_text(
+        "import time\nwhile True:  # waits for a file that never comes\n    try:\n        time.sleep(0.01)\n"
+        "    except Exception:\n        pass\nonline_dict = {}\n"
+    )
     monkeypatch.setattr(deadline, "NOTE_S", 0.2)
     monkeypatch.setattr(deadline, "LIMIT_S", 1.0)
     handler = signal.getsignal(signal.SIGALRM)
@@ -44,7 +48,10 @@ def test_a_config_module_that_loops_at_import_is_interrupted_naming_the_file(tmp
 
 
 def test_a_fragment_length_that_does_not_fit_is_refused_naming_the_key_and_the_longest_that_fits() -> None:
-    overrides = ["rollout_config.fragment_length=10000000", "rollout_config.replay_buffer_config.database_config.backend=memory"]
+    overrides = [
+        "rollout_config.fragment_length=10000000",
+        "rollout_config.replay_buffer_config.database_config.backend=memory",
+    ]
     estimate = resolve(load_config(CARTPOLE, overrides), get_plugin_manager()).memory
     with pytest.raises(ConfigError) as info:
         estimate.check(16 * 2**30, "this test's machine")
@@ -63,5 +70,7 @@ def test_a_fragment_length_of_400_digits_is_one_paragraph_not_an_overflow(capsys
     code = main(["check", CARTPOLE, f"rollout_config.fragment_length={'9' * 400}"])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith("error: rollout_config.fragment_length: 999999... (400 digits) steps make one env's fragment about 10^")
+    assert err.startswith(
+        "error: rollout_config.fragment_length: 999999... (400 digits) steps make one env's fragment about 10^"
+    )
     assert "Fix:" in err and "Overflow" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -63,7 +63,9 @@ def _env() -> dict[str, str]:
 
 
 def _python(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -73,8 +75,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def _alive(run: str) -> set[str]:
     import ray
 
-    return {e["name"] for e in ray.util.list_named_actors(all_namespaces=True)
-            if e["namespace"] == "mineonline" and e["name"].startswith(run + "/")}  # fmt: skip
+    return {
+        e["name"]
+        for e in ray.util.list_named_actors(all_namespaces=True)
+        if e["namespace"] == "mineonline" and e["name"].startswith(run + "/")
+    }
 
 
 def test_no_cluster_gives_a_message_not_a_hang(unused_port: int, capsys: pytest.CaptureFixture) -> None:
@@ -96,7 +101,9 @@ def test_second_driver_sees_and_stops_detached_run(ray_cluster: str) -> None:
     assert status.returncode == 0, status.stderr[-2000:]
     lines = [line for line in status.stdout.splitlines() if line.startswith(("alpha", "beta"))]
     assert len(lines) == 2, status.stdout
-    assert "workers=2" in lines[0] and "buffer=12" in lines[0] and "version=7" in lines[0] and "env_steps=4096" in lines[0]
+    assert (
+        "workers=2" in lines[0] and "buffer=12" in lines[0] and "version=7" in lines[0] and "env_steps=4096" in lines[0]
+    )
     assert "logger_hub" in lines[0] and "rollout_manager" in lines[0]
 
     stop = _cli("stop", "alpha", "--address", ray_cluster)
@@ -111,7 +118,9 @@ def test_second_driver_sees_and_stops_detached_run(ray_cluster: str) -> None:
     # Two alive runs and no name: refused, naming both, nothing stopped; --all stops both.
     assert _python("-c", DRIVER_1, ray_cluster, "delta").returncode == 0
     refused = _cli("stop", "--address", ray_cluster)
-    assert refused.returncode != 0 and "2 runs are alive on this cluster (beta, delta)" in refused.stderr, refused.stderr[-2000:]
+    assert refused.returncode != 0 and "2 runs are alive on this cluster (beta, delta)" in refused.stderr, (
+        refused.stderr[-2000:]
+    )
     assert _alive("beta") and _alive("delta")
     stop_all = _cli("stop", "--all", "--address", ray_cluster)
     assert stop_all.returncode == 0 and "beta: stopped" in stop_all.stdout and "delta: stopped" in stop_all.stdout
@@ -145,20 +154,32 @@ def unused_port() -> int:
 
 
 REAL_RUN = {
-    "run_name": "stop-me", "seed": 0, "detach_rollout_manager": True,
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
+    "run_name": "stop-me",
+    "seed": 0,
+    "detach_rollout_manager": True,
+    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+    "policy_config": {"name": "mlp"},
     "logger_config": {"loggers": []},
     "rollout_config": {
-        "num_rollout_workers": 1, "num_cpus_per_worker": 0.25, "fragment_length": 16,
+        "num_rollout_workers": 1,
+        "num_cpus_per_worker": 0.25,
+        "fragment_length": 16,
         "worker_config": {"num_envs": 2, "batch_size": 2},
         "replay_buffer_config": {"max_chunks": 64, "fragments_per_chunk": 1},
     },
     "train_config": {
-        "num_workers": 1, "num_cpus_per_worker": 0.25, "num_iterations": 1000, "batches_per_iteration": 1,
-        "gradient_accumulation": 1, "batch_size_per_gpu": 2, "context_length": 16, "epochs_per_iteration": 1,
-        "save_interval": 1000, "keep_interval": 1000,
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.25,
+        "num_iterations": 1000,
+        "batches_per_iteration": 1,
+        "gradient_accumulation": 1,
+        "batch_size_per_gpu": 2,
+        "context_length": 16,
+        "epochs_per_iteration": 1,
+        "save_interval": 1000,
+        "keep_interval": 1000,
     },
-}  # fmt: skip
+}
 
 
 def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) -> None:
@@ -172,9 +193,13 @@ def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) 
     config.write_text(yaml.safe_dump({**REAL_RUN, "output_dir": str(tmp_path / "runs")}))
     run_dir = tmp_path / "runs" / "stop-me"
     log = open(tmp_path / "driver.log", "w")
-    driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--address", ray_cluster,
-                               "--no-progress"], cwd=ROOT, env={**_env(), "WANDB_MODE": "disabled"}, stdout=log,
-                              stderr=subprocess.STDOUT)  # fmt: skip
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--address", ray_cluster, "--no-progress"],
+        cwd=ROOT,
+        env={**_env(), "WANDB_MODE": "disabled"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         line, version_seen = "", 0
         end = time.monotonic() + 400
@@ -202,7 +227,9 @@ def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) 
     assert _alive("stop-me") == set()
     (iteration, _), *_ = reversed(list_checkpoints(run_dir / "checkpoints"))
     assert iteration >= version_seen  # the final checkpoint holds the iteration the run had reached
-    print(f"FIGURE stop from a second driver: run at version >= {version_seen}, final checkpoint {iteration}, 0 actors left")
+    print(
+        f"FIGURE stop from a second driver: run at version >= {version_seen}, final checkpoint {iteration}, 0 actors left"
+    )
 
 
 @pytest.mark.parametrize("command", ["status", "stop", "run"])
@@ -210,10 +237,19 @@ def test_a_wrong_token_is_named_with_where_it_was_read_from(ray_cluster: str, tm
     """The cluster rejects the driver's token: one line saying so and where the token came from, no C++
     warnings (Ray's client retried for 20 s, one each second), no traceback, not "no cluster runs"."""
     env = {**_env(), "RAY_AUTH_TOKEN": "0" * 64}
-    args = {"status": ["status"], "stop": ["stop"],
-            "run": ["run", str(ROOT / "examples" / "cartpole.yaml"), f"output_dir={tmp_path}", "--no-progress"]}[command]
-    done = subprocess.run([sys.executable, "-m", "mineonline_core.cli", *args, "--address", ray_cluster], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    args = {
+        "status": ["status"],
+        "stop": ["stop"],
+        "run": ["run", str(ROOT / "examples" / "cartpole.yaml"), f"output_dir={tmp_path}", "--no-progress"],
+    }[command]
+    done = subprocess.run(
+        [sys.executable, "-m", "mineonline_core.cli", *args, "--address", ray_cluster],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     message, *rest = done.stderr.strip().splitlines()
     assert message == (

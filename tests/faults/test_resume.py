@@ -28,24 +28,31 @@ ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS, SAVE_INTERVAL, MORE = 100_000, 1, 2  # the first run is killed or stopped long before the end
 
 CONFIG = {
-    "run_name": "kill-resume", "seed": 0,
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
+    "run_name": "kill-resume",
+    "seed": 0,
+    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+    "policy_config": {"name": "mlp"},
     "logger_config": {"loggers": []},
     "rollout_config": {
-        "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 16,
+        "num_rollout_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "fragment_length": 16,
         "worker_config": {"num_envs": 2, "batch_size": 2},
         "replay_buffer_config": {"max_chunks": 64, "fragments_per_chunk": 1},
     },
     "train_config": {
-        "num_workers": 1, "num_cpus_per_worker": 0.5, "num_iterations": ITERATIONS, "batches_per_iteration": 2,
-        "gradient_accumulation": 1, "batch_size_per_gpu": 2, "context_length": 16, "epochs_per_iteration": 1,
-        "save_interval": SAVE_INTERVAL, "keep_interval": 1,
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "num_iterations": ITERATIONS,
+        "batches_per_iteration": 2,
+        "gradient_accumulation": 1,
+        "batch_size_per_gpu": 2,
+        "context_length": 16,
+        "epochs_per_iteration": 1,
+        "save_interval": SAVE_INTERVAL,
+        "keep_interval": 1,
     },
-}  # fmt: skip
-
-
-
-
+}
 
 
 def _iterations_logged(run_dir: Path, after: float = 0.0) -> list[int]:
@@ -64,8 +71,14 @@ def _start_run(tmp_path: Path, data: dict, log_name: str) -> tuple[subprocess.Po
     config.write_text(yaml.safe_dump(data))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
     log = open(tmp_path / log_name, "w")
-    driver = subprocess.Popen([sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"], cwd=ROOT,
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     return driver, log
 
 
@@ -90,7 +103,9 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     # up to a minute of RPC timeouts on a loaded machine. Then clean up what we started, by pid.
     leftovers = reap_session(driver.pid, grace_s=120)  # only processes of the session this test created
     gone_s = time.time() - killed_at
-    assert not leftovers, f"{len(leftovers)} processes of the killed driver's session outlived it by 120 s: {sorted(leftovers.values())}"
+    assert not leftovers, (
+        f"{len(leftovers)} processes of the killed driver's session outlived it by 120 s: {sorted(leftovers.values())}"
+    )
 
     checkpoint_iteration = list_checkpoints(run_dir / "checkpoints")[-1][0]
     reached = max(_iterations_logged(run_dir), default=0)
@@ -118,9 +133,11 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     steps = [versions[i + 1] - versions[i] for i in range(1, final)]
     assert steps == [steps[0]] * len(steps) and steps[0] >= 1  # the version sequence is continuous
     assert result["version"] == versions[final]
-    print(f"FIGURE driver SIGKILL at iteration {reached} (checkpoint {checkpoint_iteration}): {lost} iteration(s) "
-          f"lost, resumed at {checkpoint_iteration + 1}, finished {final} in {resume_s:.0f}s; "
-          f"the killed driver's session had 0 processes left {gone_s:.1f}s after the kill")
+    print(
+        f"FIGURE driver SIGKILL at iteration {reached} (checkpoint {checkpoint_iteration}): {lost} iteration(s) "
+        f"lost, resumed at {checkpoint_iteration + 1}, finished {final} in {resume_s:.0f}s; "
+        f"the killed driver's session had 0 processes left {gone_s:.1f}s after the kill"
+    )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
@@ -153,10 +170,10 @@ def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(tmp_path: Path, sig
     assert len(checkpoints) == 1 and checkpoints[0][0] >= 2
     assert checkpoints[0][0] == max(_iterations_logged(run_dir))  # the iteration it had reached
     assert reap_session(driver.pid, grace_s=30) == {}
-    print(f"FIGURE {signal.Signals(signum).name}: exited 0 after {exit_s:.1f}s, final checkpoint at iteration {checkpoints[0][0]}, "
-          f"0 processes left")
-
-
+    print(
+        f"FIGURE {signal.Signals(signum).name}: exited 0 after {exit_s:.1f}s, final checkpoint at iteration {checkpoints[0][0]}, "
+        f"0 processes left"
+    )
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -209,6 +226,10 @@ def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Pat
     assert 0 <= max(before) - resumed_from <= 1  # at most save_interval iterations were lost
     versions = [int(r["trainer/version"]) for r in iterations if r.get("trainer/restarts") == 1]
     # Versions go on past what the dead rank published: the workers never see a version twice.
-    assert versions == sorted(versions) and versions[0] > max(int(r["trainer/version"]) for r in iterations if r.get("trainer/restarts") == 0)
-    print(f"FIGURE trainer rank SIGKILL at iteration {max(before)}: restarted from checkpoint {resumed_from}, "
-          f"next iteration logged {recovered_s:.0f}s after the kill, {len(after)} iterations after it")
+    assert versions == sorted(versions) and versions[0] > max(
+        int(r["trainer/version"]) for r in iterations if r.get("trainer/restarts") == 0
+    )
+    print(
+        f"FIGURE trainer rank SIGKILL at iteration {max(before)}: restarted from checkpoint {resumed_from}, "
+        f"next iteration logged {recovered_s:.0f}s after the kill, {len(after)} iterations after it"
+    )

@@ -154,7 +154,9 @@ def _values(raw: memoryview, count: int) -> list[Any]:
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CorruptRecordError(f"header values are unreadable ({type(exc).__name__}: {exc})") from None
     if type(values) is not list or len(values) != count:
-        raise CorruptRecordError(f"header holds {len(values) if type(values) is list else '?'} values, expected {count}")
+        raise CorruptRecordError(
+            f"header holds {len(values) if type(values) is list else '?'} values, expected {count}"
+        )
     for i, v in enumerate(values):
         if type(v) is list:
             if len(v) != 1 or type(v[0]) is not str:

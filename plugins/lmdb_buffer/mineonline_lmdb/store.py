@@ -168,8 +168,12 @@ class LMDBStore(FragmentStore):
         present = [d for d in directories if os.path.isdir(d)]
         if present and len(present) < len(directories):
             missing = sorted(set(directories) - set(present))
-            log.warning("replay store %s: %s missing; %s empty (the records it held, if any, are gone)",
-                        self.path, ", ".join(missing), "it starts" if len(missing) == 1 else "they start")  # fmt: skip
+            log.warning(
+                "replay store %s: %s missing; %s empty (the records it held, if any, are gone)",
+                self.path,
+                ", ".join(missing),
+                "it starts" if len(missing) == 1 else "they start",
+            )
         damaged = verify_shards(present)
         if damaged:
             shards = "; ".join(f"shard {d}: {problem}" for d, problem in damaged)

@@ -68,7 +68,11 @@ def check_shard(directory: str) -> str | None:
         manifest = None  # torn by a power loss (it is not fsynced): the structure is still checked
     data = os.path.join(directory, DATA)
     vouched = manifest is not None and manifest["records"] > 0  # an empty file then lost nothing
-    said = "" if manifest is None else f"; its manifest says {manifest['records']} records at transaction {manifest['txnid']}"
+    said = (
+        ""
+        if manifest is None
+        else f"; its manifest says {manifest['records']} records at transaction {manifest['txnid']}"
+    )
     if not os.path.exists(data):
         return f"{DATA} is missing{said}" if vouched else None
     size = os.path.getsize(data)
@@ -87,8 +91,10 @@ def check_shard(directory: str) -> str | None:
         with env.begin(buffers=True) as txn:
             txnid = txn.id()
             if vouched and txnid < manifest["txnid"]:
-                return (f"{DATA} is at transaction {txnid}, older than the {manifest['txnid']} it had committed "
-                        f"(the file was replaced or rolled back){said}")
+                return (
+                    f"{DATA} is at transaction {txnid}, older than the {manifest['txnid']} it had committed "
+                    f"(the file was replaced or rolled back){said}"
+                )
             counts = {}
             for name in (b"meta", b"parts"):
                 db = env.open_db(name, txn=txn, create=False)
@@ -111,8 +117,9 @@ def verify_shards(directories: list[str]) -> list[tuple[str, str]]:
     interpreter; a shard that crashes the child is damaged (the crash is the finding)."""
     if not directories:
         return []
-    proc = subprocess.run([sys.executable, "-I", os.path.abspath(__file__), *directories],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-I", os.path.abspath(__file__), *directories], capture_output=True, text=True, check=False
+    )
     found: list[tuple[str, str]] = []
     current: str | None = None
     for line in proc.stdout.splitlines():
@@ -127,10 +134,17 @@ def verify_shards(directories: list[str]) -> list[tuple[str, str]]:
         else:
             current = None
     if proc.returncode > 0:  # the checker itself failed (not the shard): an error of this program
-        raise RuntimeError(f"the LMDB store checker failed (exit status {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(
+            f"the LMDB store checker failed (exit status {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+        )
     if proc.returncode < 0:
-        found.append((current or directories[0], f"reading its pages killed the store checker with "
-                      f"{signal.Signals(-proc.returncode).name}: a page lies beyond the end of the file or is garbled"))  # fmt: skip
+        found.append(
+            (
+                current or directories[0],
+                f"reading its pages killed the store checker with "
+                f"{signal.Signals(-proc.returncode).name}: a page lies beyond the end of the file or is garbled",
+            )
+        )
     return found
 
 

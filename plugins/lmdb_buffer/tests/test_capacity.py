@@ -30,7 +30,9 @@ def _map_sizes(store: LMDBStore) -> list[int]:
 
 
 def test_map_grows_from_1mb_to_hold_50mb(tmp_path):
-    store = LMDBStore(path=str(tmp_path / "s"), num_shards=2, resume=False, options=LMDBOptions(map_size_mb=1, sync=False))
+    store = LMDBStore(
+        path=str(tmp_path / "s"), num_shards=2, resume=False, options=LMDBOptions(map_size_mb=1, sync=False)
+    )
     try:
         assert _map_sizes(store) == [MB, MB]
         for i in range(40):

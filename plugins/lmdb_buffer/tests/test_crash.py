@@ -41,7 +41,9 @@ def fragment(seed: int) -> dict:
 def _run_and_kill(path: str, first: int, kill_after: int) -> int:
     """Start a writer, SIGKILL it right after it reports ``kill_after`` commits; the last batch committed."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([PLUGIN_ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, path, str(first)], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, path, str(first)], stdout=subprocess.PIPE, text=True, env=env
+    )
     last = -1
     try:
         for line in proc.stdout:
@@ -155,5 +157,7 @@ def test_writer_killed_inside_the_write_transaction_20_times(tmp_path):
         assert {int(k[1:6]) for k in keys} == set(committed)  # all committed batches, nothing interrupted
         assert len(keys) == 6 * len(committed)
     assert len(interrupted) == 20
-    print(f"FIGURE LMDB writer SIGKILLed inside the write transaction 20 times: 0 corrupt reads of "
-          f"{6 * len(committed)} records, {len(committed)} committed batches all present, 0 records of 20 interrupted batches")
+    print(
+        f"FIGURE LMDB writer SIGKILLed inside the write transaction 20 times: 0 corrupt reads of "
+        f"{6 * len(committed)} records, {len(committed)} committed batches all present, 0 records of 20 interrupted batches"
+    )

@@ -30,7 +30,7 @@ def _populate(path: str) -> dict[str, dict]:
     store = LMDBStore(path=path, num_shards=SHARDS, resume=False)
     try:
         for start in range(0, len(KEYS), 8):  # several transactions, as a run writes
-            store.put_many((k, payloads[k]) for k in KEYS[start:start + 8])
+            store.put_many((k, payloads[k]) for k in KEYS[start : start + 8])
         store.delete(KEYS[0])  # evicted before the restart
     finally:
         store.close()
@@ -79,7 +79,9 @@ def _resume(path: str) -> tuple[str, object]:
     return got
 
 
-@pytest.mark.parametrize("how", ["truncated to 0", "truncated to 8 KB", "truncated to half", "4 random pages corrupted"])
+@pytest.mark.parametrize(
+    "how", ["truncated to 0", "truncated to 8 KB", "truncated to half", "4 random pages corrupted"]
+)
 def test_a_damaged_shard_is_refused_naming_it_and_the_way_out(tmp_path, how):
     path = str(tmp_path / "replay")
     kept = _populate(path)

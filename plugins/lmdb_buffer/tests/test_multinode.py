@@ -56,8 +56,15 @@ def test_store_host_pinned_to_one_node_serves_the_others(cluster, tmp_path):
     _, (store_node, other_node) = cluster
     head_node = ray.get_runtime_context().get_node_id()
     path = str(tmp_path / "replay")
-    host = start_store_host(store_cls=LMDBStore, path=path, num_shards=2, resume=False, options={"map_size_mb": 4},
-                            node_id=store_node, name="replay-store")
+    host = start_store_host(
+        store_cls=LMDBStore,
+        path=path,
+        num_shards=2,
+        resume=False,
+        options={"map_size_mb": 4},
+        node_id=store_node,
+        name="replay-store",
+    )
     client = StoreClient.connect(host, store_cls=LMDBStore, path=path, num_shards=2, options={"map_size_mb": 4})
     assert client.host_node_id == store_node
 

@@ -36,6 +36,12 @@ def test_plugin_modules_import_lmdb_only_when_a_store_opens():
     import mineonline_lmdb.shard
     import mineonline_lmdb.store
 
-    modules = (mineonline_lmdb, mineonline_lmdb.codec, mineonline_lmdb.plan, mineonline_lmdb.shard, mineonline_lmdb.store)
+    modules = (
+        mineonline_lmdb,
+        mineonline_lmdb.codec,
+        mineonline_lmdb.plan,
+        mineonline_lmdb.shard,
+        mineonline_lmdb.store,
+    )
     for module in modules:
         assert "lmdb" not in vars(module), f"{module.__name__} imports lmdb at module level"

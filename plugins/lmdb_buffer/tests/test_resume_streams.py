@@ -31,16 +31,26 @@ ENV = functools.partial(tk.cartpole, 50)
 
 def online(tmp_path, run_name: str, resume: str | None) -> dict:
     return {
-        "run_name": run_name, "output_dir": str(tmp_path), "seed": 1,
+        "run_name": run_name,
+        "output_dir": str(tmp_path),
+        "seed": 1,
         "rollout_config": {
-            "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 8, "to_send_queue_size": 1,
+            "num_rollout_workers": 1,
+            "num_cpus_per_worker": 0.5,
+            "fragment_length": 8,
+            "to_send_queue_size": 1,
             "worker_config": {"num_envs": 1, "batch_size": 1, "env_processes": False},
-            "replay_buffer_config": {"max_chunks": 64, "max_reuse": 1, "max_staleness": 100, "fragments_per_chunk": 2,
-                                     "database_config": {"backend": "lmdb", "path": str(tmp_path / "replay")}},
+            "replay_buffer_config": {
+                "max_chunks": 64,
+                "max_reuse": 1,
+                "max_staleness": 100,
+                "fragments_per_chunk": 2,
+                "database_config": {"backend": "lmdb", "path": str(tmp_path / "replay")},
+            },
         },
         "train_config": {"num_cpus_per_worker": 0.5, "context_length": 8, "resume": resume},
         "logger_config": {"loggers": []},
-    }  # fmt: skip
+    }
 
 
 def weights(version: int) -> dict[str, np.ndarray]:
@@ -50,8 +60,9 @@ def weights(version: int) -> dict[str, np.ndarray]:
 def run_until(ray, tmp_path, run_name, resume, *, version: int, min_keys: int) -> dict[str, dict]:
     """Start a manager, publish ``version``, wait until the store holds ``min_keys`` fragments of it,
     stop; return every stored payload by key."""
-    manager = launch_rollout_manager(policy_generator=POLICY, env_generator=ENV,
-                                     config=load_config(online(tmp_path, run_name, resume)).config)
+    manager = launch_rollout_manager(
+        policy_generator=POLICY, env_generator=ENV, config=load_config(online(tmp_path, run_name, resume)).config
+    )
     try:
         ray.get(manager.wait_ready.remote(120), timeout=150)
         store = ray.get(manager.get_store_client.remote())
@@ -100,9 +111,10 @@ def test_a_resume_on_a_truncated_shard_fails_the_start_naming_it(local_ray, tmp_
     def start() -> None:
         try:
             outcome["manager"] = launch_rollout_manager(
-                policy_generator=POLICY, env_generator=ENV,
+                policy_generator=POLICY,
+                env_generator=ENV,
                 config=load_config(online(tmp_path, "damaged", str(tmp_path / "ckpt"))).config,
-            )  # fmt: skip
+            )
         except BaseException as exc:  # noqa: BLE001 - the failure this test waits for
             outcome["error"] = exc
 

@@ -59,7 +59,10 @@ def _tamper(path: str, key: str, *, header: bytes | None = None, part: tuple[int
 CASES = {
     "pickle instead of a header": lambda canary: {"header": pickle.dumps(_Trap(canary))},
     "pickle behind our magic": lambda canary: {"header": _raw_header(1, pickle.dumps(_Trap(canary)))},
-    "object dtype": lambda canary: {"header": _header(["a", "|O", [1], 0, 0], 1), "part": (0, pickle.dumps(_Trap(canary)))},
+    "object dtype": lambda canary: {
+        "header": _header(["a", "|O", [1], 0, 0], 1),
+        "part": (0, pickle.dumps(_Trap(canary))),
+    },
     "shape larger than the buffer": lambda canary: {"header": _header(["a", "<f4", [1000, 1000], 0, 0], 1)},
     "truncated part": lambda canary: {"part": (0, b"\x00" * 7)},
     "missing part": lambda canary: {"part": (0, None)},

@@ -23,11 +23,25 @@ def _loss(**overrides):
     torch.manual_seed(0)
     logits = torch.log_softmax(torch.randn(2, 5, 3), -1)
     action = torch.randint(0, 3, (2, 5))
-    kw = dict(pi_head=HEAD, pi_logits=logits, vpred=torch.zeros(2, 5), action=action,
-              behaviour_logprob=HEAD.logprob(action, logits), old_vpred=torch.zeros(2, 5),
-              advantage=torch.ones(2, 5), value_target=torch.ones(2, 5), ref_logits=None, rho=0.0, clip=0.2,
-              behaviour_weight_clip=2.0, log_ratio_range=50.0, clip_vloss=False, policy_coef=1.0, vf_coef=0.5,
-              entropy_coef=0.0)  # fmt: skip
+    kw = dict(
+        pi_head=HEAD,
+        pi_logits=logits,
+        vpred=torch.zeros(2, 5),
+        action=action,
+        behaviour_logprob=HEAD.logprob(action, logits),
+        old_vpred=torch.zeros(2, 5),
+        advantage=torch.ones(2, 5),
+        value_target=torch.ones(2, 5),
+        ref_logits=None,
+        rho=0.0,
+        clip=0.2,
+        behaviour_weight_clip=2.0,
+        log_ratio_range=50.0,
+        clip_vloss=False,
+        policy_coef=1.0,
+        vf_coef=0.5,
+        entropy_coef=0.0,
+    )
     kw.update(overrides)
     kw.setdefault("proximal_logprob", kw["behaviour_logprob"])  # fresh fp32 data: pi_prox == mu
     return ppo_loss(**kw)
@@ -66,8 +80,13 @@ def test_clipping_bounds_the_ratio_and_stops_the_gradient():
     loss.backward()
     assert logits.grad.abs().max().item() == 0.0
     # log_ratio_range clamps both sides before exp.
-    _, stats = _loss(pi_logits=logits.detach(), action=action, behaviour_logprob=behaviour, log_ratio_range=0.1,
-                     advantage=-torch.ones(2, 5))  # fmt: skip
+    _, stats = _loss(
+        pi_logits=logits.detach(),
+        action=action,
+        behaviour_logprob=behaviour,
+        log_ratio_range=0.1,
+        advantage=-torch.ones(2, 5),
+    )
     assert stats["policy_loss"].item() == pytest.approx(torch.exp(torch.tensor(0.1)).item(), rel=1e-5)
 
 
@@ -78,8 +97,13 @@ def test_the_surrogate_is_pessimistic_outside_the_clip_range(advantage, log_rati
     logits = torch.log_softmax(torch.randn(2, 5, 3), -1).requires_grad_(True)
     action = torch.zeros(2, 5, dtype=torch.long)
     proximal = HEAD.logprob(action, logits).detach() - log_ratio
-    loss, stats = _loss(pi_logits=logits, action=action, behaviour_logprob=proximal, vf_coef=0.0,
-                        advantage=torch.full((2, 5), advantage))  # fmt: skip
+    loss, stats = _loss(
+        pi_logits=logits,
+        action=action,
+        behaviour_logprob=proximal,
+        vf_coef=0.0,
+        advantage=torch.full((2, 5), advantage),
+    )
     assert stats["policy_loss"].item() == pytest.approx(-advantage * math.exp(log_ratio), rel=1e-5)
     assert stats["clipfrac"].item() == 1.0
     loss.backward()
@@ -109,10 +133,20 @@ def test_kl_term_is_weighted_by_rho():
 
 
 def make_trainer(tmp_path, policy_fn=mlp_policy, **train):
-    train = {"num_iterations": 5, "batches_per_iteration": 2, "batch_size_per_gpu": 2, "gradient_accumulation": 2,
-             "context_length": 6, "learning_rate": 1e-2, "discount": 0.9, **train}  # fmt: skip
+    train = {
+        "num_iterations": 5,
+        "batches_per_iteration": 2,
+        "batch_size_per_gpu": 2,
+        "gradient_accumulation": 2,
+        "context_length": 6,
+        "learning_rate": 1e-2,
+        "discount": 0.9,
+        **train,
+    }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = PPOTrainer(rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config, run_dir=str(tmp_path))
+    trainer = PPOTrainer(
+        rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config, run_dir=str(tmp_path)
+    )
     trainer.setup_rank(local=True)
     return trainer
 
@@ -140,12 +174,28 @@ def test_first_pass_over_version0_data_is_on_policy(tmp_path):
     assert metrics["trainer/approx_kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["trainer/clipfrac"] == 0.0
     assert metrics["trainer/grad_norm"] > 0 and changed(before, trainer.policy)
-    assert set(metrics) >= {f"trainer/{k}" for k in ("policy_loss", "value_loss", "entropy", "kl_ref", "explained_variance")}
+    assert set(metrics) >= {
+        f"trainer/{k}" for k in ("policy_loss", "value_loss", "entropy", "kl_ref", "explained_variance")
+    }
 
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):
-    a = make_trainer(tmp_path, batch_size_per_gpu=1, batches_per_iteration=4, gradient_accumulation=4, max_grad_norm=1e9, adam_eps=1.0)
-    b = make_trainer(tmp_path, batch_size_per_gpu=4, batches_per_iteration=1, gradient_accumulation=1, max_grad_norm=1e9, adam_eps=1.0)
+    a = make_trainer(
+        tmp_path,
+        batch_size_per_gpu=1,
+        batches_per_iteration=4,
+        gradient_accumulation=4,
+        max_grad_norm=1e9,
+        adam_eps=1.0,
+    )
+    b = make_trainer(
+        tmp_path,
+        batch_size_per_gpu=4,
+        batches_per_iteration=1,
+        gradient_accumulation=1,
+        max_grad_norm=1e9,
+        adam_eps=1.0,
+    )
     batch = make_batch(a)
     a.iteration = b.iteration = 1
     before = params(a.policy)
@@ -245,9 +295,14 @@ def test_normalize_advantage_full_batch_false_leaves_advantages_alone(tmp_path):
     """B4: one chunk per micro-batch, advantages all +1: MineStudio trains on them as they are."""
     batch = None
     for per_minibatch, expected in ((False, -1.0), (True, 0.0)):
-        trainer = make_trainer(tmp_path, normalize_advantage_full_batch=False, batch_size_per_gpu=1,
-                               batches_per_iteration=4, gradient_accumulation=4,
-                               normalize_advantage_per_minibatch=per_minibatch)  # fmt: skip
+        trainer = make_trainer(
+            tmp_path,
+            normalize_advantage_full_batch=False,
+            batch_size_per_gpu=1,
+            batches_per_iteration=4,
+            gradient_accumulation=4,
+            normalize_advantage_per_minibatch=per_minibatch,
+        )
         trainer.iteration = 1
         batch = batch if batch is not None else make_batch(trainer)
         batch[F.ADVANTAGE] = torch.ones_like(batch[F.ADVANTAGE])
@@ -256,8 +311,9 @@ def test_normalize_advantage_full_batch_false_leaves_advantages_alone(tmp_path):
 
 
 def test_minibatches_are_reshuffled_every_epoch(tmp_path):
-    trainer = make_trainer(tmp_path, epochs_per_iteration=3, batch_size_per_gpu=1, batches_per_iteration=4,
-                           gradient_accumulation=4)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path, epochs_per_iteration=3, batch_size_per_gpu=1, batches_per_iteration=4, gradient_accumulation=4
+    )
     trainer.iteration = 1
     seen, backward = [], trainer._backward
     trainer._backward = lambda batch, rows, *a, **kw: seen.append(rows.tolist()) or backward(batch, rows, *a, **kw)

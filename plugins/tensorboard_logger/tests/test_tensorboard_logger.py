@@ -37,8 +37,11 @@ def test_selected_by_name_with_its_own_keys() -> None:
 
     plugin_manager = get_plugin_manager()
 
-    config = {"env_config": {"name": "gymnasium", "id": "CartPole-v1"}, "policy_config": {"name": "mlp"},
-              "logger_config": {"loggers": ["tensorboard"], "tensorboard_dir": "/tmp/tb"}}  # fmt: skip
+    config = {
+        "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+        "policy_config": {"name": "mlp"},
+        "logger_config": {"loggers": ["tensorboard"], "tensorboard_dir": "/tmp/tb"},
+    }
     resolved = resolve(load_config(config), plugin_manager, probe=False)
     (cls, _), (tb, options) = resolved.loggers
     assert tb is mineonline_tensorboard.TensorBoardLogger and options.tensorboard_dir == "/tmp/tb"
@@ -54,7 +57,9 @@ def test_config_recorded_as_text_and_hparams(tmp_path: Path) -> None:
     from mineonline_core.config.secrets import public_config
 
     root = Path(__file__).resolve().parents[3]
-    config = public_config(load_config(str(root / "examples" / "cartpole.yaml"), ["train_config.learning_rate=3e-4"]).config)
+    config = public_config(
+        load_config(str(root / "examples" / "cartpole.yaml"), ["train_config.learning_rate=3e-4"]).config
+    )
     logger = mineonline_tensorboard.TensorBoardLogger(run_dir=str(tmp_path), config=config)
     logger.log_metrics({"episode/return_mean": 12.0}, step=256)
     logger.finish()
@@ -67,7 +72,10 @@ def test_config_recorded_as_text_and_hparams(tmp_path: Path) -> None:
 
     content = events.PluginTagToContent("hparams")
     start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
-    hparams = {key: value.WhichOneof("kind") and getattr(value, value.WhichOneof("kind")) for key, value in start.hparams.items()}
+    hparams = {
+        key: value.WhichOneof("kind") and getattr(value, value.WhichOneof("kind"))
+        for key, value in start.hparams.items()
+    }
     assert hparams["train_config.learning_rate"] == 3e-4 and hparams["trainer_name"] == "PPOTrainer"
     assert hparams["policy_config.hidden_sizes"] == "[64, 64]" and hparams["rollout_config.worker_config.num_envs"] == 4
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment

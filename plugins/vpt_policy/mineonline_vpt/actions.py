@@ -21,9 +21,19 @@ import numpy as np
 
 # The order of the 20 factored buttons: the columns of ``BUTTON_TABLE``.
 BUTTONS_ALL = (
-    "attack", "back", "forward", "jump", "left", "right", "sneak", "sprint", "use", "drop",
-    "inventory", *(f"hotbar.{i}" for i in range(1, 10)),
-)  # fmt: skip
+    "attack",
+    "back",
+    "forward",
+    "jump",
+    "left",
+    "right",
+    "sneak",
+    "sprint",
+    "use",
+    "drop",
+    "inventory",
+    *(f"hotbar.{i}" for i in range(1, 10)),
+)
 
 # Mutually exclusive groups, outermost first in the joint index; option 0 is always "none".
 BUTTON_GROUPS: dict[str, tuple[str, ...]] = {
@@ -109,8 +119,17 @@ def env_to_agent(env_action: dict) -> dict[str, np.ndarray]:
     left_right = np.where(press["left"] & ~press["right"], 1, np.where(press["right"] & ~press["left"], 2, 0))
     sprint_sneak = np.where(press["sneak"], 2, np.where(press["sprint"], 1, 0))
     camera_meta = (bins[..., 0] != CAMERA_NULL_BIN) | (bins[..., 1] != CAMERA_NULL_BIN)
-    digits = [hotbar, fore_back, left_right, sprint_sneak, press["use"], press["drop"], press["attack"],
-              press["jump"], camera_meta]  # fmt: skip
+    digits = [
+        hotbar,
+        fore_back,
+        left_right,
+        sprint_sneak,
+        press["use"],
+        press["drop"],
+        press["attack"],
+        press["jump"],
+        camera_meta,
+    ]
     buttons = np.zeros(shape, dtype=np.int64)
     for digit, group in zip(digits, BUTTON_GROUPS.values()):
         buttons = buttons * len(group) + digit.astype(np.int64)

@@ -31,8 +31,14 @@ class CategoricalLinear(nn.Module):
 class DictActionHead(nn.Module):
     """Independent categoricals, one per key; joint log-prob, entropy and KL are sums over keys."""
 
-    def __init__(self, in_features: int, sizes: Mapping[str, int], *, temperature: float = 1.0,
-                 singleton: bool | Mapping[str, bool] = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        in_features: int,
+        sizes: Mapping[str, int],
+        *,
+        temperature: float = 1.0,
+        singleton: bool | Mapping[str, bool] = True,
+    ) -> None:
         super().__init__()
         for key, n in sizes.items():
             self.add_module(key, CategoricalLinear(in_features, int(n)))
@@ -79,9 +85,7 @@ class DictActionHead(nn.Module):
 
     def kl_divergence(self, logits_q: Mapping[str, torch.Tensor], logits_p: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """KL(q || p), summed over keys, (B, T)."""
-        return sum(
-            self._per_key(k, (logits_q[k].exp() * (logits_q[k] - logits_p[k])).sum(-1)) for k in self.keys
-        )
+        return sum(self._per_key(k, (logits_q[k].exp() * (logits_q[k] - logits_p[k])).sum(-1)) for k in self.keys)
 
     def entropy_per_key(self, pi_logits: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: self._per_key(k, -(pi_logits[k].exp() * pi_logits[k]).sum(-1)) for k in self.keys}

@@ -54,8 +54,16 @@ class NormConv(nn.Module):
 class NormLinear(nn.Module):
     """[LayerNorm] -> Linear -> [ReLU]."""
 
-    def __init__(self, d_in: int, d_out: int, *, norm: bool = True, bias: bool = False, relu: bool = True,
-                 init_scale: float = 1.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        *,
+        norm: bool = True,
+        bias: bool = False,
+        relu: bool = True,
+        init_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_in) if norm else None
         self.layer = nn.Linear(d_in, d_out, bias=bias)
@@ -170,14 +178,20 @@ class MaskedAttention(nn.Module):
         self.v_layer = nn.Linear(hidsize, hidsize, bias=False)
         self.proj_layer = nn.Linear(hidsize, hidsize)
         self.r_layer = nn.Linear(hidsize, self.N_BIAS * heads)
-        for layer, scale in ((self.q_layer, 1.0), (self.k_layer, 1.0), (self.v_layer, 1.0),
-                             (self.proj_layer, init_scale), (self.r_layer, 1.0)):  # fmt: skip
+        for layer, scale in (
+            (self.q_layer, 1.0),
+            (self.k_layer, 1.0),
+            (self.v_layer, 1.0),
+            (self.proj_layer, init_scale),
+            (self.r_layer, 1.0),
+        ):
             fan_in_init_(layer.weight, scale)
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
 
-    def forward(self, h: torch.Tensor, allowed: torch.Tensor, dist: torch.Tensor,
-                kv: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    def forward(
+        self, h: torch.Tensor, allowed: torch.Tensor, dist: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         b, t, _ = h.shape
         k_all = torch.cat([kv[0].to(h.dtype), self.k_layer(h)], dim=1)  # (B, maxlen + t, hid)
         v_all = torch.cat([kv[1].to(h.dtype), self.v_layer(h)], dim=1)
@@ -192,8 +206,7 @@ class MaskedAttention(nn.Module):
         # The fill comes from the range of the dtype attention computes in: -1e9 overflows float16
         # (max 65504). Every query sees at least its own frame, so no row is all fill.
         bias = rel.to(q.dtype).masked_fill(~allowed[:, None], torch.finfo(q.dtype).min)
-        out = F.scaled_dot_product_attention(split(q), split(k_all), split(v_all), attn_mask=bias,
-                                             scale=1.0 / self.hd)  # fmt: skip
+        out = F.scaled_dot_product_attention(split(q), split(k_all), split(v_all), attn_mask=bias, scale=1.0 / self.hd)
         out = self.proj_layer(out.transpose(1, 2).reshape(b, t, -1))
         # The state keeps its own dtype (float32) whatever autocast computed in.
         return out, (k_all[:, -self.maxlen :].to(kv[0].dtype), v_all[:, -self.maxlen :].to(kv[1].dtype))
@@ -214,8 +227,9 @@ class TransformerBlock(nn.Module):
         super().__init__()
         residual_scale = n_blocks**-0.5  # keeps the residual stream's scale independent of depth
         self.mlp0 = NormLinear(hidsize, hidsize * pointwise_ratio)
-        self.mlp1 = NormLinear(hidsize * pointwise_ratio, hidsize, norm=False, bias=True, relu=False,
-                               init_scale=residual_scale)  # fmt: skip
+        self.mlp1 = NormLinear(
+            hidsize * pointwise_ratio, hidsize, norm=False, bias=True, relu=False, init_scale=residual_scale
+        )
         self.pre_r_ln = nn.LayerNorm(hidsize)
         self.r = _AttentionHolder(MaskedAttention(hidsize, heads, maxlen, init_scale=residual_scale))
 
@@ -235,8 +249,9 @@ class RecurrentLayer(nn.Module):
         )
 
 
-def attention_masks(first: torch.Tensor, state_mask: torch.Tensor, maxlen: int, *, honor_all_firsts: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def attention_masks(
+    first: torch.Tensor, state_mask: torch.Tensor, maxlen: int, *, honor_all_firsts: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Which keys each query may see, the query-to-key distances, and the next state mask.
 
     Keys are ``maxlen`` state columns (oldest first) followed by the call's ``t`` frames. A key is
@@ -268,9 +283,21 @@ def attention_masks(first: torch.Tensor, state_mask: torch.Tensor, maxlen: int, 
 class VPTNet(nn.Module):
     """Image -> ImpalaCNN -> linear -> transformer blocks -> ReLU -> lastlayer -> final LayerNorm."""
 
-    def __init__(self, *, img_shape: Sequence[int], hidsize: int, impala_width: int, impala_chans: Sequence[int],
-                 n_recurrence_layers: int, attention_heads: int, attention_memory_size: int, timesteps: int,
-                 pointwise_ratio: int = 4, use_pre_lstm_ln: bool = False, honor_all_firsts: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        img_shape: Sequence[int],
+        hidsize: int,
+        impala_width: int,
+        impala_chans: Sequence[int],
+        n_recurrence_layers: int,
+        attention_heads: int,
+        attention_memory_size: int,
+        timesteps: int,
+        pointwise_ratio: int = 4,
+        use_pre_lstm_ln: bool = False,
+        honor_all_firsts: bool = True,
+    ) -> None:
         super().__init__()
         self.maxlen = attention_memory_size - timesteps
         if self.maxlen <= 0:
@@ -280,8 +307,9 @@ class VPTNet(nn.Module):
         chans = [impala_width * c for c in impala_chans]
         self.img_process = ImgProcess(img_hw=(int(img_shape[0]), int(img_shape[1])), chans=chans, hidsize=hidsize)
         self.pre_lstm_ln = nn.LayerNorm(hidsize) if use_pre_lstm_ln else None
-        self.recurrent_layer = RecurrentLayer(hidsize, attention_heads, self.maxlen, n_recurrence_layers,
-                                              pointwise_ratio)  # fmt: skip
+        self.recurrent_layer = RecurrentLayer(
+            hidsize, attention_heads, self.maxlen, n_recurrence_layers, pointwise_ratio
+        )
         self.lastlayer = NormLinear(hidsize, hidsize)
         self.final_ln = nn.LayerNorm(hidsize)
 
@@ -291,8 +319,9 @@ class VPTNet(nn.Module):
         mask = lambda: torch.zeros(batch_size, 1, self.maxlen, dtype=torch.bool, device=p.device)  # noqa: E731
         return [(mask(), (kv(), kv())) for _ in self.recurrent_layer.blocks]
 
-    def forward(self, img: torch.Tensor, first: torch.Tensor, state: State,
-                intermediates: dict | None = None) -> tuple[torch.Tensor, State]:  # fmt: skip
+    def forward(
+        self, img: torch.Tensor, first: torch.Tensor, state: State, intermediates: dict | None = None
+    ) -> tuple[torch.Tensor, State]:
         """``img`` uint8 (B, T, H, W, 3), ``first`` bool (B, T) -> latent (B, T, hid), next state."""
         first = first.to(device=img.device, dtype=torch.bool)
         x = self.img_process(img, intermediates)

@@ -25,8 +25,16 @@ _FIXED_FLAGS = {
     "pointwise_use_activation": False,
     "recurrence_is_residual": True,
 }
-_ARCH_KEYS = ("hidsize", "impala_width", "impala_chans", "n_recurrence_layers", "attention_heads",
-              "attention_memory_size", "timesteps", "pointwise_ratio")  # fmt: skip
+_ARCH_KEYS = (
+    "hidsize",
+    "impala_width",
+    "impala_chans",
+    "n_recurrence_layers",
+    "attention_heads",
+    "attention_memory_size",
+    "timesteps",
+    "pointwise_ratio",
+)
 
 
 class VPTPolicyConfig(BaseModel):
@@ -50,7 +58,8 @@ class VPTPolicyConfig(BaseModel):
     normalize_value: bool = Field(True, description="Predict values normalised by a running mean/std.")
     image_key: str = Field("image", description="The observation key holding uint8 (H, W, 3) frames.")
     gradient_checkpointing: bool = Field(
-        False, description="Recompute the ImpalaCNN's activations in backward: far less training memory, ~1/3 more compute."
+        False,
+        description="Recompute the ImpalaCNN's activations in backward: far less training memory, ~1/3 more compute.",
     )
 
     @model_validator(mode="after")
@@ -103,7 +112,9 @@ def _action_head(action_space: Any, hidsize: int, temperature: float) -> torch.n
             elif getattr(sub, "nvec", None) is not None and len(sub.nvec) == 1:
                 sizes[key], singleton[key] = int(sub.nvec[0]), True
             else:
-                raise ConfigError(f"vpt policy: action key {key!r} has space {sub}; only Discrete(n) and MultiDiscrete([n]) are supported.")
+                raise ConfigError(
+                    f"vpt policy: action key {key!r} has space {sub}; only Discrete(n) and MultiDiscrete([n]) are supported."
+                )
         return DictActionHead(hidsize, sizes, temperature=temperature, singleton=singleton)
     raise ConfigError(f"vpt policy: unsupported action space {action_space}; use Discrete(n) or a Dict of them.")
 
@@ -139,8 +150,14 @@ class VPTPolicy(Policy):
     Config: ClassVar[type[BaseModel]] = VPTPolicyConfig
     supports_float16: ClassVar[bool] = True  # the attention mask fills from the dtype's range
 
-    def __init__(self, *, net_kwargs: Mapping[str, Any], pi_head: torch.nn.Module, normalize_value: bool = True,
-                 image_key: str = "image") -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        net_kwargs: Mapping[str, Any],
+        pi_head: torch.nn.Module,
+        normalize_value: bool = True,
+        image_key: str = "image",
+    ) -> None:
         super().__init__()
         self.net = VPTNet(**net_kwargs)
         self.value_head = ValueHead(self.net.hidsize, normalize=normalize_value)
@@ -149,15 +166,25 @@ class VPTPolicy(Policy):
 
     # ----------------------------------------------------------------------------------- building
     @classmethod
-    def from_vpt_kwargs(cls, policy_kwargs: Mapping[str, Any], *, temperature: float = 1.0,
-                        action_space: Any = None, honor_all_firsts: bool = True) -> VPTPolicy:  # fmt: skip
+    def from_vpt_kwargs(
+        cls,
+        policy_kwargs: Mapping[str, Any],
+        *,
+        temperature: float = 1.0,
+        action_space: Any = None,
+        honor_all_firsts: bool = True,
+    ) -> VPTPolicy:
         """The released architecture described by a ``.model`` file's policy kwargs."""
         for key, value in _FIXED_FLAGS.items():
             if key in policy_kwargs and policy_kwargs[key] != value:
-                raise VPTModelFileError(f"VPT policy kwargs: {key}={policy_kwargs[key]!r} is not supported (only {value!r}).")
+                raise VPTModelFileError(
+                    f"VPT policy kwargs: {key}={policy_kwargs[key]!r} is not supported (only {value!r})."
+                )
         norm = dict(policy_kwargs.get("init_norm_kwargs") or {})
         if norm.get("batch_norm") or norm.get("group_norm_groups", 1) != 1:
-            raise VPTModelFileError(f"VPT policy kwargs: init_norm_kwargs={norm} is not supported (only group_norm_groups=1).")
+            raise VPTModelFileError(
+                f"VPT policy kwargs: init_norm_kwargs={norm} is not supported (only group_norm_groups=1)."
+            )
         if (policy_kwargs.get("impala_kwargs") or {}).get("post_pool_groups", 1) != 1:
             raise VPTModelFileError("VPT policy kwargs: impala_kwargs.post_pool_groups other than 1 is not supported.")
         missing = [k for k in _ARCH_KEYS if k not in policy_kwargs and k != "pointwise_ratio"]
@@ -171,8 +198,9 @@ class VPTPolicy(Policy):
         return cls(net_kwargs=net_kwargs, pi_head=head)
 
     @classmethod
-    def build(cls, options: BaseModel | Mapping[str, Any], *, observation_space: Any = None,
-              action_space: Any = None) -> VPTPolicy:  # fmt: skip
+    def build(
+        cls, options: BaseModel | Mapping[str, Any], *, observation_space: Any = None, action_space: Any = None
+    ) -> VPTPolicy:
         opts = options if isinstance(options, VPTPolicyConfig) else VPTPolicyConfig.model_validate(dict(options))
         image_shape = _image_shape(observation_space, opts.image_key)
         if opts.model_path is not None:
@@ -200,7 +228,9 @@ class VPTPolicy(Policy):
         net_kwargs = {k: getattr(opts, k) for k in _ARCH_KEYS}
         net_kwargs["img_shape"] = list(image_shape or (128, 128, 3))
         head = _action_head(action_space, opts.hidsize, opts.temperature)
-        policy = cls(net_kwargs=net_kwargs, pi_head=head, normalize_value=opts.normalize_value, image_key=opts.image_key)
+        policy = cls(
+            net_kwargs=net_kwargs, pi_head=head, normalize_value=opts.normalize_value, image_key=opts.image_key
+        )
         policy.net.img_process.cnn.gradient_checkpointing = opts.gradient_checkpointing
         return policy
 
@@ -208,14 +238,23 @@ class VPTPolicy(Policy):
     def initial_state(self, batch_size: int) -> State:
         return self.net.initial_state(batch_size)
 
-    def forward(self, input: dict, state_in: Any = None, context: dict | None = None,  # noqa: A002
-                intermediates: dict | None = None) -> tuple[dict, State]:  # fmt: skip
+    def forward(
+        self,
+        input: dict,
+        state_in: Any = None,
+        context: dict | None = None,  # noqa: A002
+        intermediates: dict | None = None,
+    ) -> tuple[dict, State]:
         img = input[self.image_key] if self.image_key in input else input["img"]
         device = self.net.final_ln.weight.device
         img = torch.as_tensor(img, device=device)
         b, t = img.shape[:2]
         first = (context or {}).get("first")
-        first = torch.zeros(b, t, dtype=torch.bool, device=device) if first is None else torch.as_tensor(first, device=device)
+        first = (
+            torch.zeros(b, t, dtype=torch.bool, device=device)
+            if first is None
+            else torch.as_tensor(first, device=device)
+        )
         state = self.initial_state(b) if state_in is None else state_in
         latent, state_out = self.net(img, first, state, intermediates)
         # The heads run in float32 even under autocast: PPO's ratio exp(logp - logp_old) would carry
@@ -226,8 +265,13 @@ class VPTPolicy(Policy):
         return latents, state_out
 
 
-def load_vpt_policy(model_path: str | os.PathLike, weights_path: str | os.PathLike | None = None,
-                    device: str | torch.device = "cpu", *, action_space: Any = None) -> VPTPolicy:  # fmt: skip
+def load_vpt_policy(
+    model_path: str | os.PathLike,
+    weights_path: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+    *,
+    action_space: Any = None,
+) -> VPTPolicy:
     """Build the architecture a VPT ``.model`` file describes and, if given, load its ``.weights``."""
     kwargs, head_opts = read_model_file(model_path)
     temperature = float(head_opts.get("temperature", 1.0))

@@ -12,7 +12,12 @@ import torch
 
 from mineonline_vpt import actions as A
 
-FIXTURES = Path(os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures") / "vpt_public"
+FIXTURES = (
+    Path(
+        os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures"
+    )
+    / "vpt_public"
+)
 pytestmark = pytest.mark.skipif(not (FIXTURES / "action_cases.json").exists(), reason="VPT public fixture not present")
 
 

@@ -9,8 +9,14 @@ from mineonline_core.testing.policy_conformance import PolicyConformance
 from mineonline_vpt import VPTPolicy
 
 # maxlen 6 < steps: the attention band clips inside one call, the case most likely to differ stepwise.
-SMALL = {"hidsize": 32, "impala_chans": [8, 16, 16], "n_recurrence_layers": 2, "attention_heads": 4,
-         "attention_memory_size": 10, "timesteps": 4}  # fmt: skip
+SMALL = {
+    "hidsize": 32,
+    "impala_chans": [8, 16, 16],
+    "n_recurrence_layers": 2,
+    "attention_heads": 4,
+    "attention_memory_size": 10,
+    "timesteps": 4,
+}
 
 
 class TestVPTPolicy(PolicyConformance):

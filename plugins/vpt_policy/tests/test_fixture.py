@@ -13,7 +13,12 @@ import torch
 
 from mineonline_vpt import load_vpt_policy
 
-FIXTURES = Path(os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures") / "vpt_public"
+FIXTURES = (
+    Path(
+        os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures"
+    )
+    / "vpt_public"
+)
 pytestmark = pytest.mark.skipif(not (FIXTURES / "reference_io.pt").exists(), reason="VPT public fixture not present")
 
 # Sequence 1 resets at step 19, in the middle of chunk 2 (local step 7); OpenAI's chunked forward
@@ -77,7 +82,11 @@ def check_chunk(policy, ref: dict, name: str, mine: dict, inter: dict, rows=slic
     close(mine["fixed_action_logprob"][rows, cols], want["fixed_action_logprob"][rows, cols], f"{name} logprob")
     close(mine["entropy"][rows, cols], want["entropy"][rows, cols], f"{name} entropy")
     for k in ("buttons", "camera"):
-        close(mine["fixed_per_head"][k][rows, cols], want["fixed_action_logprob_per_head"][k][rows, cols], f"{name} {k} lp")
+        close(
+            mine["fixed_per_head"][k][rows, cols],
+            want["fixed_action_logprob_per_head"][k][rows, cols],
+            f"{name} {k} lp",
+        )
         close(mine["entropy_per_head"][k][rows, cols], want["entropy_per_head"][k][rows, cols], f"{name} {k} entropy")
         close(mine["max_per_head"][k][rows, cols], want["max_logprob_per_head"][k][rows, cols], f"{name} {k} max")
         assert torch.equal(mine["argmax"][k][rows, cols], want["argmax_action"][k][rows, cols]), f"{name} {k} argmax"

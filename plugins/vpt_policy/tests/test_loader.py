@@ -14,17 +14,35 @@ from mineonline_core.errors import MineOnlineError
 from mineonline_vpt import VPTModelFileError, VPTWeightsError, load_vpt_policy
 from mineonline_vpt.loader import read_model_file
 
-FIXTURES = Path(os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures") / "vpt_public"
+FIXTURES = (
+    Path(
+        os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures"
+    )
+    / "vpt_public"
+)
 needs_fixture = pytest.mark.skipif(not (FIXTURES / "public.model").exists(), reason="VPT public fixture not present")
 
 SMALL_KWARGS = {
-    "attention_heads": 2, "attention_mask_style": "clipped_causal", "attention_memory_size": 6, "timesteps": 2,
-    "hidsize": 16, "img_shape": [128, 128, 3], "impala_chans": [4, 4, 4], "impala_width": 1,
-    "impala_kwargs": {"post_pool_groups": 1}, "init_norm_kwargs": {"batch_norm": False, "group_norm_groups": 1},
-    "n_recurrence_layers": 1, "pointwise_ratio": 2, "pointwise_use_activation": False,
-    "recurrence_is_residual": True, "recurrence_type": "transformer", "use_pointwise_layer": True,
-    "use_pre_lstm_ln": False, "only_img_input": True, "diff_mlp_embedding": False,
-}  # fmt: skip
+    "attention_heads": 2,
+    "attention_mask_style": "clipped_causal",
+    "attention_memory_size": 6,
+    "timesteps": 2,
+    "hidsize": 16,
+    "img_shape": [128, 128, 3],
+    "impala_chans": [4, 4, 4],
+    "impala_width": 1,
+    "impala_kwargs": {"post_pool_groups": 1},
+    "init_norm_kwargs": {"batch_norm": False, "group_norm_groups": 1},
+    "n_recurrence_layers": 1,
+    "pointwise_ratio": 2,
+    "pointwise_use_activation": False,
+    "recurrence_is_residual": True,
+    "recurrence_type": "transformer",
+    "use_pointwise_layer": True,
+    "use_pre_lstm_ln": False,
+    "only_img_input": True,
+    "diff_mlp_embedding": False,
+}
 
 
 def write_model(path: Path, kwargs: dict, **extra) -> Path:
@@ -68,8 +86,9 @@ def test_eval_and_import_gadgets_are_refused(tmp_path: Path) -> None:
 
 
 def test_unknown_keys_are_ignored_and_int_temperature_accepted(tmp_path: Path) -> None:
-    path = write_model(tmp_path / "m.model", {**SMALL_KWARGS, "some_future_flag": [1, 2]}, version=3,
-                       local_args=OrderedDict(a=1))  # fmt: skip
+    path = write_model(
+        tmp_path / "m.model", {**SMALL_KWARGS, "some_future_flag": [1, 2]}, version=3, local_args=OrderedDict(a=1)
+    )
     policy = load_vpt_policy(path)
     assert policy.pi_head.temperature == 2.0 and policy.net.maxlen == 4
     assert policy.state_dict()["net.recurrent_layer.blocks.0.r.orc_block.b_nd"].shape == (10, 4)

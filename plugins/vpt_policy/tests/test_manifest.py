@@ -11,7 +11,12 @@ import torch
 
 from mineonline_vpt import VPTPolicy
 
-MANIFEST = Path(os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures") / "vpt_manifest.json"
+MANIFEST = (
+    Path(
+        os.environ.get("MINEONLINE_VPT_FIXTURES") or Path(__file__).resolve().parents[3].parent / "shared" / "fixtures"
+    )
+    / "vpt_manifest.json"
+)
 pytestmark = pytest.mark.skipif(not MANIFEST.exists(), reason="VPT manifest not present")
 MODELS = ["foundation-model-1x", "foundation-model-2x", "foundation-model-3x", "public_fixture"]
 
@@ -20,7 +25,9 @@ MODELS = ["foundation-model-1x", "foundation-model-2x", "foundation-model-3x", "
 def test_meta_instantiation_matches_manifest_key_for_key(model: str) -> None:
     entry = json.loads(MANIFEST.read_text())["models"][model]
     with torch.device("meta"):  # no memory: the 3x model has 532M elements
-        policy = VPTPolicy.from_vpt_kwargs(entry["policy_kwargs"], temperature=float(entry["pi_head_opts"]["temperature"]))
+        policy = VPTPolicy.from_vpt_kwargs(
+            entry["policy_kwargs"], temperature=float(entry["pi_head_opts"]["temperature"])
+        )
     state = policy.state_dict()
     assert [(k, list(v.shape)) for k, v in state.items()] == [(e["key"], e["shape"]) for e in entry["state_dict"]]
     assert len(state) == entry["n_state_dict_entries"]

@@ -13,8 +13,14 @@ from mineonline_core.contracts.tree import tree_cat, tree_index
 from mineonline_vpt import VPTPolicy
 
 CRAFTER_OBS = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)})
-SMALL = {"hidsize": 32, "impala_chans": [8, 16, 16], "n_recurrence_layers": 2, "attention_heads": 4,
-         "attention_memory_size": 10, "timesteps": 4}  # fmt: skip  (maxlen 6 < T: the band clips inside a call)
+SMALL = {
+    "hidsize": 32,
+    "impala_chans": [8, 16, 16],
+    "n_recurrence_layers": 2,
+    "attention_heads": 4,
+    "attention_memory_size": 10,
+    "timesteps": 4,
+}  # fmt: skip  (maxlen 6 < T: the band clips inside a call)
 
 
 def crafter_policy(seed: int = 0, hw: int = 64) -> VPTPolicy:
@@ -40,15 +46,24 @@ def test_crafter_policy_forward_sample_logprob_backward() -> None:
     lp = policy.pi_head.logprob(action, logp)
     assert lp.shape == (b, t) and bool((lp <= 0).all())
     kl = policy.pi_head.kl_divergence(logp, logp.detach())
-    loss = -(lp * torch.randn(b, t)).mean() + latents["vpred"].pow(2).mean() - 0.01 * policy.pi_head.entropy(logp).mean() + kl.mean()
+    loss = (
+        -(lp * torch.randn(b, t)).mean()
+        + latents["vpred"].pow(2).mean()
+        - 0.01 * policy.pi_head.entropy(logp).mean()
+        + kl.mean()
+    )
     loss.backward()
-    missing = [n for n, p in policy.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+    missing = [
+        n for n, p in policy.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)
+    ]
     assert missing == []
     assert all(torch.isfinite(p.grad).all() for p in policy.parameters() if p.grad is not None)
     assert state[0][0].shape == (b, 1, 6) and state[0][1][0].shape == (b, 6, 32)
 
 
-@pytest.mark.parametrize(("seed", "dtype", "tol"), [(0, torch.float64, 1e-9), (1, torch.float64, 1e-9), (2, torch.float32, 2e-4)])
+@pytest.mark.parametrize(
+    ("seed", "dtype", "tol"), [(0, torch.float64, 1e-9), (1, torch.float64, 1e-9), (2, torch.float32, 2e-4)]
+)
 def test_stepwise_rollout_equals_chunked_training_forward(seed: int, dtype: torch.dtype, tol: float) -> None:
     """What the rollout computed step by step, the trainer recomputes in one call (resets at any t).
 
@@ -93,10 +108,17 @@ def test_stepwise_rollout_equals_chunked_training_forward(seed: int, dtype: torc
 def test_dict_action_space_and_value_head() -> None:
     space = gym.spaces.Dict({"buttons": gym.spaces.MultiDiscrete([8641]), "camera": gym.spaces.MultiDiscrete([121])})
     obs = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (128, 128, 3), np.uint8)})
-    policy = VPTPolicy.build({"hidsize": 16, "attention_heads": 2, "n_recurrence_layers": 1, "impala_chans": [4, 4, 4]},
-                             observation_space=obs, action_space=space)  # fmt: skip
-    assert list(policy.state_dict())[-4:] == ["pi_head.camera.linear_layer.weight", "pi_head.camera.linear_layer.bias",
-                                              "pi_head.buttons.linear_layer.weight", "pi_head.buttons.linear_layer.bias"]  # fmt: skip
+    policy = VPTPolicy.build(
+        {"hidsize": 16, "attention_heads": 2, "n_recurrence_layers": 1, "impala_chans": [4, 4, 4]},
+        observation_space=obs,
+        action_space=space,
+    )
+    assert list(policy.state_dict())[-4:] == [
+        "pi_head.camera.linear_layer.weight",
+        "pi_head.camera.linear_layer.bias",
+        "pi_head.buttons.linear_layer.weight",
+        "pi_head.buttons.linear_layer.bias",
+    ]
     img = torch.randint(0, 256, (2, 3, 128, 128, 3), dtype=torch.uint8)
     latents, _ = policy({"image": img}, None, {"first": torch.ones(2, 3, dtype=torch.bool)})
     assert latents["pi_logits"]["buttons"].shape == (2, 3, 1, 8641)
@@ -113,11 +135,15 @@ def test_dict_action_space_and_value_head() -> None:
 
 def test_build_errors_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="weights_path needs"):
-        VPTPolicy.build({"weights_path": "x.weights"}, observation_space=CRAFTER_OBS, action_space=gym.spaces.Discrete(3))
+        VPTPolicy.build(
+            {"weights_path": "x.weights"}, observation_space=CRAFTER_OBS, action_space=gym.spaces.Discrete(3)
+        )
     with pytest.raises(ConfigError, match="cannot be combined with model_path"):
         VPTPolicy.build({"model_path": "x.model", "hidsize": 64}, observation_space=CRAFTER_OBS, action_space=None)
     with pytest.raises(ConfigError, match="image_key"):
-        VPTPolicy.build({}, observation_space=gym.spaces.Dict({"rgb": CRAFTER_OBS["image"]}), action_space=gym.spaces.Discrete(3))
+        VPTPolicy.build(
+            {}, observation_space=gym.spaces.Dict({"rgb": CRAFTER_OBS["image"]}), action_space=gym.spaces.Discrete(3)
+        )
     with pytest.raises(Exception, match="extra"):
         VPTPolicy.build({"hidsise": 3}, observation_space=CRAFTER_OBS, action_space=gym.spaces.Discrete(3))
 
@@ -134,7 +160,13 @@ def test_plugin_registers_vpt_policy() -> None:
         pm.remove_plugin(mineonline_vpt)
 
 
-FIXTURES = __import__("pathlib").Path(__import__("os").environ.get("MINEONLINE_VPT_FIXTURES") or __import__("pathlib").Path(__file__).resolve().parents[3].parent / "shared" / "fixtures") / "vpt_public"
+FIXTURES = (
+    __import__("pathlib").Path(
+        __import__("os").environ.get("MINEONLINE_VPT_FIXTURES")
+        or __import__("pathlib").Path(__file__).resolve().parents[3].parent / "shared" / "fixtures"
+    )
+    / "vpt_public"
+)
 
 
 @pytest.mark.skipif(not (FIXTURES / "public.model").exists(), reason="VPT public fixture not present")
@@ -145,7 +177,9 @@ def test_build_from_released_files_with_minecraft_spaces() -> None:
     options = VPTPolicy.Config(model_path=str(FIXTURES / "public.model"), weights_path=str(FIXTURES / "public.weights"))
     policy = VPTPolicy.build(options, observation_space=obs, action_space=act)
     weights = torch.load(FIXTURES / "public.weights", weights_only=True)
-    assert torch.equal(policy.state_dict()["pi_head.buttons.linear_layer.weight"], weights["pi_head.buttons.linear_layer.weight"])
+    assert torch.equal(
+        policy.state_dict()["pi_head.buttons.linear_layer.weight"], weights["pi_head.buttons.linear_layer.weight"]
+    )
     assert policy.pi_head.temperature == 1.5
     with pytest.raises(ConfigError, match="resize frames"):
         VPTPolicy.build(options, observation_space=CRAFTER_OBS, action_space=act)
@@ -211,12 +245,17 @@ def test_autocast_forward_backward_is_finite_close_to_float32_and_masks_exactly(
     assert all(torch.isfinite(g).all() for g in grads.values()) and grads.keys() == ref_grads.keys()
     assert (latents["pi_logits"] - reference["pi_logits"]).abs().max() < tol
     assert (latents["vpred"] - reference["vpred"]).abs().max() < tol * 10  # the value is unbounded, not a log-prob
-    flat, ref_flat = torch.cat([g.flatten() for g in grads.values()]), torch.cat([g.flatten() for g in ref_grads.values()])
+    flat, ref_flat = (
+        torch.cat([g.flatten() for g in grads.values()]),
+        torch.cat([g.flatten() for g in ref_grads.values()]),
+    )
     assert torch.nn.functional.cosine_similarity(flat, ref_flat, dim=0) > 0.99
     # Zero weight on masked keys: a state whose every column belongs to an earlier episode (first[:, 0])
     # filled with large garbage, and env 1's frames before its reset at t=3, change nothing they must not.
-    garbage = [(torch.ones_like(mask), (torch.randn(k.shape, generator=gen) * 100, torch.randn(v.shape, generator=gen) * 100))
-               for mask, (k, v) in policy.initial_state(b)]  # fmt: skip
+    garbage = [
+        (torch.ones_like(mask), (torch.randn(k.shape, generator=gen) * 100, torch.randn(v.shape, generator=gen) * 100))
+        for mask, (k, v) in policy.initial_state(b)
+    ]
     masked, _ = run(img, garbage, amp=True)
     other = img.clone()
     other[1, :3] = 255 - other[1, :3]

@@ -23,9 +23,13 @@ def _inputs(seed: int = 0, *, log_ratio_scale: float = 1.0) -> dict:
     return dict(
         behaviour_logprob=behaviour,
         target_logprob=behaviour + log_ratio_scale * torch.randn(N, L, generator=g),
-        reward=torch.randn(N, L, generator=g), value=torch.randn(N, L, generator=g),
-        next_value=torch.randn(N, generator=g), terminated=terminated, truncated=truncated, bootstrap=bootstrap,
-    )  # fmt: skip
+        reward=torch.randn(N, L, generator=g),
+        value=torch.randn(N, L, generator=g),
+        next_value=torch.randn(N, generator=g),
+        terminated=terminated,
+        truncated=truncated,
+        bootstrap=bootstrap,
+    )
 
 
 def _paper(inp: dict, *, discount: float, rho_bar: float, c_bar: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,8 +102,11 @@ def test_zero_traces_give_one_step_targets():
     """c_bar = 0 cuts every trace: v_s = V(x_s) + rho_s (r_s + gamma V(x_{s+1}) - V(x_s))."""
     inp = _inputs(3)
     out = vtrace(**inp, discount=GAMMA, rho_bar=1.0, c_bar=0.0)
-    one_step, _ = compute_gae(**{k: inp[k] for k in ("reward", "value", "next_value", "terminated", "truncated", "bootstrap")},
-                              discount=GAMMA, gae_lambda=0.0)  # fmt: skip
+    one_step, _ = compute_gae(
+        **{k: inp[k] for k in ("reward", "value", "next_value", "terminated", "truncated", "bootstrap")},
+        discount=GAMMA,
+        gae_lambda=0.0,
+    )
     assert torch.allclose(out.vs - inp["value"], out.rho * one_step, atol=1e-5)
 
 
@@ -122,8 +129,17 @@ def test_loss_weights_the_policy_gradient_by_pi_over_mu_at_the_current_parameter
     action = torch.randint(0, 3, (2, 5))
     logprob = head.logprob(action, logits).detach()
     delta, target = torch.randn(2, 5), torch.randn(2, 5)
-    kw = dict(pi_head=head, pi_logits=logits, vpred=torch.zeros(2, 5), action=action, value_target=target,
-              pg_delta=delta, rho_bar=1.0, vf_coef=0.5, entropy_coef=0.0)  # fmt: skip
+    kw = dict(
+        pi_head=head,
+        pi_logits=logits,
+        vpred=torch.zeros(2, 5),
+        action=action,
+        value_target=target,
+        pg_delta=delta,
+        rho_bar=1.0,
+        vf_coef=0.5,
+        entropy_coef=0.0,
+    )
     # mu twice as likely as pi: rho = 0.5; mu half as likely: rho = 2, truncated to rho_bar = 1.
     for shift, rho in ((math.log(2.0), 0.5), (-math.log(2.0), 1.0)):
         loss, stats = vtrace_loss(**kw, behaviour_logprob=logprob + shift)

@@ -17,17 +17,34 @@ CONFIG = {
     "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
     "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
     "rollout_config": {
-        "num_rollout_workers": 1, "num_cpus_per_worker": 0.5, "fragment_length": 32,
+        "num_rollout_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "fragment_length": 32,
         "worker_config": {"num_envs": 2, "batch_size": 2},
-        "replay_buffer_config": {"fragments_per_chunk": 2, "max_staleness": 4, "max_reuse": 1, "database_config": {"backend": "memory"}},
+        "replay_buffer_config": {
+            "fragments_per_chunk": 2,
+            "max_staleness": 4,
+            "max_reuse": 1,
+            "database_config": {"backend": "memory"},
+        },
     },
     "train_config": {
-        "num_workers": 1, "num_iterations": 6, "batch_size_per_gpu": 2, "batches_per_iteration": 2,
-        "gradient_accumulation": 1, "context_length": 16, "save_interval": 3, "record_video_interval": 0,
-        "learning_rate": 1e-3, "discount": 0.99, "rho_bar": 1.0, "c_bar": 1.0, "entropy_bonus_coef": 0.01,  # V-trace keys
+        "num_workers": 1,
+        "num_iterations": 6,
+        "batch_size_per_gpu": 2,
+        "batches_per_iteration": 2,
+        "gradient_accumulation": 1,
+        "context_length": 16,
+        "save_interval": 3,
+        "record_video_interval": 0,
+        "learning_rate": 1e-3,
+        "discount": 0.99,
+        "rho_bar": 1.0,
+        "c_bar": 1.0,
+        "entropy_bonus_coef": 0.01,  # V-trace keys
     },
     "logger_config": {"loggers": []},
-}  # fmt: skip
+}
 
 
 @pytest.fixture

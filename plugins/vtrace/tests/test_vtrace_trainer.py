@@ -13,7 +13,14 @@ from mineonline_core.config import OnlineConfig
 from mineonline_core.config.messages import validate_trainer_options
 from mineonline_core.errors import ConfigError
 from mineonline_core.contracts import fragment as F
-from mineonline_core.testing.kit import TinyGRUPolicy, cartpole, chunks_of, mlp_policy, rollout_fragments, time_limited_counting
+from mineonline_core.testing.kit import (
+    TinyGRUPolicy,
+    cartpole,
+    chunks_of,
+    mlp_policy,
+    rollout_fragments,
+    time_limited_counting,
+)
 from mineonline_core.trainer.batch import assemble_chunks, denormalized_value
 from mineonline_core.trainer.sequence import forward_sequence
 from mineonline_vtrace import RHO, VTraceTrainer, vtrace
@@ -25,10 +32,20 @@ def gru_policy() -> TinyGRUPolicy:
 
 
 def make_trainer(tmp_path, policy_fn=gru_policy, **train) -> VTraceTrainer:
-    train = {"num_iterations": 5, "batches_per_iteration": 2, "batch_size_per_gpu": 2, "gradient_accumulation": 1,
-             "context_length": 5, "learning_rate": 1e-2, "discount": 0.9, **train}  # fmt: skip
+    train = {
+        "num_iterations": 5,
+        "batches_per_iteration": 2,
+        "batch_size_per_gpu": 2,
+        "gradient_accumulation": 1,
+        "context_length": 5,
+        "learning_rate": 1e-2,
+        "discount": 0.9,
+        **train,
+    }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = VTraceTrainer(rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config, run_dir=str(tmp_path))
+    trainer = VTraceTrainer(
+        rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config, run_dir=str(tmp_path)
+    )
     trainer.setup_rank(local=True)
     trainer.iteration = 1
     return trainer
@@ -58,20 +75,36 @@ def test_stale_chunks_are_weighted_by_pi_over_mu(tmp_path):
         trainer.policy.pi_head.linear.weight.add_(torch.randn_like(trainer.policy.pi_head.linear.weight))
     batch = trainer.estimate(batch=chunks(behaviour))
     with torch.no_grad():
-        latents, _ = forward_sequence(trainer.policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=16)
+        latents, _ = forward_sequence(
+            trainer.policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=16
+        )
     pi = trainer.policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"])
     expected = (pi - batch[F.LOGPROB]).exp().clamp(max=1.0)
     assert (expected < 0.9).float().mean() > 0.1  # the policies differ enough for the check to bite
     assert torch.allclose(batch[RHO], expected, atol=1e-5)
-    ignored = vtrace(behaviour_logprob=pi, target_logprob=pi, reward=batch[F.REWARD], value=batch[F.VALUE],
-                     next_value=torch.zeros(4), terminated=batch[F.TERMINATED], truncated=batch[F.TRUNCATED],
-                     bootstrap=batch[F.BOOTSTRAP], discount=0.9)  # fmt: skip
+    ignored = vtrace(
+        behaviour_logprob=pi,
+        target_logprob=pi,
+        reward=batch[F.REWARD],
+        value=batch[F.VALUE],
+        next_value=torch.zeros(4),
+        terminated=batch[F.TERMINATED],
+        truncated=batch[F.TRUNCATED],
+        bootstrap=batch[F.BOOTSTRAP],
+        discount=0.9,
+    )
     assert (batch[F.ADVANTAGE] - ignored.pg_advantage).abs().max() > 0.1
 
 
 def test_an_iteration_moves_the_value_towards_the_vtrace_targets(tmp_path):
-    trainer = make_trainer(tmp_path, policy_fn=lambda: mlp_policy(hidden=16), learning_rate=3e-3,
-                           epochs_per_iteration=4, batch_size_per_gpu=4, batches_per_iteration=1)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        policy_fn=lambda: mlp_policy(hidden=16),
+        learning_rate=3e-3,
+        epochs_per_iteration=4,
+        batch_size_per_gpu=4,
+        batches_per_iteration=1,
+    )
     batch = chunks(trainer.policy, env_fn=lambda i: cartpole(12))
     before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
     batch = trainer.estimate(batch=batch)  # the iteration's targets (return = v_s) and values, before the update
@@ -80,7 +113,9 @@ def test_an_iteration_moves_the_value_towards_the_vtrace_targets(tmp_path):
     assert {"trainer/policy_loss", "trainer/value_loss", "trainer/entropy", "trainer/vtrace_rho_mean"} <= set(metrics)
     assert all(not torch.equal(before[k], v) for k, v in trainer.policy.named_parameters())
     with torch.no_grad():
-        latents, _ = forward_sequence(trainer.policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=16)
+        latents, _ = forward_sequence(
+            trainer.policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=16
+        )
     value_after = denormalized_value(trainer.policy, latents["vpred"])
     error_before = (batch[F.VALUE] - batch[F.RETURN]).pow(2).mean()
     assert (value_after - batch[F.RETURN]).pow(2).mean() < 0.8 * error_before

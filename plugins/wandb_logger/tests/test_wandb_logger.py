@@ -56,7 +56,10 @@ def test_offline_run_holds_metrics_histograms_video_and_scrubbed_config(offline_
     }
     hub = LoggerHub(
         run_dir=str(run_dir),
-        loggers=[(ConsoleLogger, ConsoleOptions()), (WandbLogger, WandbOptions(project="mineonline-test", tags=["ci"]))],
+        loggers=[
+            (ConsoleLogger, ConsoleOptions()),
+            (WandbLogger, WandbOptions(project="mineonline-test", tags=["ci"])),
+        ],
         config=config,
         num_iterations=5,
         video_dir="videos",
@@ -122,7 +125,13 @@ def test_mode_resolution(tmp_path):
 
 
 def test_scrub_secrets():
-    tree = {"a": 1, "API_KEY": "x", "nested": [{"token": 1, "b": 2}], "db_password": "p", "keep": {"secret_sauce": 1, "c": (1, 2)}}
+    tree = {
+        "a": 1,
+        "API_KEY": "x",
+        "nested": [{"token": 1, "b": 2}],
+        "db_password": "p",
+        "keep": {"secret_sauce": 1, "c": (1, 2)},
+    }
     assert scrub_secrets(tree) == {"a": 1, "nested": [{"b": 2}], "keep": {"c": (1, 2)}}
 
 
@@ -141,8 +150,9 @@ def test_registers_as_wandb():
 
     # Importing the plugin (as plugin discovery does) must not import wandb.
     code = "import sys, mineonline_wandb; print('wandb' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": ":".join(sys.path)}).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONPATH": ":".join(sys.path)}
+    ).stdout.strip()
     assert out == "False"
 
 
@@ -197,7 +207,12 @@ def test_short_run_through_the_ray_hub_leaves_metrics_video_and_report(offline_e
         for it in range(1, 4):
             hub.add_env_steps.remote(1000)
             hub.log_batch.remote(
-                {"trainer/iteration": it, "trainer/policy_loss": 1.0 / it, "episode/return_mean": float(it), "rollout/env_steps_per_s": 500.0},
+                {
+                    "trainer/iteration": it,
+                    "trainer/policy_loss": 1.0 / it,
+                    "episode/return_mean": float(it),
+                    "rollout/env_steps_per_s": 500.0,
+                },
                 {"trainer/advantages": np.linspace(-1, 1, 64)},
             )
         frames = [np.full((16, 16, 3), 20 * t, np.uint8) for t in range(6)]
@@ -214,17 +229,26 @@ def test_short_run_through_the_ray_hub_leaves_metrics_video_and_report(offline_e
         assert name.encode() in data, name  # the same metric names in wandb and in the JSONL
     assert list((offline_run / "files" / "media" / "videos").rglob("*.mp4"))
     assert (run_dir / "videos" / "video_worker_0_step000003000.mp4").stat().st_size > 200
-    assert {p.name for p in write_report(run_dir)} >= {"report_learning_curve.png", "report_losses.png", "report_throughput.png"}
+    assert {p.name for p in write_report(run_dir)} >= {
+        "report_learning_curve.png",
+        "report_losses.png",
+        "report_throughput.png",
+    }
 
 
 def test_a_resumed_run_reopens_its_wandb_run(offline_env):
     """The run id is stored in the run directory; a run resumed from a checkpoint logs to the same run."""
     run_dir = offline_env / "run"
-    first = WandbLogger(run_dir=str(run_dir), options=WandbOptions(project="p"), config={"train_config": {"resume": None}})
+    first = WandbLogger(
+        run_dir=str(run_dir), options=WandbOptions(project="p"), config={"train_config": {"resume": None}}
+    )
     first.log_metrics({"episode/return_mean": 1.0}, 100)
     first.finish()
-    resumed = WandbLogger(run_dir=str(run_dir), options=WandbOptions(project="p"),
-                          config={"train_config": {"resume": str(run_dir / "checkpoints" / "checkpoint_000002")}})  # fmt: skip
+    resumed = WandbLogger(
+        run_dir=str(run_dir),
+        options=WandbOptions(project="p"),
+        config={"train_config": {"resume": str(run_dir / "checkpoints" / "checkpoint_000002")}},
+    )
     resumed.log_metrics({"episode/return_mean": 2.0}, 200)
     resumed.finish()
     assert resumed.run.id == first.run.id
