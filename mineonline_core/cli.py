@@ -40,7 +40,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     if args.resume is not None and args.config is not None:
         raise MineOnlineError(
-            "mineonline tune --resume EXPERIMENT_DIR continues an experiment as it was planned: give no CONFIG or overrides."
+            "mineonline tune --resume EXPERIMENT_DIR continues an experiment as it was planned: "
+            "give no CONFIG or overrides."
         )
     rows = tune(
         args.config,

@@ -157,7 +157,8 @@ def evaluation_resources(cfg: OnlineConfig) -> tuple[float, float]:
 
 
 def required_resources(cfg: OnlineConfig) -> dict[str, float]:
-    """CPUs and GPUs the run's workers (shared inference server, evaluation actor) reserve (the small actors reserve none)."""
+    """CPUs and GPUs the run's workers (shared inference server, evaluation actor) reserve (the small
+    actors reserve none)."""
     rc, tc = cfg.rollout_config, cfg.train_config
     server_cpus, server_gpus, worker_gpus = inference_resources(rc)
     eval_cpus, eval_gpus = evaluation_resources(cfg)

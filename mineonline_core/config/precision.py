@@ -22,7 +22,8 @@ per process against the device it computes on (``PrecisionChoice.on`` -> ``Preci
   rounded as the training side's proximal/current log-probs are, so on version-0 data the ratio and
   the importance weight ``pi / mu`` carry only the batch-shape noise of one dtype, not the gap between
   two (tiny VPT on CPU, bf16 training: max |ratio - 1| 1.3e-4 with bf16 rollout, 2.8e-3 with fp32
-  rollout; issue 24 saw 0.25 on its data), and rollout gets the bfloat16 speed. The heads stay float32 inside the policy (VPT does this), so log-probs are float32.
+  rollout; issue 24 saw 0.25 on its data), and rollout gets the bfloat16 speed. The heads stay float32
+  inside the policy (VPT does this), so log-probs are float32.
 
 Nothing here reads a global default: ``Precision.apply_tf32`` writes both flags whatever they were.
 The module imports torch only when a decision is applied: the rollout manager, which never imports

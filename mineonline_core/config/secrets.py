@@ -26,7 +26,9 @@ SECRET_KEY = re.compile(
 # A secret-looking key followed by ':' or '=' and its value (quoted, or up to a separator), in YAML
 # or Python source text.
 _ASSIGNMENT = re.compile(
-    r"""(["']?\b[\w-]*(?:api[_-]?key|apikey|token|secret|passw(?:or)?d|credential|private[_-]?key)[\w-]*["']?\s*[:=]\s*)"""
+    r"""(["']?\b[\w-]*"""
+    r"""(?:api[_-]?key|apikey|token|secret|passw(?:or)?d|credential|private[_-]?key)"""
+    r"""[\w-]*["']?\s*[:=]\s*)"""
     r"""("[^"\n]*"|'[^'\n]*'|[^\s,}\]#)]+)""",
     re.IGNORECASE,
 )

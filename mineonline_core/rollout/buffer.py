@@ -261,7 +261,8 @@ class ReplayBuffer:
         used = sum(1 for c in chunks if c.reuse >= self.max_reuse)
         partial = sum(len(p.metas) for p in self._pending.values())
         text = (
-            f"{self._num_eligible(for_version)} of the {num_chunks} chunks asked for are eligible at model version {at}; "
+            f"{self._num_eligible(for_version)} of the {num_chunks} chunks asked for are eligible at model version "
+            f"{at}; "
             f"the buffer holds {len(chunks)} chunks ({stale} too stale for max_staleness={self.max_staleness}, {used} "
             f"used up by max_reuse={self.max_reuse}), {partial} fragments wait in partial chunks of "
             f"fragments_per_chunk={self.fragments_per_chunk}, {self.counters['fragments_added']} fragments received "

@@ -1,10 +1,11 @@
 """Deterministic fault injection for envs: exceptions, hangs and process death.
 
 ``FaultyEnv`` wraps any gymnasium env and, driven by a seed, raises in ``step``/``reset`` at a
-given rate, returns a NaN reward or a NaN in the observation at a given rate, hangs (sleeps past the collector's ``step_timeout``) at a given step, or SIGKILLs its
-own process at a given step. Envs run in their own subprocess (``rollout/envproc.py``), so the
-factory ``FaultyEnvFactory`` is what a test passes as an env function: its arguments are plain
-values, it pickles, and it builds the env inside the subprocess.
+given rate, returns a NaN reward or a NaN in the observation at a given rate, hangs (sleeps past the
+collector's ``step_timeout``) at a given step, or SIGKILLs its own process at a given step. Envs run in
+their own subprocess (``rollout/envproc.py``), so the factory ``FaultyEnvFactory`` is what a test passes
+as an env function: its arguments are plain values, it pickles, and it builds the env inside the
+subprocess.
 
 Two things make faults testable across env rebuilds, which happen in fresh processes:
 

@@ -101,7 +101,8 @@ class DriverSide:
                 # A rank killed as hung is the cause, whatever Ray Train says of its death.
                 cause = watch.hung if watch is not None and watch.hung else last_line(exc, limit=200)
                 if not recovery.is_rank_death(exc) or self.restarts >= tc.max_trainer_restarts:
-                    limit = f" after {self.restarts} restart(s) (train_config.max_trainer_restarts={tc.max_trainer_restarts})"
+                    cap = f"train_config.max_trainer_restarts={tc.max_trainer_restarts}"
+                    limit = f" after {self.restarts} restart(s) ({cap})"
                     hung = f" {watch.hung}" if watch is not None and watch.hung else ""
                     raise RunFailedError(f"Training failed on a Ray Train worker{limit}:{hung} {exc}") from exc
                 self.restarts += 1

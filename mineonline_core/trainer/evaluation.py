@@ -70,7 +70,8 @@ class EvaluationClient:
             self.skipped += 1
             first = self.skipped == 1
             (log.warning if first else log.info)(
-                "evaluation of iteration %d skipped: the evaluation of iteration %d is still running%s (eval/skipped: %d)",
+                "evaluation of iteration %d skipped: the evaluation of iteration %d is still running%s "
+                "(eval/skipped: %d)",
                 iteration,
                 running["iteration"],
                 "; train_config.eval_interval is shorter than one evaluation, or eval_episodes too many"

@@ -48,7 +48,8 @@ class Goals:
             return f"train_config.max_env_steps={self.max_env_steps} reached ({int(steps)} env steps)"
         value = self.window_return(latest)
         if self.stop_at_return is not None and value is not None and value >= self.stop_at_return:
-            return f"train_config.stop_at_return={self.stop_at_return:g} reached ({RETURN_KEY} {value:.4g} over {self.window} episodes)"
+            over = f"({RETURN_KEY} {value:.4g} over {self.window} episodes)"
+            return f"train_config.stop_at_return={self.stop_at_return:g} reached {over}"
         return None
 
     @property
