@@ -8,7 +8,9 @@ process that calls it without importing what it needs on the way.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import itertools
 import importlib.util
 import pathlib
 import sys
@@ -16,9 +18,12 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from mineonline_core.config.deadline import import_deadline
 from mineonline_core.errors import ConfigError
 
 KEYS = ("env_generator", "policy_generator")
+# A fresh module name for each import of a config file.
+_module_counter = itertools.count()
 
 
 def generator_spec(
@@ -57,8 +62,6 @@ def import_generator(spec: str, *, key: str) -> Callable[[], Any]:
             f"'path/to/config.py:function'."
         )
     if target.endswith(".py"):
-        from mineonline_core.config.loading import import_file
-
         path = pathlib.Path(target).expanduser()
         if not path.is_file():
             raise ConfigError(
@@ -79,6 +82,35 @@ def import_generator(spec: str, *, key: str) -> Callable[[], Any]:
     if not callable(obj):
         raise ConfigError(f"{key}: {target!r} defines no function {attr!r}. Fix: name a function taking no arguments.")
     return obj
+
+
+def import_file(path: pathlib.Path) -> ModuleType:
+    """Execute a config module from its path under a unique name.
+
+    It leaves ``sys.modules`` afterwards so that Ray's cloudpickle ships its generators by value:
+    workers need not be able to import the user's file.
+    """
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    name = f"mineonline_user_config_{digest}_{next(_module_counter)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"Config module {str(path)!r} cannot be imported as Python.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.parent))  # let it import helper modules next to it
+    with import_deadline(path):  # a module that loops at import is reported, naming it, not waited on forever
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ConfigError(
+                f"Importing config module {str(path)!r} failed: {type(exc).__name__}: {exc}. Fix: "
+                f"run `python {path}` to see the full traceback and correct the module."
+            ) from exc
+        finally:
+            sys.modules.pop(name, None)
+            if str(path.parent) in sys.path:
+                sys.path.remove(str(path.parent))
+    return module
 
 
 class Deferred:

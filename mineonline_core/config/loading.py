@@ -7,14 +7,10 @@ YAML goes through OmegaConf rather than plain PyYAML so that ``${...}`` interpol
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.util
 import inspect
-import itertools
 import logging
 import os
 import pathlib
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -22,16 +18,13 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mineonline_core.config.checks import check_consistency, minestudio_only_warnings
-from mineonline_core.config.generators import KEYS, generator_spec
-from mineonline_core.config.deadline import import_deadline
+from mineonline_core.config.generators import KEYS, generator_spec, import_file
 from mineonline_core.config.messages import Loc, show, validate_online_config
 from mineonline_core.config.online import OnlineConfig
 from mineonline_core.config.secrets import find_expressions, override_expressions
 from mineonline_core.errors import ConfigError
 
 log = logging.getLogger("mineonline")
-
-_module_counter = itertools.count()
 
 
 @dataclasses.dataclass
@@ -194,35 +187,6 @@ def _expressions_of(source: Any) -> dict[tuple, str]:
                 found.update({(key, *p): e for p, e in _expressions_of(value).items()})
         return found
     return {}
-
-
-def import_file(path: pathlib.Path) -> ModuleType:
-    """Execute a config module from its path under a unique name.
-
-    It leaves ``sys.modules`` afterwards so that Ray's cloudpickle ships its generators by value:
-    workers need not be able to import the user's file.
-    """
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    name = f"mineonline_user_config_{digest}_{next(_module_counter)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"Config module {str(path)!r} cannot be imported as Python.")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(path.parent))  # let it import helper modules next to it
-    with import_deadline(path):  # a module that loops at import is reported, naming it, not waited on forever
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            raise ConfigError(
-                f"Importing config module {str(path)!r} failed: {type(exc).__name__}: {exc}. Fix: "
-                f"run `python {path}` to see the full traceback and correct the module."
-            ) from exc
-        finally:
-            sys.modules.pop(name, None)
-            if str(path.parent) in sys.path:
-                sys.path.remove(str(path.parent))
-    return module
 
 
 def _module_text(module: ModuleType) -> str | None:
