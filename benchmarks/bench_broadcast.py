@@ -8,10 +8,10 @@ standby policy's tensors (``load_state_dict``, off the stepping thread). The act
 with exactly that path (a real policy of 248M parameters per worker would not fit this shared
 machine), so the figure is the transport's.
 
-Figures per (params, N), best of ``--repeats`` (medians beside): ``baseline_ms`` (one ``ray.put`` + ``ray.get`` of the same dict in the
-driver), ``deliver_ms`` (put → every worker holds the arrays), ``load_ms`` (the copy into the
-policy, measured in the worker), ``applied_ms`` (put → every worker acknowledged, load
-included), ``ratio`` = deliver_ms / baseline_ms (target <= 1.5), and
+Figures per (params, N), best of ``--repeats`` (medians beside): ``baseline_ms`` (one ``ray.put`` +
+``ray.get`` of the same dict in the driver), ``deliver_ms`` (put → every worker holds the arrays),
+``load_ms`` (the copy into the policy, measured in the worker), ``applied_ms`` (put → every worker
+acknowledged, load included), ``ratio`` = deliver_ms / baseline_ms (target <= 1.5), and
 ``zero_copy`` (the arrays the workers got are read-only views of the object store, not copies).
 
     python benchmarks/bench_broadcast.py --params 1e6,71e6,248e6 --workers 1,2,4

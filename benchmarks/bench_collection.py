@@ -5,8 +5,8 @@
 * collector: mineonline's ``FragmentCollector`` (env processes, batched inference, fragment
   assembly) in this process, without Ray: isolates the per-step cost of fragments.
 * actor: a real ``RolloutManager`` on a private local Ray cluster, its workers writing fragments into
-  the store (``--store``, LMDB by default) and announcing them to the replay buffer, while no learner consumes (the buffer evicts).
-  Measured from the manager's own ``status()["env_steps"]``.
+  the store (``--store``, LMDB by default) and announcing them to the replay buffer, while no learner
+  consumes (the buffer evicts). Measured from the manager's own ``status()["env_steps"]``.
 
 ``*_detail.cpu_ms_per_step`` is the stepping process's own CPU per env step (env processes excluded):
 on a loaded machine it is the stable figure, and ``collector_cpu_tax_ms_per_step`` is the framework's

@@ -166,8 +166,9 @@ def main() -> None:
         if "whole_s" in mine and "whole_s" in sb3:
             row["whole_ratio_vs_sb3"] = mine["whole_s"] / sb3["whole_s"]
             print(
-                f"# {key} {steps} steps: mineonline {mine['whole_s']:.1f} s whole (first step {mine['first_env_step_s']:.1f} s, "
-                f"shutdown {mine['shutdown_s']:.1f} s); SB3 {sb3['whole_s']:.1f} s whole ({sb3['setup_s']:.1f} set-up + "
+                f"# {key} {steps} steps: mineonline {mine['whole_s']:.1f} s whole "
+                f"(first step {mine['first_env_step_s']:.1f} s, shutdown {mine['shutdown_s']:.1f} s); "
+                f"SB3 {sb3['whole_s']:.1f} s whole ({sb3['setup_s']:.1f} set-up + "
                 f"{sb3['learn_s']:.1f} learn); ratio {row['whole_ratio_vs_sb3']:.2f}",
                 file=sys.stderr,
                 flush=True,

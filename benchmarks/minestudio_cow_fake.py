@@ -3,7 +3,8 @@
 MineStudio's real ``MinecraftSim`` and its callbacks run the cow task; only the Java game is replaced, so
 the flagship config runs on any machine. Point ``VPT_MODEL``/``VPT_WEIGHTS`` at small random VPT files
 (the shared fixture ``vpt_public/public.model``/``public.weights``), shorten episodes with
-``COW_TIME_LIMIT`` and shrink the run with ``SMALL`` on the command line; ``bench_minestudio.py`` and ``tests/test_minestudio_e2e.py`` do both.
+``COW_TIME_LIMIT`` and shrink the run with ``SMALL`` on the command line; ``bench_minestudio.py`` and
+``tests/test_minestudio_e2e.py`` do both.
 """
 
 import importlib.util

@@ -90,7 +90,8 @@ def test_progress_plain_lines_when_not_a_tty():
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
     assert lines[0].startswith(
-        "iter 2/10 | env_steps 2,048 | env steps/s (rollout) 512 | return mean 1.5 | staleness mean 0.5 | policy loss 0.02"
+        "iter 2/10 | env_steps 2,048 | env steps/s (rollout) 512 | return mean 1.5 | staleness mean 0.5 "
+        "| policy loss 0.02"
     )
     # 4 iterations in 20 s since the first one seen -> 5 s each, 4 left -> 20 s
     assert "iter 6/10" in lines[1] and "samples/s (train) 100" in lines[1] and "ETA 0:20" in lines[1]

@@ -72,7 +72,8 @@ def test_check_refuses_it_before_ray_starts(tmp_path: Path) -> None:
 
 
         def policy_generator():
-            return import_minestudio_vpt().load_vpt_policy({str(FIXTURE / "public.model")!r}, {str(FIXTURE / "public.weights")!r})
+            model, weights = {str(FIXTURE / "public.model")!r}, {str(FIXTURE / "public.weights")!r}
+            return import_minestudio_vpt().load_vpt_policy(model, weights)
 
 
         online_dict = {{"rollout_config": {{"replay_buffer_config": {{"database_config": {{"backend": "memory"}}}}}}}}

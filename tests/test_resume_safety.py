@@ -2,8 +2,8 @@
 checkpoint, and a resume from a chosen checkpoint.
 
 One real run (CartPole, 2 iterations, a checkpoint each) is shared by the module. Every refusal must
-come before Ray starts (how long it took is printed, not asserted) and leave ``run.json``, ``config.yaml`` and ``metrics.jsonl``
-exactly as they were.
+come before Ray starts (how long it took is printed, not asserted) and leave ``run.json``, ``config.yaml``
+and ``metrics.jsonl`` exactly as they were.
 """
 
 from __future__ import annotations

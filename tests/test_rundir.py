@@ -45,7 +45,8 @@ ownership = claim_run(cfg, get_plugin_manager())
 store = None
 if cfg.rollout_config.replay_buffer_config.database_config.backend == "lmdb":
     from mineonline_lmdb import LMDBStore
-    store = LMDBStore(path=str(cfg.resolve_path(cfg.rollout_config.replay_buffer_config.database_config.path)), num_shards=2)
+    path = cfg.resolve_path(cfg.rollout_config.replay_buffer_config.database_config.path)
+    store = LMDBStore(path=str(path), num_shards=2)
     store.put_many((f"frag-{i:03d}", {"obs": np.full((16, 4), i, np.float32)}) for i in range(60))
 print("ready", flush=True)
 sys.stdin.readline()

@@ -155,7 +155,8 @@ class PPOConfig(TrainerOptions):
 _MINESTUDIO_ONLY = {
     "enable_ref_update": "MineStudio's PPOTrainer reads it nowhere; set ref_update_at_checkpoint: true "
     "to refresh the KL reference at every checkpoint",
-    "fix_decoder": "MineStudio's online trainer reads it nowhere; set freeze_pi_head: true to freeze the action decoder",
+    "fix_decoder": "MineStudio's online trainer reads it nowhere; set freeze_pi_head: true "
+    "to freeze the action decoder",
 }
 
 

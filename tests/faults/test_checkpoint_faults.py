@@ -235,7 +235,7 @@ def small_disk(tmp_path: Path):
     if made.returncode != 0:
         pytest.skip(
             f"cannot mount a tmpfs here ({made.stderr.strip()}); the ENOSPC path is covered by "
-            "tests/test_bad_input.py::test_a_full_disk_while_checkpointing"
+            "tests/test_bad_input_storage.py::test_a_full_disk_while_checkpointing"
         )
     try:
         yield mount

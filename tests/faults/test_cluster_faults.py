@@ -207,7 +207,8 @@ def test_lost_nodes_cost_only_their_workers_and_ranks(cluster, tmp_path: Path) -
     first = [int(r["trainer/iteration"]) for r in _records(run_dir) if r.get("trainer/restarts") == 0]
     assert 0 <= max(first) - (restarted[0] - 1) <= 1  # resumed from the latest checkpoint (save_interval 1)
     print(
-        f"FIGURE {nodes_killed} node(s) killed: {len(restarted)} iterations after the rank's restart, from iteration {restarted[0]}"
+        f"FIGURE {nodes_killed} node(s) killed: {len(restarted)} iterations after the rank's restart, "
+        f"from iteration {restarted[0]}"
     )
 
 

@@ -154,7 +154,8 @@ def test_one_fault_rebuild_and_recovery(tmp_path, kind: str) -> None:
     (record,) = [r for r in records if r["stream"] == "0.0.0"]
     assert record["truncated"] and record["length"] == 2 * T + 2
     print(
-        f"FIGURE env {kind}: 1 fault, 1 rebuild, {after} steps after it, 0 fragments lost, {elapsed:.1f}s for {len(frags)} fragments"
+        f"FIGURE env {kind}: 1 fault, 1 rebuild, {after} steps after it, 0 fragments lost, "
+        f"{elapsed:.1f}s for {len(frags)} fragments"
     )
     if kind == "hang":
         # Detected by step_timeout, not by the hang ending (60 s): a hang that ends is a step that

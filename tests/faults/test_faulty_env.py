@@ -27,7 +27,9 @@ def _fault_steps(env: gym.Env, n: int) -> list[int]:
 
 
 def test_rate_faults_are_deterministic_per_seed_and_life(tmp_path) -> None:
-    make = lambda d, seed: FaultyEnvFactory(counting, step_error_rate=0.1, seed=seed, state_dir=str(tmp_path / d))  # noqa: E731
+    def make(d, seed):
+        return FaultyEnvFactory(counting, step_error_rate=0.1, seed=seed, state_dir=str(tmp_path / d))
+
     a0, a1 = _fault_steps(make("a", 3)(), 300), _fault_steps(make("a", 3)(), 300)
     b0 = _fault_steps(make("b", 3)(), 300)
     c0 = _fault_steps(make("c", 4)(), 300)

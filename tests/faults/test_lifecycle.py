@@ -228,7 +228,8 @@ def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) 
     (iteration, _), *_ = reversed(list_checkpoints(run_dir / "checkpoints"))
     assert iteration >= version_seen  # the final checkpoint holds the iteration the run had reached
     print(
-        f"FIGURE stop from a second driver: run at version >= {version_seen}, final checkpoint {iteration}, 0 actors left"
+        f"FIGURE stop from a second driver: run at version >= {version_seen}, "
+        f"final checkpoint {iteration}, 0 actors left"
     )
 
 

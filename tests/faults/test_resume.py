@@ -171,8 +171,8 @@ def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(tmp_path: Path, sig
     assert checkpoints[0][0] == max(_iterations_logged(run_dir))  # the iteration it had reached
     assert reap_session(driver.pid, grace_s=30) == {}
     print(
-        f"FIGURE {signal.Signals(signum).name}: exited 0 after {exit_s:.1f}s, final checkpoint at iteration {checkpoints[0][0]}, "
-        f"0 processes left"
+        f"FIGURE {signal.Signals(signum).name}: exited 0 after {exit_s:.1f}s, "
+        f"final checkpoint at iteration {checkpoints[0][0]}, 0 processes left"
     )
 
 

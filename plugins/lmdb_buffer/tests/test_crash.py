@@ -159,5 +159,6 @@ def test_writer_killed_inside_the_write_transaction_20_times(tmp_path):
     assert len(interrupted) == 20
     print(
         f"FIGURE LMDB writer SIGKILLed inside the write transaction 20 times: 0 corrupt reads of "
-        f"{6 * len(committed)} records, {len(committed)} committed batches all present, 0 records of 20 interrupted batches"
+        f"{6 * len(committed)} records, {len(committed)} committed batches all present, "
+        f"0 records of 20 interrupted batches"
     )

@@ -113,7 +113,8 @@ def _action_head(action_space: Any, hidsize: int, temperature: float) -> torch.n
                 sizes[key], singleton[key] = int(sub.nvec[0]), True
             else:
                 raise ConfigError(
-                    f"vpt policy: action key {key!r} has space {sub}; only Discrete(n) and MultiDiscrete([n]) are supported."
+                    f"vpt policy: action key {key!r} has space {sub}; "
+                    "only Discrete(n) and MultiDiscrete([n]) are supported."
                 )
         return DictActionHead(hidsize, sizes, temperature=temperature, singleton=singleton)
     raise ConfigError(f"vpt policy: unsupported action space {action_space}; use Discrete(n) or a Dict of them.")
