@@ -7,7 +7,7 @@ Each problem becomes one line: the dotted key, what is wrong, the offending valu
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -141,41 +141,61 @@ def _origin(loc: Loc, origins: Mapping[Loc, str]) -> str:
     return ""
 
 
+def validate_options(
+    owner: type,
+    data: Mapping[str, Any] | None,
+    *,
+    section: str,
+    kind: str = "",
+    core: Sequence[str] = (),
+    origins: Mapping[Loc, str] | None = None,
+) -> BaseModel:
+    """A component's options: ``data`` validated against ``owner.Config``, or ONE ``ConfigError`` in the
+    style of ``validate_online_config``. The one validator of every component's options (trainer, store,
+    env, policy, loggers). ``section`` is the dotted key the options sit under, ``kind`` names the
+    component's kind in the message ("trainer"), ``core`` the keys the core owns in the same section
+    (offered as close matches too); an unknown key names the component and the closest keys."""
+    options_cls = owner.Config
+    try:
+        return options_cls.model_validate(dict(data or {}))
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+    prefix: Loc = tuple(section.split("."))
+    who = f"{kind} {owner.name!r}" if kind else repr(owner.name)
+    own = sorted(options_cls.model_fields)
+    problems = []
+    for err in errors:
+        loc = tuple(err.get("loc", ()))
+        where = _origin(prefix + loc, origins or {})
+        if err.get("type") != "extra_forbidden":
+            problems.append(describe(err, root=options_cls, prefix=prefix) + where)
+            continue
+        key = str(loc[-1])
+        value = REDACTED if is_secret_key(key) else redact(err.get("input"))
+        matches = difflib.get_close_matches(key, sorted(core) + own, n=3, cutoff=0.6)
+        also = " or a core key (`mineonline config docs` lists both)" if core else ""
+        fix = (
+            f"Did you mean {' or '.join(repr(m) for m in matches)}? Fix: rename the key."
+            if matches
+            else f"Fix: remove it, or use one of {owner.name}'s keys ({', '.join(own) or 'none'}){also}."
+        )
+        problems.append(f"{dotted(prefix + loc)}: unknown key for {who} (value {show(value)}). {fix}{where}")
+    count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
+    raise ConfigError(f"Invalid {section} for {who} ({count}):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
 def validate_trainer_options(
     trainer_cls: type, train_config: BaseModel, *, origins: Mapping[Loc, str] | None = None
 ) -> BaseModel:
     """The selected trainer's ``Config`` from its section: the ``train_config`` keys the core does not
-    own. Raises ONE ``ConfigError`` in the style of ``validate_online_config``; an unknown key names
-    the trainer and the closest keys of the whole section (core and trainer)."""
-    data = dict(train_config.model_extra or {})
-    options_cls = trainer_cls.Config
-    try:
-        return options_cls.model_validate(data)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-    core, own = sorted(type(train_config).model_fields), sorted(options_cls.model_fields)
-    problems = []
-    for err in errors:
-        loc = tuple(err.get("loc", ()))
-        where = _origin(("train_config", *loc), origins or {})
-        if err.get("type") != "extra_forbidden":
-            problems.append(describe(err, root=options_cls, prefix=("train_config",)) + where)
-            continue
-        key = str(loc[-1])
-        value = REDACTED if is_secret_key(key) else redact(err.get("input"))
-        matches = difflib.get_close_matches(key, core + own, n=3, cutoff=0.6)
-        fix = (
-            f"Did you mean {' or '.join(repr(m) for m in matches)}? Fix: rename the key."
-            if matches
-            else f"Fix: remove it, or use one of {trainer_cls.name}'s keys ({', '.join(own) or 'none'}) or a core key "
-            f"(`mineonline config docs` lists both)."
-        )
-        problems.append(
-            f"train_config.{key}: unknown key for trainer {trainer_cls.name!r} (value {show(value)}). {fix}{where}"
-        )
-    count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
-    raise ConfigError(
-        f"Invalid train_config for trainer {trainer_cls.name!r} ({count}):\n" + "\n".join(f"  - {p}" for p in problems)
+    own (``validate_options``; an unknown key is matched against the core's keys too)."""
+    return validate_options(
+        trainer_cls,
+        train_config.model_extra,
+        section="train_config",
+        kind="trainer",
+        core=list(type(train_config).model_fields),
+        origins=origins,
     )
 
 

@@ -13,12 +13,12 @@ import importlib
 import logging
 from typing import Any, Callable
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from mineonline_core.config import LoadedConfig, OnlineConfig, check_consistency
 from mineonline_core.config.secrets import REDACTED, is_secret_key, redact
 from mineonline_core.config.generators import import_generator
-from mineonline_core.config.messages import validate_trainer_options
+from mineonline_core.config.messages import validate_options, validate_trainer_options
 from mineonline_core.config.trainer_keys import set_aside_foreign_keys
 from mineonline_core.errors import ConfigError, MineOnlineError, closest
 from mineonline_core.registry import PluginManager
@@ -43,27 +43,6 @@ class ResolvedRun:
     source_path: str | None = None
     memory: Any = None  # budget.MemoryEstimate, when the generators were probed
     trainer_options: BaseModel | None = None  # the trainer's own train_config keys, validated
-
-
-def _options(cls: type, data: dict[str, Any], key: str) -> BaseModel:
-    try:
-        return cls.Config(**data)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            field = ".".join(str(p) for p in error["loc"])
-            shown = REDACTED if any(is_secret_key(p) for p in error["loc"]) else redact(error.get("input"))
-            if error["type"] == "extra_forbidden":
-                fields = list(cls.Config.model_fields)
-                hint = closest(field, fields)
-                problems.append(
-                    f"{key}.{field}: unknown key for {cls.name!r} (value {shown!r})."
-                    + (f" Did you mean {hint!r}?" if hint else "")
-                    + f" Valid keys: {', '.join(fields) or 'none'}."
-                )
-            else:
-                problems.append(f"{key}.{field}: {error['msg']} (got {shown!r}).")
-        raise ConfigError(f"Invalid options for {cls.name!r}:\n  " + "\n  ".join(problems)) from None
 
 
 def _picklable(obj: Any, what: str) -> None:
@@ -122,8 +101,8 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isol
     trainer_cls, trainer_options = resolve_trainer(loaded, pm)
     db = cfg.rollout_config.replay_buffer_config.database_config
     store_cls = pm.lookup("replay_store", db.backend)
-    store_options = _options(
-        store_cls, dict(db.model_extra or {}), "rollout_config.replay_buffer_config.database_config"
+    store_options = validate_options(
+        store_cls, db.model_extra, section="rollout_config.replay_buffer_config.database_config"
     )
 
     logger_names = ["console", *[n for n in cfg.logger_config.loggers if n != "console"]]
@@ -140,7 +119,7 @@ def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isol
             + f" Keys the selected loggers accept: {', '.join(sorted(consumed)) or 'none'}."
         )
     logger_data = {"project": cfg.logger_config.project, "name": cfg.logger_config.name, **extra}
-    loggers = [(cls, _options(cls, logger_data, "logger_config")) for cls in logger_classes]
+    loggers = [(cls, validate_options(cls, logger_data, section="logger_config")) for cls in logger_classes]
 
     gens = resolve_generators(
         loaded,
@@ -205,7 +184,7 @@ def resolve_generators(
             )
         env_cls = pm.lookup("env", cfg.env_config.name)
         env_generator = env_generator_from_config(
-            env_cls, _options(env_cls, dict(cfg.env_config.model_extra or {}), "env_config")
+            env_cls, validate_options(env_cls, cfg.env_config.model_extra, section="env_config")
         )
     elif cfg.env_config is not None:
         raise ConfigError(
@@ -242,7 +221,9 @@ def resolve_generators(
                 "{name: cnn_gru} (images) or {name: vpt, model_path: ...}, or define policy_generator() in a Python config."
             )
         policy_cls = pm.lookup("policy", cfg.policy_config.name)
-        options = _options(policy_cls, dict(cfg.policy_config.model_extra or {}), "policy_config")
+        options = validate_options(
+            policy_cls, cfg.policy_config.model_extra, section="policy_config", origins=loaded.origins
+        )
         policy_generator = functools.partial(_build_policy, policy_cls, options, observation_space, action_space)
     elif cfg.policy_config is not None:
         raise ConfigError(

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mineonline_core.config.messages import validate_options
 from mineonline_core.contracts.store import FragmentStore
 from mineonline_core.services.runlog import setup_actor_logging
 from mineonline_core.services.names import NAMESPACE
@@ -33,7 +34,7 @@ HOST_MAX_CONCURRENCY = 32
 def _options(store_cls: type[FragmentStore], options: BaseModel | dict[str, Any] | None) -> BaseModel:
     if isinstance(options, BaseModel):
         return options
-    return store_cls.Config(**(options or {}))
+    return validate_options(store_cls, options, section="rollout_config.replay_buffer_config.database_config")
 
 
 def _current_node_id() -> str:
