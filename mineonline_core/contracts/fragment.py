@@ -20,6 +20,7 @@ dict (a tree, see ``mineonline_core.contracts.tree``) with these keys; T is ``fr
 ``episode_id``     int64 (T,): a per-stream episode counter
 ``version``        int64 (T,): the model version that chose each action
 ``stream``         str: ``"{worker_id}.{incarnation}.{env_id}"``, one per env per worker life
+                   (``stream_name``; a store key is ``fragment_key(stream, index)``)
 ``index``          int: the fragment's position in its stream (consecutive fragments: +1)
 ``worker_id``      int
 ``env_id``         int
@@ -63,6 +64,8 @@ STEP_COLUMNS = (OBS, ACTION, REWARD, TERMINATED, TRUNCATED, FIRST, LOGPROB, VPRE
 ADVANTAGE = "advantage"
 RETURN = "return"
 VALUE = "value"  # the trainer's own value estimate at fetch time, denormalised
+# The trainer's version minus the version that chose each action, at fetch time (logged, never trained on).
+STALENESS = "staleness"
 # The current model's log-prob of the stored action at the start of the update, in the training
 # numerics and micro-batch shapes: the proximal policy of PPO's decoupled objective.
 LOGPROB_PROX = "logprob_prox"
@@ -73,9 +76,33 @@ VALUE_TARGET = "value_target"  # ``return`` normalised: what the value head regr
 OLD_VPRED = "old_vpred"
 
 
+def stream_name(worker_id: int, incarnation: int, env_id: int) -> str:
+    """A stream's name: ``"{worker_id}.{incarnation}.{env_id}"``, one per env per worker life, so a
+    restarted worker (a new incarnation) never writes a key an earlier life wrote."""
+    return f"{worker_id}.{incarnation}.{env_id}"
+
+
+def parse_stream(stream: str) -> tuple[int, int, int] | None:
+    """``stream_name``'s inverse: ``(worker_id, incarnation, env_id)``, or None for a stream a worker
+    did not name (tests store under free-form streams)."""
+    parts = stream.split(".")
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        return None
+    worker_id, incarnation, env_id = (int(part) for part in parts)
+    return worker_id, incarnation, env_id
+
+
 def fragment_key(stream: str, index: int) -> str:
     """The store key of a fragment: sortable within a stream."""
     return f"{stream}.{index:09d}"
+
+
+def parse_fragment_key(key: str) -> tuple[str, int] | None:
+    """``fragment_key``'s inverse: ``(stream, index)``, or None for a key no fragment has."""
+    stream, _, index = key.rpartition(".")
+    if not stream or not index.isdigit():
+        return None
+    return stream, int(index)
 
 
 def fragment_checksum(key: str, fragment: dict) -> int:

@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from mineonline_core.contracts.fragment import fragment_checksum, fragment_key, parse_fragment_key
 from mineonline_core.errors import ConfigError, SampleStopped, SampleTimeout
 from mineonline_core.services.runlog import setup_actor_logging
 
@@ -151,7 +152,7 @@ class ReplayBuffer:
 
     def _new_chunk(self, metas: list[dict]) -> None:
         chunk = _Chunk(
-            chunk_id=f"{metas[0]['stream']}.{int(metas[0]['index']):09d}",
+            chunk_id=fragment_key(metas[0]["stream"], int(metas[0]["index"])),
             keys=[m["key"] for m in metas],
             version=min(int(m["version"]) for m in metas),
             checksums=[int(m.get("checksum", 0)) for m in metas],
@@ -300,14 +301,12 @@ class ReplayBuffer:
         Versions and checksums are read from the payloads themselves (the keys carry only stream
         and index). Returns the number of chunks rebuilt.
         """
-        from mineonline_core.contracts.fragment import fragment_checksum
-
         keys = await asyncio.to_thread(self._store.keys)
         by_stream: dict[str, list[tuple[int, str]]] = {}
         for key in keys:
-            stream, _, index = key.rpartition(".")
-            if stream and index.isdigit():
-                by_stream.setdefault(stream, []).append((int(index), key))
+            parsed = parse_fragment_key(key)
+            if parsed is not None:
+                by_stream.setdefault(parsed[0], []).append((parsed[1], key))
         rebuilt = 0
         for stream, items in sorted(by_stream.items()):
             for index, key in sorted(items):

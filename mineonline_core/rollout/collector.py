@@ -56,6 +56,7 @@ from mineonline_core.config.precision import PrecisionChoice
 from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, InlineEnv, default_context
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
 from mineonline_core.rollout.inference import policy_step
+from mineonline_core.contracts.fragment import stream_name
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map, tree_stack
 from mineonline_core.services.restarts import RestartBudget
 
@@ -657,4 +658,4 @@ class FragmentCollector:
         self.version = version
 
     def _stream(self, slot: _Slot) -> str:
-        return f"{self.worker_id}.{self.incarnation}.{slot.env_id}"
+        return stream_name(self.worker_id, self.incarnation, slot.env_id)

@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable
 
 from mineonline_core.config.checks import inference_resources
+from mineonline_core.contracts.fragment import parse_fragment_key, parse_stream
 from mineonline_core.errors import RunFailedError, find_user_error, last_line
 from mineonline_core.services import names
 from mineonline_core.services.names import NAMESPACE, actor_name
@@ -560,12 +561,13 @@ def store_failure(exc: BaseException, who: str, path: str, *, running: bool = Fa
 
 def first_free_incarnations(keys: list[str]) -> dict[int, int]:
     """Per worker id, one past the highest incarnation among stored fragment keys
-    (``"{worker_id}.{incarnation}.{env_id}.{index}"``, see ``fragment.fragment_key``)."""
+    (``fragment.parse_fragment_key`` and ``fragment.parse_stream``)."""
     out: dict[int, int] = {}
     for key in keys:
-        parts = key.split(".")
-        if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit():
-            worker_id, incarnation = int(parts[0]), int(parts[1])
+        parsed = parse_fragment_key(key)
+        stream = parse_stream(parsed[0]) if parsed else None
+        if stream is not None:
+            worker_id, incarnation, _ = stream
             out[worker_id] = max(out.get(worker_id, 0), incarnation + 1)
     return out
 

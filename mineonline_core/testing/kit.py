@@ -251,7 +251,7 @@ def rollout_fragments(
     first = np.ones(num_envs, dtype=bool)
     state = policy.initial_state(num_envs)
     episode = np.zeros(num_envs, dtype=np.int64)
-    streams: dict[str, list[dict]] = {f"0.0.{i}": [] for i in range(num_envs)}
+    streams: dict[str, list[dict]] = {F.stream_name(0, 0, i): [] for i in range(num_envs)}
     for index in range(fragments_per_env):
         state_before = state
         cols: dict[str, list] = {c: [] for c in F.STEP_COLUMNS}
@@ -297,8 +297,8 @@ def rollout_fragments(
             frag = {c: tree_index(stacked[c], i) for c in F.STEP_COLUMNS}
             frag[F.NEXT_OBS] = {k: v[None] for k, v in obs[i].items()}
             frag[F.STATE_IN] = tree_map(lambda x: x[i : i + 1].numpy().copy(), state_before)
-            frag.update({F.STREAM: f"0.0.{i}", F.INDEX: index, F.WORKER_ID: 0, F.ENV_ID: i})
-            streams[f"0.0.{i}"].append(frag)
+            frag.update({F.STREAM: F.stream_name(0, 0, i), F.INDEX: index, F.WORKER_ID: 0, F.ENV_ID: i})
+            streams[F.stream_name(0, 0, i)].append(frag)
     for env in envs:
         env.close()
     return streams

@@ -82,7 +82,7 @@ def run_until(ray, tmp_path, run_name, resume, *, version: int, min_keys: int) -
 def test_resumed_streams_never_reuse_stored_keys(local_ray, tmp_path):
     ray = local_ray
     first = run_until(ray, tmp_path, "streams-a", None, version=3, min_keys=4)
-    assert {k.rsplit(".", 1)[0] for k in first} == {"0.0.0"}
+    assert {F.parse_fragment_key(k)[0] for k in first} == {F.stream_name(0, 0, 0)}
     second = run_until(ray, tmp_path, "streams-b", str(tmp_path / "ckpt"), version=5, min_keys=4)
     new = {k: p for k, p in second.items() if (p[F.VERSION] == 5).all()}
     assert new and all(k.startswith("0.1.0.") for k in new), sorted(new)
@@ -101,7 +101,7 @@ def test_a_resume_on_a_truncated_shard_fails_the_start_naming_it(local_ray, tmp_
     ray = local_ray
     path = str(tmp_path / "replay")
     store = LMDBStore(path=path, num_shards=8, resume=False)  # the config's default shard count
-    store.put_many((f"0.0.{i % 2}.{i:09d}", sample_payload(i)) for i in range(24))
+    store.put_many((F.fragment_key(F.stream_name(0, 0, i % 2), i), sample_payload(i)) for i in range(24))
     store.close()
     shard = os.path.join(path, "shard-000")
     os.truncate(os.path.join(shard, "data.mdb"), 8192)
