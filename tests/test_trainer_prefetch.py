@@ -107,7 +107,7 @@ def test_next_chunks_are_fetched_during_training_and_never_staler_than_allowed(l
     second = trainer.fetch_fragments_and_estimate_advantages(1)
     assert ahead[2].done()
     assert second["version"].unique().tolist() == [1]
-    assert second["staleness"].max().item() == 0
+    assert second[F.STALENESS].max().item() == 0
     trainer.version, trainer.iteration = 2, 3
     ray.get(buffer.set_version.remote(2))
     add("d", 0, version=2)

@@ -40,7 +40,7 @@ def test_forward_reproduces_behaviour(make_policy, env_fn):
     assert torch.allclose(value, batch[F.VPRED], atol=1e-5), (value - batch[F.VPRED]).abs().max()
     out = estimate_advantages(policy, batch, version=3, context_length=5, discount=0.99, gae_lambda=0.95)
     assert torch.allclose(out[F.VALUE], batch[F.VPRED], atol=1e-5)
-    assert out["staleness"].unique().tolist() == [3.0]
+    assert out[F.STALENESS].unique().tolist() == [3.0]
     assert out[F.ADVANTAGE].shape == (6, 16) and torch.isfinite(out[F.RETURN]).all()
 
 

@@ -76,7 +76,7 @@ class TrainerConformance:
             trainer.policy, lambda i: cartpole(12), num_envs=2, fragment_length=FRAGMENT, fragments_per_env=4
         )
         batch = assemble_chunks(chunks_of(streams, PER_CHUNK))
-        batch["staleness"] = (trainer.version - batch[F.VERSION]).float()
+        batch[F.STALENESS] = (trainer.version - batch[F.VERSION]).float()
         return trainer.estimate(batch=batch)
 
     # -- the suite --------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from pydantic import BaseModel
 from torch import nn
 
 from mineonline_core.config._fields import Section
+from mineonline_core.contracts import fragment as F
 from mineonline_core.config.messages import validate_trainer_options
 from mineonline_core.config.secrets import public_config, redact_text
 from mineonline_core.errors import ConfigError, SampleStopped
@@ -380,7 +381,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
             "trainer/version": self.version,
             "trainer/learning_rate": self.learning_rate,
             "trainer/samples_per_s": steps / max(self.perf["perf/train_ms"] / 1e3, 1e-9),
-            "trainer/staleness_mean": float(batch["staleness"].mean()),
+            "trainer/staleness_mean": float(batch[F.STALENESS].mean()),
             "trainer/skipped_updates": float(self.update_guard.skipped_iteration),
             "trainer/skipped_updates_total": float(self.update_guard.skipped_total),
             "trainer/restarts": float(self.restarts),

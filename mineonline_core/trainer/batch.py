@@ -144,5 +144,5 @@ def estimate_advantages(
     )
     batch[F.VALUE], batch[F.ADVANTAGE], batch[F.RETURN] = value, advantage, returns
     batch[F.LOGPROB_PROX], batch[F.OLD_VPRED] = current["logprob"], current["vpred"]
-    batch["staleness"] = (version - batch[F.VERSION]).float()
+    batch[F.STALENESS] = (version - batch[F.VERSION]).float()
     return batch

@@ -89,7 +89,7 @@ class ChunkFetching:
             ahead.append(
                 (iteration, num_chunks, self._fetch_in_background(num_chunks, self.version + bumps, iteration))
             )
-        batch["staleness"] = (self.version - batch[F.VERSION]).float()
+        batch[F.STALENESS] = (self.version - batch[F.VERSION]).float()
         batch = self.estimate(batch=batch)
         self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)  # what the loop waited for, not the fetch itself
         self.perf["perf/gae_ms"] = 1e3 * (time.perf_counter() - fetched)

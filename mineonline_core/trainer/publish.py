@@ -27,6 +27,7 @@ import ray
 import torch
 import yaml
 
+from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import RunFailedError
 from mineonline_core.services.finite import require_finite, surely_finite
 from mineonline_core.trainer import checkpoint as ckpt
@@ -130,7 +131,7 @@ class Publishing:
         # The step is fixed here, not when the hub gets to the call, so that the checkpoint of this
         # iteration records exactly the step its metrics carry (a resume continues from it).
         self.env_steps = int(ray.get(self.logger_hub.env_steps.remote()))
-        columns = {"trainer/advantages": "advantage", "trainer/values": "value", "trainer/staleness": "staleness"}
+        columns = {"trainer/advantages": F.ADVANTAGE, "trainer/values": F.VALUE, "trainer/staleness": F.STALENESS}
         histograms = {key: batch[column].detach().float().cpu().numpy().ravel() for key, column in columns.items()}
         self.logger_hub.log_batch.remote(metrics, histograms, self.env_steps)  # one actor task per iteration
 
