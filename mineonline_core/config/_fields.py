@@ -43,6 +43,10 @@ class OpenSection(Section):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
+# The marker ``setting(ignored=...)`` leaves on a field (its ``json_schema_extra``).
+IGNORED = "ignored_because"
+
+
 def setting(
     default: Any,
     description: str,
@@ -51,12 +55,17 @@ def setting(
     ge: float | None = None,
     lt: float | None = None,
     le: float | None = None,
+    ignored: str | None = None,
 ) -> Any:
-    """A ``Field`` whose description states the valid range enforced by ``gt/ge/lt/le``."""
+    """A ``Field`` whose description states the valid range enforced by ``gt/ge/lt/le``.
+
+    ``ignored``: the key is accepted so that MineStudio's configs load unchanged, but nothing reads
+    it; the text says why, and ``config.checks.ignored_key_warnings`` warns with it when it is set."""
     text = _range_text(gt=gt, ge=ge, lt=lt, le=le)
     if text:
         description = f"{description} Valid range: {text}."
-    return Field(default, description=description, gt=gt, ge=ge, lt=lt, le=le)
+    extra = {IGNORED: ignored} if ignored else None
+    return Field(default, description=description, gt=gt, ge=ge, lt=lt, le=le, json_schema_extra=extra)
 
 
 def _fmt(number: float) -> str:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pydantic import BaseModel
+
+from mineonline_core.config._fields import IGNORED
 from mineonline_core.config.online import OnlineConfig
 from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.errors import ConfigError
@@ -201,20 +204,15 @@ def check_resources(cfg: OnlineConfig, available: Mapping[str, float]) -> None:
     _raise(problems, "not enough resources in the Ray cluster")
 
 
-# Core keys MineStudio's online trainer accepts that configure machinery mineonline does not have:
-# accepted so that its configs load unchanged, and reported when set. (The PPO plugin reports its own.)
-_MINESTUDIO_ONLY = {
-    "num_readers": "mineonline reads chunks straight from the replay store on the trainer's fetch thread",
-    "num_cpus_per_reader": "mineonline starts no reader actors",
-}
-
-
-def minestudio_only_warnings(cfg: OnlineConfig) -> list[str]:
-    """One line per MineStudio-only ``train_config`` key the config sets, saying it has no effect."""
-    tc = cfg.train_config
+def ignored_key_warnings(section: BaseModel, prefix: str = "train_config") -> list[str]:
+    """One line per key of ``section`` declared ``setting(ignored=...)`` (MineStudio keys that configure
+    machinery mineonline does not have) that the config sets to other than its default, saying it has
+    no effect. The one check of ignored keys: ``load_config`` runs it on the core's ``train_config``,
+    ``BaseTrainer.preflight`` on the trainer's own options."""
     out = []
-    for key, why in _MINESTUDIO_ONLY.items():
-        default = type(tc).model_fields[key].default
-        if key in tc.model_fields_set and getattr(tc, key) != default:
-            out.append(f"train_config.{key}: {getattr(tc, key)!r} has no effect ({why}).")
+    for key, info in type(section).model_fields.items():
+        why = (info.json_schema_extra or {}).get(IGNORED) if isinstance(info.json_schema_extra, dict) else None
+        value = getattr(section, key)
+        if why and key in section.model_fields_set and value != info.default:
+            out.append(f"{prefix}.{key}: {value!r} has no effect ({why}).")
     return out

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from mineonline_core.config.checks import check_consistency, minestudio_only_warnings
+from mineonline_core.config.checks import check_consistency, ignored_key_warnings
 from mineonline_core.config.generators import KEYS, generator_spec, import_file
 from mineonline_core.config.messages import Loc, show, validate_online_config
 from mineonline_core.config.online import OnlineConfig
@@ -63,7 +63,7 @@ def load_config(
         if isinstance(raw, Mapping) and getattr(loaded.config, key) != raw.get(key):
             setattr(loaded, key, None)
     check_consistency(loaded.config)
-    for message in minestudio_only_warnings(loaded.config):
+    for message in ignored_key_warnings(loaded.config.train_config):
         log.warning(message)
     return loaded
 

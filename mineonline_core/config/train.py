@@ -78,9 +78,13 @@ class TrainConfig(OpenSection):
         "MineStudio-only, accepted and ignored with a warning: MineStudio's pool of reader actors. "
         "mineonline's trainer reads chunks straight from the replay store on its fetch thread.",
         ge=1,
+        ignored="mineonline reads chunks straight from the replay store on the trainer's fetch thread",
     )
     num_cpus_per_reader: float = setting(
-        0.1, "MineStudio-only, accepted and ignored with a warning: CPUs of each MineStudio reader.", gt=0
+        0.1,
+        "MineStudio-only, accepted and ignored with a warning: CPUs of each MineStudio reader.",
+        gt=0,
+        ignored="mineonline starts no reader actors",
     )
     prefetch_batches: int = setting(
         1,

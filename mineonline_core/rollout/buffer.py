@@ -106,7 +106,7 @@ class ReplayBuffer:
     # -- producers ----------------------------------------------------------------------------
 
     async def add_fragment(self, meta: dict) -> None:
-        """Index a fragment whose payload is already in the store (see LOOP_API.md for ``meta``)."""
+        """Index a fragment whose payload is already in the store (``meta``: ``contracts.fragment.fragment_meta``)."""
         await self.add_fragments([meta])
 
     async def add_fragments(self, metas: list[dict]) -> None:

@@ -184,7 +184,7 @@ class RolloutManager:
                 logger_hub=logger_hub,
                 manager=me,
                 discount=config.train_config.discount,
-                seed=None if config.seed is None else config.seed + 7 * i,
+                seed=config.seed + 7 * i,
                 precision=precision,
                 inference_server=self._server,
             )
@@ -260,9 +260,6 @@ class RolloutManager:
 
     def get_store_client(self) -> Any:
         return self._store
-
-    def get_stats(self) -> Any:
-        return self._stats
 
     def get_workers(self) -> list[Any]:
         return list(self._workers)

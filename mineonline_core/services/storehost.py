@@ -241,11 +241,3 @@ class StoreClient:
     def nbytes(self) -> int:
         store = self._local_store()
         return store.nbytes() if store is not None else self._call("nbytes")
-
-
-def close_local_stores() -> None:
-    """Close the stores this process's clients opened (at worker shutdown; optional)."""
-    with _LOCAL_LOCK:
-        for store in _LOCAL_STORES.values():
-            store.close()
-        _LOCAL_STORES.clear()

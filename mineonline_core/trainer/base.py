@@ -22,6 +22,7 @@ other hook has a default: ``estimate``, ``setup_model_and_optimizer``, ``init_po
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import deque
@@ -36,6 +37,7 @@ from pydantic import BaseModel
 from torch import nn
 
 from mineonline_core.config._fields import Section
+from mineonline_core.config.checks import ignored_key_warnings
 from mineonline_core.contracts import fragment as F
 from mineonline_core.config.messages import validate_trainer_options
 from mineonline_core.config.secrets import public_config, redact_text
@@ -51,6 +53,8 @@ from mineonline_core.trainer.fetch import ChunkFetching, OrderedWorker
 from mineonline_core.trainer.goals import Goals
 from mineonline_core.trainer.publish import Publishing
 from mineonline_core.trainer.update import UpdateLoop
+
+log = logging.getLogger(__name__)
 
 _LIVE = (
     "model",
@@ -197,7 +201,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         """A frozen copy of the initial policy (``policy_generator()`` at the run's seed) on this
         rank's device: assign it to ``self.reference`` in ``setup_model_and_optimizer`` and the
         core runs it beside the policy in rollout and in the update loop (``ref_logits``)."""
-        torch.manual_seed(int(getattr(self.config, "seed", 0) or 0))  # same weights as the initial policy
+        torch.manual_seed(self.config.seed)  # same weights as the initial policy
         return self.policy_generator().to(self.device).eval().requires_grad_(False)
 
     def trainer_state(self) -> dict[str, Any]:
@@ -233,7 +237,10 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
     # -- driver side ----------------------------------------------------------------------------
 
     def preflight(self) -> None:
-        """Errors a user can fix, raised before any training starts."""
+        """Errors a user can fix, raised before any training starts (and the trainer's own keys
+        that have no effect, warned about)."""
+        for message in ignored_key_warnings(self.options):
+            log.warning(message)
         ckpt.check_writable(self.save_dir)
         policy = self.policy_generator()
         self.check_policy(policy)  # on the driver, before any Ray Train worker starts
@@ -260,7 +267,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
             ctx = ray.train.get_context()
             self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
             self.device = ray.train.torch.get_device()
-        tc, seed = self.train_config, int(getattr(self.config, "seed", 0) or 0)
+        tc, seed = self.train_config, self.config.seed
         torch.manual_seed(seed)  # the same initial weights (and KL reference) on every rank
         self._reference_stale = True  # a rebuilt reference is sent with the first broadcast
         policy = self.policy_generator()
@@ -300,7 +307,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
                 self.scaler.load_state_dict(resume["scaler"])
         ckpt.set_rng_state(state["rng"])  # rank 0's generators; the other ranks re-derive their own
         if self.rank > 0:
-            _seed_everything(int(getattr(self.config, "seed", 0) or 0) + 1000 * self.rank + 1 + self.iteration)
+            _seed_everything(self.config.seed + 1000 * self.rank + 1 + self.iteration)
         self.load_trainer_state(state.get("extra", {}))
 
     def _train_func(self) -> None:

@@ -5,7 +5,9 @@ Layout of ``<save_path>/checkpoint_{iteration:06d}/``::
     model.pt          the policy's state dict (value-normaliser statistics included)
     optimizer.pt      the optimiser's state dict
     scaler.pt         the AMP grad scaler's state dict (empty when AMP is off)
-    trainer.pt        iteration, model version, KL weight rho, learning rate, RNG states, extra
+    trainer.pt        iteration, model version, learning rate, env-step count, best return (keep_best),
+                      RNG states, the trainer's own ``trainer_state()`` (extra); no KL weight: a
+                      trainer derives it from the iteration and its options (PPO's rho_at)
     config.yaml       the resolved run config: overrides applied, every default, generators by import
                       path, secrets redacted, ``${oc.env:...}`` kept as written; with the installed
                       plugins it rebuilds the env and the policy

@@ -40,7 +40,6 @@ Definitions of the options whose meaning MineStudio leaves open:
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -52,8 +51,6 @@ from mineonline_core import BaseTrainer, TrainerOptions, setting
 from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.policy import zero_value_head
 from mineonline_core.errors import ConfigError, RunFailedError
-
-log = logging.getLogger("mineonline")
 
 
 class PPOConfig(TrainerOptions):
@@ -137,27 +134,20 @@ class PPOConfig(TrainerOptions):
         description="mineonline option: copy the trained weights into the KL reference at every "
         "checkpoint (and on resume); rollout workers receive the new reference with the next broadcast.",
     )
-    fix_decoder: bool = Field(
+    fix_decoder: bool = setting(
         False,
-        description="MineStudio-only, accepted and ignored with a warning: MineStudio's online trainer "
+        "MineStudio-only, accepted and ignored with a warning: MineStudio's online trainer "
         "reads it nowhere. See freeze_pi_head.",
+        ignored="MineStudio's online trainer reads it nowhere; set freeze_pi_head: true to freeze the action decoder",
     )
-    enable_ref_update: bool = Field(
+    enable_ref_update: bool = setting(
         False,
-        description="MineStudio-only, accepted and ignored with a warning: MineStudio's PPOTrainer "
+        "MineStudio-only, accepted and ignored with a warning: MineStudio's PPOTrainer "
         "reads it nowhere (its PPOBCTrainer copies the policy into the reference whenever a batch's "
         "reward sum is a new best). See ref_update_at_checkpoint.",
+        ignored="MineStudio's PPOTrainer reads it nowhere; set ref_update_at_checkpoint: true "
+        "to refresh the KL reference at every checkpoint",
     )
-
-
-# Keys MineStudio's PPOTrainer accepts and reads nowhere: accepted so that its configs load
-# unchanged, and reported when set.
-_MINESTUDIO_ONLY = {
-    "enable_ref_update": "MineStudio's PPOTrainer reads it nowhere; set ref_update_at_checkpoint: true "
-    "to refresh the KL reference at every checkpoint",
-    "fix_decoder": "MineStudio's online trainer reads it nowhere; set freeze_pi_head: true "
-    "to freeze the action decoder",
-}
 
 
 def ppo_loss(
@@ -325,12 +315,6 @@ class PPOTrainer(BaseTrainer):
         }
 
     # -- model, reference, checkpoints ------------------------------------------------------------
-
-    def preflight(self) -> None:
-        super().preflight()
-        for key, why in _MINESTUDIO_ONLY.items():
-            if getattr(self.options, key):
-                log.warning("train_config.%s: %r has no effect (%s).", key, getattr(self.options, key), why)
 
     def check_policy(self, policy: nn.Module) -> None:
         super().check_policy(policy)

@@ -522,6 +522,25 @@ MUTATIONS = (
         "from mineonline_core.contracts.tree import tree_map\nfrom mineonline_core.rollout import worker\n",
         ("tests/test_architecture.py::test_no_import_cycles_in_the_core",),
     ),
+    Mutation(
+        "stream-parse",
+        "the one stream-name parser swaps worker id and incarnation (a resume reuses stored keys)",
+        "mineonline_core/contracts/fragment.py",
+        "    worker_id, incarnation, env_id = (int(part) for part in parts)",
+        "    incarnation, worker_id, env_id = (int(part) for part in parts)",
+        (
+            "tests/test_fragment_keys.py",
+            "plugins/lmdb_buffer/tests/test_resume_streams.py::test_first_free_incarnations",
+        ),
+    ),
+    Mutation(
+        "options-section",
+        "the one options validator forgets which section a component's bad key sits in",
+        "mineonline_core/config/messages.py",
+        '    prefix: Loc = tuple(section.split("."))',
+        "    prefix: Loc = ()",
+        ("tests/test_trainer_switch.py",),
+    ),
 )
 
 

@@ -185,9 +185,6 @@ class LMDBStore(FragmentStore):
                 "are not affected."
             )
 
-    def _shard(self, key: bytes) -> Shard:
-        return self._shards[zlib.crc32(key) % self.num_shards]
-
     def _group(self, keys: Iterable[bytes]) -> dict[int, list[tuple[int, bytes]]]:
         groups: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
         for position, key in enumerate(keys):
