@@ -25,7 +25,8 @@ rollout manager (``rollout/manager.py``); the manager starts the store host
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Concatenate, ParamSpec, Protocol, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
