@@ -56,8 +56,8 @@ class LoggerHub:
     """Receives metrics from every process of a run and feeds the selected loggers.
 
     Plain class: ``start_logger_hub`` makes it a named Ray actor with ``num_cpus=0`` and two
-    concurrency groups (see ``CONCURRENCY_GROUPS``); tests may use it directly. ``loggers`` are (class, validated options)
-    pairs; ``config`` is the full resolved run config given to each logger; ``video_dir`` is where
+    concurrency groups (see ``CONCURRENCY_GROUPS``); tests may use it directly. ``loggers`` are (class,
+    validated options) pairs; ``config`` is the full resolved run config given to each logger; ``video_dir`` is where
     videos are written, relative to ``run_dir`` unless absolute.
     """
 
