@@ -522,6 +522,14 @@ MUTATIONS = (
         "from mineonline_core.contracts.tree import tree_map\nfrom mineonline_core.rollout import worker\n",
         ("tests/test_architecture.py::test_no_import_cycles_in_the_core",),
     ),
+    Mutation(
+        "handles-stale",
+        "a typed handle names a method its actor does not have (services/handles.py goes stale)",
+        "mineonline_core/services/handles.py",
+        "    def stop_requested(self) -> bool: ...",
+        "    def stop_was_requested(self) -> bool: ...",
+        ("tests/test_handles.py::test_each_method_exists_on_the_actor_with_its_parameters[RolloutManagerHandle]",),
+    ),
 )
 
 
