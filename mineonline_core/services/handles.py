@@ -13,6 +13,11 @@ editor then completes ``.remote(`` with the real signature and knows what ``ray.
 Nothing here runs; ``tests/test_handles.py`` keeps it true: each method exists on its actor class
 with the same parameters, and some module of the core calls it. Tests call a few more methods (a
 manager's ``wait_ready``, ``get_workers``...) that the run's own code never does; those are not listed.
+The buffer's ``async`` methods are written as plain ``def``: through a handle their value is the awaited one.
+
+Why not Ray's own ``ActorHandle[RolloutManager]``: it names the actor class, and most of these classes
+live above this floor (``rollout/``), which no module here may import, not even for typing
+(``tests/test_architecture.py``); and a Protocol says which of an actor's methods its callers rely on.
 
 Who starts whom: ``driver/api.py`` starts the logging actor (``services/loggerhub.py``) and the
 rollout manager (``rollout/manager.py``); the manager starts the store host

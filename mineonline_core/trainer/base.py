@@ -123,9 +123,8 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         self.scaler: Any = None
         self.update_guard: UpdateGuard | None = None  # skips optimiser steps with non-finite values
         self._buffer = self._store = self._pending_release = None
-        self._workers: list[
-            WeightReceiverHandle
-        ] = []  # rollout worker handles (rank 0), for broadcasts without the manager's hop
+        # The rollout workers' handles (rank 0), for broadcasts without the manager's hop.
+        self._workers: list[WeightReceiverHandle] = []
         self._prefetch: deque[tuple[int, int, Future]] = deque()  # (iteration, num_chunks, its batch)
         self.corrupt_fragments = 0
         # A KL reference policy, if the algorithm has one: rollout runs it beside the behaviour

@@ -33,9 +33,10 @@ from mineonline_core.trainer.goals import BEST_DIR, replace_best
 from mineonline_core.trainer.sequence import unwrap
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import EvaluatorHandle, LoggerHubHandle
     import numpy as np
     from ray import ObjectRef
+
+    from mineonline_core.services.handles import EvaluatorHandle, LoggerHubHandle
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,8 @@ class EvaluationClient:
         self._start, self.hub = start, logger_hub
         self.actor = start()
         self._lock = threading.Lock()
-        self._sent: tuple[int, ObjectRef[dict[str, np.ndarray]]] | None = (
-            None  # (version, ref) of the broadcast's latest put
-        )
+        # (version, ref) of the broadcast's latest put
+        self._sent: tuple[int, ObjectRef[dict[str, np.ndarray]]] | None = None
         self._waiting: dict[str, int] | None = None  # a request whose weights the broadcast has not put yet
         self._running: tuple[dict[str, int], ObjectRef[dict[str, float]]] | None = None  # (request, result ref)
         self.skipped = self.failed = 0

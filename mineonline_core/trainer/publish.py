@@ -35,8 +35,9 @@ from mineonline_core.trainer.goals import BEST_DIR, replace_best
 from mineonline_core.trainer.sequence import unwrap
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import LoggerHubHandle, RolloutManagerHandle, WeightReceiverHandle
     from ray import ObjectRef
+
+    from mineonline_core.services.handles import LoggerHubHandle, RolloutManagerHandle, WeightReceiverHandle
 
 log = logging.getLogger(__name__)
 
