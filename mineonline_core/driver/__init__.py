@@ -3,7 +3,7 @@
 
 It turns a config into components before Ray starts (``resolve``, ``envcheck``, ``budget``,
 ``mainguard``), owns the run directory (``rundir``, ``resume``, ``continuity``), starts and watches the
-run (``api``, ``placement``, ``watchdog``, ``supervise``, ``lifecycle``), shows it (``progress``) and
+run (``api``, ``training``, ``placement``, ``watchdog``, ``supervise``, ``lifecycle``), shows it (``progress``) and
 reads it afterwards (``report``, ``compare``, ``evaluate``); ``sweep``, ``trial`` and ``tune`` make many
 runs of one config. Nothing below this floor imports it (``tests/test_architecture.py``).
 """

@@ -1,8 +1,9 @@
 """The driver: MineStudio's entry points and ``run``, which is what ``mineonline run`` does.
 
 ``run`` validates and resolves everything before Ray starts, creates the run directory, starts the
-logging actor, the rollout manager and the trainer, shows live progress, and on the way out (normal
-end, Ctrl-C or failure) leaves a checkpoint, the report and no stray actors.
+logging actor, the rollout manager and the trainer, and hands over to ``driver/training.py``, which
+trains while showing live progress and watching the actors; on the way out (normal end, Ctrl-C or
+failure) the run leaves a checkpoint, the report and no stray actors.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from mineonline_core.config import LoadedConfig, OnlineConfig, check_resources, load_config
 from mineonline_core.config.secrets import public_config, redact_override, redact_text
@@ -22,6 +23,11 @@ from mineonline_core.services.names import LOGGER_HUB, NAMESPACE, ROLLOUT_MANAGE
 from mineonline_core.driver.resolve import ResolvedRun, resolve, resolve_trainer
 from mineonline_core.driver.rundir import RUN_FILE, Ownership, claim_run, refuse_existing_run, restore, snapshot
 from mineonline_core.driver.watchdog import sigterm_as_ctrl_c
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import LoggerHubHandle, RolloutManagerHandle
+    from mineonline_core.services.runlog import RunLog
+    from mineonline_core.trainer.base import BaseTrainer
 
 log = logging.getLogger("mineonline")
 
@@ -68,7 +74,7 @@ def _as_loaded(
     return loaded
 
 
-def _handles(cfg: OnlineConfig) -> tuple[Any, Any]:
+def _handles(cfg: OnlineConfig) -> tuple[RolloutManagerHandle, LoggerHubHandle | None]:
     import ray
 
     manager = ray.get_actor(actor_name(cfg.run_name, ROLLOUT_MANAGER), namespace=NAMESPACE)
@@ -79,7 +85,7 @@ def _handles(cfg: OnlineConfig) -> tuple[Any, Any]:
     return manager, hub
 
 
-def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> Any:
+def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> LoggerHubHandle:
     import ray
 
     from mineonline_core.builtin.console import METRICS_FILE
@@ -108,7 +114,7 @@ def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> Any:
     return hub
 
 
-def _start_manager(resolved: ResolvedRun, hub: Any) -> Any:
+def _start_manager(resolved: ResolvedRun, hub: LoggerHubHandle) -> RolloutManagerHandle:
     from mineonline_core.contracts.envs import adapted
     from mineonline_core.rollout.manager import launch_rollout_manager
     from mineonline_core.config.generators import Deferred
@@ -128,7 +134,7 @@ def _start_manager(resolved: ResolvedRun, hub: Any) -> Any:
 _CLAIMED: dict[Path, Ownership] = {}
 
 
-def start_rolloutmanager(policy_generator: Callable, env_generator: Callable, online_cfg: Any) -> Any:
+def start_rolloutmanager(policy_generator: Callable, env_generator: Callable, online_cfg: Any) -> RolloutManagerHandle:
     """MineStudio's entry point: validate, claim the run directory (another process that tries the
     same run is refused, as ``mineonline run`` is), then start the logging actor and the rollout manager."""
     pm = get_plugin_manager()
@@ -151,7 +157,7 @@ def start_trainer(
     return _trainer(resolved, manager, hub).fit()
 
 
-def _trainer(resolved: ResolvedRun, manager: Any, hub: Any) -> Any:
+def _trainer(resolved: ResolvedRun, manager: RolloutManagerHandle | None, hub: LoggerHubHandle | None) -> BaseTrainer:
     cfg = resolved.config
     return resolved.trainer_cls(
         rollout_manager=manager,
@@ -311,7 +317,7 @@ def _launch(
     *,
     address: str | None,
     progress: bool,
-    run_log: Any,
+    run_log: RunLog,
     monitor: Callable[[dict], bool] | None = None,
 ) -> tuple[str, dict]:
     """Start Ray and the run's actors, train, and tear everything down whatever happens."""
@@ -319,6 +325,7 @@ def _launch(
 
     from mineonline_core.services.loggerhub import check_logger_hub
     from mineonline_core.driver.placement import check_placement
+    from mineonline_core.driver.training import shutdown_actors, train_with_progress, write_report
 
     cfg = resolved.config
     started_ray = not ray.is_initialized()
@@ -338,14 +345,14 @@ def _launch(
                 f"the rollout manager failed to start: {last_line(exc)}"
             ) from exc
         check_logger_hub(hub, cfg.run_name)
-        result = _train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress, monitor)
+        result = train_with_progress(_trainer(resolved, manager, hub), manager, hub, cfg, progress, monitor)
         status = result.get("status", "completed")
     except KeyboardInterrupt:
         status = "interrupted"
     finally:
-        result["summary"] = _shutdown(manager, hub, cfg)
+        result["summary"] = shutdown_actors(manager, hub)
         # Plotting (CPU) and stopping Ray (mostly waiting for its processes) overlap.
-        report = threading.Thread(target=_write_report, args=(run_dir,), name="mineonline-report")
+        report = threading.Thread(target=write_report, args=(run_dir,), name="mineonline-report")
         report.start()
         if started_ray:
             ray.shutdown()
@@ -356,137 +363,3 @@ def _launch(
             log.exception("a mineonline_run_finish hook failed")
         restore_sigterm()
     return status, result
-
-
-def _train_with_progress(
-    trainer: Any,
-    manager: Any,
-    hub: Any,
-    cfg: OnlineConfig,
-    progress: bool,
-    monitor: Callable[[dict], bool] | None = None,
-) -> dict:
-    """Run ``trainer.fit()`` in a thread; the main thread shows progress and turns Ctrl-C into a stop."""
-
-    from mineonline_core.driver.progress import Progress
-    from mineonline_core.driver.placement import PendingWatch
-    from mineonline_core.driver.watchdog import ProgressWatchdog, stall_report
-
-    outcome: dict[str, Any] = {}
-    # Not thread.join/is_alive: on Python < 3.12 a KeyboardInterrupt inside join() marks the thread as
-    # stopped while it still runs (bpo-45274), and the run was torn down before its final checkpoint.
-    done = threading.Event()
-
-    def fit() -> None:
-        try:
-            outcome["result"] = trainer.fit()
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread below
-            outcome["error"] = exc
-        finally:
-            done.set()
-
-    trainer_thread = threading.Thread(target=fit, name="mineonline-trainer", daemon=True)
-    # --no-progress: plain log lines (what its help promises), never the live panel.
-    display = Progress(
-        cfg.train_config.num_iterations,
-        max_env_steps=cfg.train_config.max_env_steps,
-        force_terminal=None if progress else False,
-    )
-    watchdog = ProgressWatchdog(timeout=cfg.progress_timeout)
-    pending = PendingWatch()  # an actor no node can hold fails the run in ~30 s, not progress_timeout
-    stopping = False
-    try:
-        while not done.is_set():
-            try:
-                # Started here, under the Ctrl-C handler: a CartPole trainer finishes iterations within
-                # milliseconds, and a Ctrl-C that arrived while the display was being set up (the thread
-                # already running) left the trainer going through the whole teardown. Once started, the
-                # thread has an ident, so a Ctrl-C inside start() never starts it twice.
-                if trainer_thread.ident is None:
-                    trainer_thread.start()
-                done.wait(timeout=1.0)
-                latest = _checked(hub.latest, "logging actor (LoggerHub)")
-                display.update(latest)
-                if monitor is not None and monitor(latest) and not stopping:
-                    stopping = (
-                        True  # a Tune scheduler's stop: the trainer finishes its iteration, then a final checkpoint
-                    )
-                    manager.request_stop.remote()
-                _checked(manager.health, "rollout manager (RolloutManager)")
-                pending.check()
-                stalled = watchdog.stalled(latest)
-                if stalled and not done.is_set():
-                    raise stall_report(manager, stalled)
-            except KeyboardInterrupt:
-                if stopping:
-                    raise
-                stopping = True
-                print(
-                    "\nstopping: finishing the iteration and writing a final checkpoint (Ctrl-C or SIGTERM again to abort)"
-                )
-                manager.request_stop.remote()
-    finally:
-        display.close()
-    if "error" in outcome:
-        error = outcome["error"]
-        user_error = find_user_error(error)
-        if user_error is not None:
-            raise user_error
-        raise RunFailedError(f"training failed: {type(error).__name__}: {error}") from error
-    result = dict(outcome.get("result") or {})
-    if stopping or (result.get("iteration", 0) < cfg.train_config.num_iterations and _stop_was_requested(manager)):
-        result["status"] = "interrupted"  # Ctrl-C here, or `mineonline stop` from another driver
-    return result
-
-
-def _checked(method: Any, what: str) -> Any:
-    """Call an actor method; a dead actor or a failure it reports ends the run with its cause."""
-    import ray
-
-    try:
-        return ray.get(method.remote(), timeout=60)
-    except (ray.exceptions.RayError, TimeoutError) as exc:
-        user_error = find_user_error(exc)
-        if user_error is not None:
-            raise user_error from None
-        raise RunFailedError(
-            f"the run's {what} failed or died, so the run stops: {type(exc).__name__}: {last_line(exc)}"
-        ) from exc
-
-
-def _stop_was_requested(manager: Any) -> bool:
-    import ray
-
-    try:
-        return bool(ray.get(manager.stop_requested.remote(), timeout=10))
-    except Exception:  # noqa: BLE001 - a manager that cannot answer did not ask for a stop
-        return False
-
-
-def _shutdown(manager: Any, hub: Any, cfg: OnlineConfig) -> dict:
-    import ray
-
-    summary: dict = {}
-    if manager is not None:
-        try:
-            ray.get(manager.shutdown.remote(), timeout=60)
-        except Exception:  # noqa: BLE001 - a dead manager is already shut down
-            log.warning("the rollout manager did not shut down cleanly", exc_info=True)
-        ray.kill(manager)
-    if hub is not None:
-        try:
-            summary = ray.get(hub.finish.remote(), timeout=120)
-        except Exception:  # noqa: BLE001
-            log.warning("the logging actor did not finish cleanly", exc_info=True)
-        ray.kill(hub)
-    return summary
-
-
-def _write_report(run_dir: Path) -> None:
-    from mineonline_core.driver.report import write_report
-
-    if (run_dir / "metrics.jsonl").exists():
-        try:
-            write_report(run_dir)
-        except Exception as exc:  # noqa: BLE001 - a failed plot must not hide the run's outcome
-            log.warning("writing the run report failed: %s: %s", type(exc).__name__, exc, exc_info=True)

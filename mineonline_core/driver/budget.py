@@ -169,9 +169,10 @@ class MemoryEstimate:
             return
         if self.policy_bytes > available:
             raise ConfigError(
-                f"{self.policy_text}: the policy has {self.parameters:,} parameters, {_gib(self.policy_bytes)} as built, "
-                f"more than the {_gib(available)} of memory available here, so building it would exhaust memory. Fix: make the "
-                "network smaller (e.g. policy_config.hidden_sizes), or check the config on a machine that can hold it."
+                f"{self.policy_text}: the policy has {self.parameters:,} parameters, "
+                f"{_gib(self.policy_bytes)} as built, more than the {_gib(available)} of memory available here, "
+                "so building it would exhaust memory. Fix: make the network smaller (e.g. policy_config.hidden_sizes), "
+                "or check the config on a machine that can hold it."
             )
 
     def check(self, available: int, where: str) -> None:
@@ -193,8 +194,8 @@ class MemoryEstimate:
             raise ConfigError(
                 f"The run needs {self.describe()}, but {where} is {_gib(available)}. Fix: shrink the policy "
                 f"({self.policy_text}), lower rollout_config.replay_buffer_config.max_chunks or fragment_length (an "
-                "in-memory store holds every chunk), run fewer rollout workers, envs or trainer ranks, or give the run a "
-                "larger machine or a cluster (--address)."
+                "in-memory store holds every chunk), run fewer rollout workers, envs or trainer ranks, or give the "
+                "run a larger machine or a cluster (--address)."
             )
 
 

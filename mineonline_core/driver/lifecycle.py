@@ -276,7 +276,8 @@ def stop_runs(run: str | None, *, address: str = "auto", grace_s: float = 30.0, 
         if run not in runs:
             alive = ", ".join(runs) or "none"
             raise MineOnlineError(
-                f"mineonline stop {run}: no run of that name is alive (alive runs: {alive}). Fix: see `mineonline status`."
+                f"mineonline stop {run}: no run of that name is alive (alive runs: {alive}). "
+                "Fix: see `mineonline status`."
             )
         runs = {run: runs[run]}
     if not runs:

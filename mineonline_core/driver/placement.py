@@ -48,7 +48,8 @@ def _show(shape: Mapping[str, float]) -> str:
 def _node_line(node: Mapping[str, Any]) -> str:
     res = node.get("Resources") or {}
     have = _shape({k: res.get(k, 0.0) for k in ("CPU", "GPU")})
-    return f"{node.get('NodeManagerAddress', '?')} ({str(node.get('NodeID', '?'))[:8]}) {_show(have) if have else '{CPU: 0}'}"
+    where = f"{node.get('NodeManagerAddress', '?')} ({str(node.get('NodeID', '?'))[:8]})"
+    return f"{where} {_show(have) if have else '{CPU: 0}'}"
 
 
 def actor_shapes(cfg: Any) -> list[tuple[str, str, dict[str, float]]]:
@@ -92,8 +93,8 @@ def check_placement(cfg: Any, nodes: Sequence[Mapping[str, Any]], address: str |
             problems.append(
                 f"{actor} needs {_show(shape)} on one node ({keys}), but no node of {where} has that; its nodes: "
                 + "; ".join(_node_line(n) for n in alive)
-                + ". A cluster-wide total that suffices does not help: an actor runs on one node. Fix: lower those per-worker "
-                "resources (fractions are allowed) or add a node that large."
+                + ". A cluster-wide total that suffices does not help: an actor runs on one node. "
+                "Fix: lower those per-worker resources (fractions are allowed) or add a node that large."
             )
     if problems:
         raise ConfigError("\n".join(problems))

@@ -1,10 +1,10 @@
 """The run report: PNG plots drawn from ``metrics.jsonl`` in a run directory.
 
-``write_report(run_dir)`` runs at the end of every run and on ``mineonline report RUN_DIR`` (several runs: ``compare.py``). It
-writes ``report_learning_curve.png`` (episode return vs env steps), ``report_losses.png`` (trainer
-losses vs env steps), ``report_throughput.png`` (env steps/s and training samples/s) and, for Crafter
-runs, ``report_crafter.png`` (achievement success rates and the score). A metric that never appeared
-gives a panel that says "no data", never a crash.
+``write_report(run_dir)`` runs at the end of every run and on ``mineonline report RUN_DIR`` (several
+runs: ``compare.py``). It writes ``report_learning_curve.png`` (episode return vs env steps),
+``report_losses.png`` (trainer losses vs env steps), ``report_throughput.png`` (env steps/s and training
+samples/s) and, for Crafter runs, ``report_crafter.png`` (achievement success rates and the score). A
+metric that never appeared gives a panel that says "no data", never a crash.
 """
 
 from __future__ import annotations

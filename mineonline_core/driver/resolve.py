@@ -1,8 +1,9 @@
 """Resolve a loaded config into the components a run needs, before Ray starts.
 
 Everything a user can get wrong is checked here, cheaply and up front: component names, each
-component's own options (the trainer's: the ``train_config`` keys the core does not own), the env and policy generators (serialisable, and they run), and the
-consistency of the config with itself. ``mineonline check`` stops after this step.
+component's own options (the trainer's: the ``train_config`` keys the core does not own), the env
+and policy generators (serialisable, and they run), and the consistency of the config with itself.
+``mineonline check`` stops after this step.
 """
 
 from __future__ import annotations
@@ -218,7 +219,8 @@ def resolve_generators(
         if cfg.policy_config is None:
             raise ConfigError(
                 "policy_config: the config names no policy. Fix: add policy_config: {name: mlp} (vector observations), "
-                "{name: cnn_gru} (images) or {name: vpt, model_path: ...}, or define policy_generator() in a Python config."
+                "{name: cnn_gru} (images) or {name: vpt, model_path: ...}, or define policy_generator() in a "
+                "Python config."
             )
         policy_cls = pm.lookup("policy", cfg.policy_config.name)
         options = validate_options(
@@ -227,7 +229,8 @@ def resolve_generators(
         policy_generator = functools.partial(_build_policy, policy_cls, options, observation_space, action_space)
     elif cfg.policy_config is not None:
         raise ConfigError(
-            "policy_config: the config module defines policy_generator and the config sets policy_config too. Fix: keep one."
+            "policy_config: the config module defines policy_generator and the config sets policy_config too. "
+            "Fix: keep one."
         )
     # Every process that builds the policy (rollout workers, trainer ranks, the KL reference) must agree
     # on the value head's scale, so the run-wide settings are applied inside the generator itself.

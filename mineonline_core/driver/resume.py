@@ -110,7 +110,8 @@ def plan_resume(target: str, overrides: Sequence[str]) -> ResumePlan:
     run_dir = _run_dir_of(path, target) if explicit else path
     if not (run_dir / RUN_FILE).is_file():
         raise ConfigError(
-            f"--resume {target}: no {RUN_FILE} there, so it is not a mineonline run directory. Fix: give runs/<run_name>."
+            f"--resume {target}: no {RUN_FILE} there, so it is not a mineonline run directory. "
+            "Fix: give runs/<run_name>."
         )
     record = json.loads((run_dir / RUN_FILE).read_text())
     user = [o for o in overrides if not o.startswith("train_config.resume=")]
@@ -122,7 +123,8 @@ def plan_resume(target: str, overrides: Sequence[str]) -> ResumePlan:
         found = ckpt.list_checkpoints(save_dir)
         if not found:
             raise ConfigError(
-                f"--resume {target}: the run wrote no checkpoint yet, so there is nothing to resume. Fix: start it anew."
+                f"--resume {target}: the run wrote no checkpoint yet, so there is nothing to resume. "
+                "Fix: start it anew."
             )
         explicit = found[-1][1]
     checkpoint = _verified(explicit, save_dir, target)

@@ -74,8 +74,8 @@ class OwnerLock:
             os.close(fd)
             raise RunInUseError(
                 f"{self.key}: {str(self.directory)!r} is in use by another mineonline run: {_owner_text(record)}. "
-                f"{self.purpose} Fix: wait for that run to end or stop it (`mineonline stop {record.get('run_name', 'RUN')}`), "
-                "or choose another run_name."
+                f"{self.purpose} Fix: wait for that run to end or stop it "
+                f"(`mineonline stop {record.get('run_name', 'RUN')}`), or choose another run_name."
             ) from None
         stale = _read(fd)
         if stale:

@@ -115,7 +115,10 @@ def abrupt_end_report(address: str, code: int, run_dir: str | None) -> str:
     except MineOnlineError:
         answers = None
     if answers is None:
-        cause = f"the driver process ended abruptly ({how}); if the head of the Ray cluster ({address}) went down, Ray ended it"
+        cause = (
+            f"the driver process ended abruptly ({how}); "
+            f"if the head of the Ray cluster ({address}) went down, Ray ended it"
+        )
     elif answers:
         cause = f"the driver process ended abruptly ({how}) while the Ray cluster at {address} still answers"
     else:

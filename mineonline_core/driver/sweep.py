@@ -10,8 +10,9 @@ An override ``key=value`` is a search space when its value is one of
 The same strings may stand as values in a YAML config (``learning_rate: loguniform(1e-5,1e-3)``); a
 command-line override of the key wins. Values of ``choice`` and ``grid`` stay text and reach the trial as
 overrides, so ``[64,64]`` or ``null`` mean what they mean in any override. ``seeds`` is the ``seed`` key's
-grid. A trial's run is named after the experiment and its values (``trial_name``). Every value a space can take at its ends is validated as a config before Ray starts, so a typo or an
-out-of-range bound is the usual one-paragraph error, not a failed trial.
+grid. A trial's run is named after the experiment and its values (``trial_name``). Every value a space
+can take at its ends is validated as a config before Ray starts, so a typo or an out-of-range bound is
+the usual one-paragraph error, not a failed trial.
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def split_overrides(overrides: Sequence[str], *, seeds: str | None = None) -> tu
     keys = [s.key for s in spaces]
     for key in sorted({k for k in keys if keys.count(k) > 1}):
         raise ConfigError(
-            f"{key} is swept twice ({', '.join(s.text for s in spaces if s.key == key)}). Fix: give one search space per key."
+            f"{key} is swept twice ({', '.join(s.text for s in spaces if s.key == key)}). "
+            "Fix: give one search space per key."
         )
     for space in spaces:
         if space.key in RESERVED:

@@ -9,9 +9,10 @@ rollout workers land in the trial's placement group (Tune captures the trial's c
 The run's driver loop calls ``_on_latest`` about once a second; it reads the records the run's logging
 actor appended to ``metrics.jsonl`` since, and each training iteration (once the experiment's metric has
 been logged) becomes one Tune result carrying the latest value of every metric. Reading the file, not the
-actor's latest values, gives the scheduler every iteration even when several finish within a second. A trial's run directory is its Tune trial directory, ``<output_dir>/<experiment>/<trial
-name>``; a trial restarted by ``--resume`` continues from the latest checkpoint there, and one that PBT
-restarts from another trial's checkpoint continues from that one, with its own new parameters.
+actor's latest values, gives the scheduler every iteration even when several finish within a second. A
+trial's run directory is its Tune trial directory, ``<output_dir>/<experiment>/<trial name>``; a trial
+restarted by ``--resume`` continues from the latest checkpoint there, and one that PBT restarts from
+another trial's checkpoint continues from that one, with its own new parameters.
 """
 
 from __future__ import annotations

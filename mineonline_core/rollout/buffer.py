@@ -28,11 +28,14 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mineonline_core.contracts.fragment import fragment_checksum, fragment_key, parse_fragment_key
 from mineonline_core.errors import ConfigError, SampleStopped, SampleTimeout
 from mineonline_core.services.runlog import setup_actor_logging
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import LoggerHubHandle, StoreAccess
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +67,13 @@ class ReplayBuffer:
     def __init__(
         self,
         *,
-        store_client: Any,
+        store_client: StoreAccess,
         max_chunks: int,
         max_reuse: int,
         max_staleness: int,
         fragments_per_chunk: int = 1,
         fragments_per_report: int = 40,
-        logger_hub: Any = None,
+        logger_hub: LoggerHubHandle | None = None,
         version: int = 0,
     ) -> None:
         setup_actor_logging()  # its records reach the console marked (runlog.py)

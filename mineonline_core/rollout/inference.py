@@ -28,13 +28,16 @@ import copy
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_cat, tree_map
 from mineonline_core.errors import RunFailedError
 from mineonline_core.services.runlog import setup_actor_logging
 from mineonline_core.config.precision import PrecisionChoice
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import InferenceServerHandle, RolloutManagerHandle
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,7 @@ class InferenceServer:
         *,
         policy_generator: Callable[[], Any],
         config: RolloutConfig,
-        manager: Any = None,
+        manager: RolloutManagerHandle | None = None,
         precision: PrecisionChoice = PrecisionChoice(),
     ) -> None:
         import torch
@@ -330,7 +333,7 @@ def _tensors(state_dict: dict[str, Any]) -> dict[str, Any]:
 class InferenceClient:
     """A worker's side of the server: blocking calls from the collect thread."""
 
-    def __init__(self, *, server: Any, worker_id: int) -> None:
+    def __init__(self, *, server: InferenceServerHandle, worker_id: int) -> None:
         self.server, self.worker_id = server, worker_id
 
     def initial_state(self, batch_size: int) -> Any:

@@ -20,11 +20,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS, crafter_score
 from mineonline_core.services.runlog import setup_actor_logging
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import LoggerHubHandle
+    from mineonline_core.services.loggerhub import LoggerHub
 
 
 def _metric_name(task: str) -> str:
@@ -57,7 +61,9 @@ class EpisodeStatistics:
     hub's actor handle, a plain ``LoggerHub`` (tests) or None (nothing is pushed).
     """
 
-    def __init__(self, *, logger_hub: Any = None, window: int = 100, report_every: int = 10) -> None:
+    def __init__(
+        self, *, logger_hub: LoggerHubHandle | LoggerHub | None = None, window: int = 100, report_every: int = 10
+    ) -> None:
         setup_actor_logging()  # its records reach the console marked (runlog.py)
         if window < 1 or report_every < 1:
             raise ValueError(f"window and report_every must be >= 1; got window={window}, report_every={report_every}")
@@ -150,7 +156,7 @@ class EpisodeStatistics:
         return summary
 
 
-def _call(hub: Any, method: str, *args: Any) -> None:
+def _call(hub: LoggerHubHandle | LoggerHub, method: str, *args: Any) -> None:
     """Fire-and-forget on an actor handle; a direct call on a plain object."""
     fn = getattr(hub, method)
     remote = getattr(fn, "remote", None)

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 
 from mineonline_core.config.rollout import RolloutConfig
@@ -36,6 +36,16 @@ from mineonline_core.errors import MineOnlineError, RunFailedError
 from mineonline_core.rollout.fragbuild import Timers
 from mineonline_core.config.precision import PrecisionChoice
 from mineonline_core.services.runlog import setup_actor_logging
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import (
+        EpisodeStatisticsHandle,
+        InferenceServerHandle,
+        LoggerHubHandle,
+        ReplayBufferHandle,
+        RolloutManagerHandle,
+        StoreAccess,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +103,17 @@ class RolloutWorker:
         config: RolloutConfig,
         policy_generator: Callable[[], Any],
         env_generator: Callable[[], Any],
-        store_client: Any,
-        buffer: Any,
-        stats: Any = None,
-        logger_hub: Any = None,
-        manager: Any = None,
+        store_client: StoreAccess,
+        buffer: ReplayBufferHandle,
+        stats: EpisodeStatisticsHandle | None = None,
+        logger_hub: LoggerHubHandle | None = None,
+        manager: RolloutManagerHandle | None = None,
         discount: float = 0.99,
         seed: int | None = None,
         report_interval: float = 0.5,  # the resolution of the env-step axis every metric is logged on
         incarnation: int = 0,
         precision: PrecisionChoice = PrecisionChoice(),
-        inference_server: Any = None,
+        inference_server: InferenceServerHandle | None = None,
     ) -> None:
         """``config`` is the run's ``rollout_config``; ``discount`` (``train_config.discount``) weighs
         the episodes' discounted returns in the statistics; ``precision`` (``train_config``'s) is the

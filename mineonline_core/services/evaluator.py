@@ -19,13 +19,16 @@ judges ``keep_best`` by ``eval/return_mean`` with them.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import ray
 import torch
 
 from mineonline_core.services.episodes import LoadedPolicy, run_episode, summarize
 from mineonline_core.services.runlog import setup_actor_logging
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import EvaluatorHandle, LoggerHubHandle
 
 EVAL_SEED_OFFSET = 1_000_000
 _SUMMARY_KEYS = ("return_mean", "return_std", "return_min", "return_max", "length_mean", "episodes")
@@ -55,7 +58,7 @@ class Evaluator:
         policy_generator: Callable[[], torch.nn.Module],
         env_generator: Callable[[], Any],
         config: Any,
-        logger_hub: Any = None,
+        logger_hub: LoggerHubHandle | None = None,
     ) -> None:
         setup_actor_logging()
         tc = config.train_config
@@ -107,7 +110,7 @@ class Evaluator:
                 pass
 
 
-def start_evaluator(*, name: str, namespace: str, config: Any, **kwargs: Any) -> Any:
+def start_evaluator(*, name: str, namespace: str, config: Any, **kwargs: Any) -> EvaluatorHandle:
     """The ``Evaluator`` actor ``name``, reserving ``eval_num_cpus`` and ``eval_num_gpus``. Ray does
     not restart it (its constructor's arguments live in the object store); rank 0 starts a new one
     when it died (``EvaluationClient.poll``)."""

@@ -8,9 +8,12 @@ and, like every bookkeeping actor, never imports torch (``trainer/device.py`` ma
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import GpuLeaseHandle
 
 LEASE_WAIT_S = 60.0  # an actor start takes a second or two; longer means no free GPU share on this node
 
@@ -23,7 +26,7 @@ class GpuLease:
         return [str(gpu) for gpu in ray.get_gpu_ids()]
 
 
-def lease_gpu(num_gpus: float, *, timeout: float = LEASE_WAIT_S) -> tuple[Any, list[str]]:
+def lease_gpu(num_gpus: float, *, timeout: float = LEASE_WAIT_S) -> tuple[GpuLeaseHandle | None, list[str]]:
     """A ``GpuLease`` of ``num_gpus`` on this node and its GPU ids, or ``(None, [])`` when Ray does
     not grant it within ``timeout`` seconds. The caller ends the lease with ``ray.kill``."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -25,7 +25,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import HeartbeatBoardHandle
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +132,7 @@ class HeartbeatBoard:
 class RankBeat:
     """In a Ray Train rank: a daemon thread that beats every quarter of ``timeout`` with ``detail()``."""
 
-    def __init__(self, *, board: Any, member: str, timeout: float, detail: Callable[[], str]) -> None:
+    def __init__(self, *, board: HeartbeatBoardHandle, member: str, timeout: float, detail: Callable[[], str]) -> None:
         import ray
 
         self._board, self._member, self._detail = board, member, detail
@@ -157,7 +160,7 @@ class RankWatch:
     past it is named (``log.error``) and killed on its node. ``hung`` holds the message of the last
     rank it killed (the cause ``fit`` reports), None when it killed none."""
 
-    def __init__(self, *, board: Any, timeout: float) -> None:
+    def __init__(self, *, board: HeartbeatBoardHandle, timeout: float) -> None:
         self._board, self.timeout = board, timeout
         self.hung: str | None = None
         self._stop = threading.Event()

@@ -18,7 +18,7 @@ import os
 import queue
 import threading
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -28,6 +28,9 @@ from mineonline_core.errors import last_line
 from mineonline_core.contracts.logger import Logger
 from mineonline_core.services.runlog import setup_actor_logging
 from mineonline_core.services.names import LOGGER_HUB, NAMESPACE, actor_name
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import LoggerHubHandle
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +56,8 @@ class LoggerHub:
     """Receives metrics from every process of a run and feeds the selected loggers.
 
     Plain class: ``start_logger_hub`` makes it a named Ray actor with ``num_cpus=0`` and two
-    concurrency groups (see ``CONCURRENCY_GROUPS``); tests may use it directly. ``loggers`` are (class, validated options)
-    pairs; ``config`` is the full resolved run config given to each logger; ``video_dir`` is where
+    concurrency groups (see ``CONCURRENCY_GROUPS``); tests may use it directly. ``loggers`` are (class,
+    validated options) pairs; ``config`` is the full resolved run config given to each logger; ``video_dir`` is where
     videos are written, relative to ``run_dir`` unless absolute.
     """
 
@@ -279,7 +282,7 @@ class LoggerHub:
 
 def start_logger_hub(
     *, run_name: str, namespace: str = NAMESPACE, lifetime: str | None = None, wait: bool = True, **kwargs: Any
-) -> Any:
+) -> LoggerHubHandle:
     """Start the hub as the named actor ``{run_name}/logger_hub`` and wait until its loggers exist
     (``wait=False``: return at once; ``check_logger_hub`` waits later, so the driver can start the
     rollout manager meanwhile).
@@ -302,14 +305,14 @@ def start_logger_hub(
     return hub
 
 
-def check_logger_hub(hub: Any, run_name: str) -> None:
+def check_logger_hub(hub: LoggerHubHandle, run_name: str) -> None:
     """Wait until the hub's loggers exist; log each one that failed to start."""
     errors = ray.get(hub.errors.remote())  # constructor errors surface here, not at the first metric
     for line in errors:
         log.error("LoggerHub for run %r: %s", run_name, line)
 
 
-def get_logger_hub(run_name: str, *, namespace: str = NAMESPACE) -> Any:
+def get_logger_hub(run_name: str, *, namespace: str = NAMESPACE) -> LoggerHubHandle:
     """The hub of a running run (e.g. for a detached rollout manager started by another driver)."""
 
     return ray.get_actor(actor_name(run_name, LOGGER_HUB), namespace=namespace)

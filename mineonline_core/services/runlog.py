@@ -274,6 +274,7 @@ class RunLog:
         failure = self.write_failure
         note = f"writing it failed ([Errno {failure.errno}] {failure.strerror})" if failure is not None else ""
         if exc is not None and not isinstance(exc, KeyboardInterrupt):
-            exc.run_log = f"{self.path}, incomplete: {note}" if note else str(self.path)  # type: ignore[attr-defined] - for console_error
+            # Read by console_error, which names the run log in the failure it prints.
+            exc.run_log = f"{self.path}, incomplete: {note}" if note else str(self.path)  # type: ignore[attr-defined]
         elif note:
             print(f"WARNING: {self.path} is incomplete: {note}", file=sys.stderr, flush=True)

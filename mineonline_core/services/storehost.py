@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -26,6 +26,9 @@ from mineonline_core.config.messages import validate_options
 from mineonline_core.contracts.store import FragmentStore
 from mineonline_core.services.runlog import setup_actor_logging
 from mineonline_core.services.names import NAMESPACE
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import StoreHostHandle
 
 # Threads of the host actor: enough for every rollout worker and trainer reader to be served at once.
 HOST_MAX_CONCURRENCY = 32
@@ -97,7 +100,7 @@ def start_store_host(
     namespace: str = NAMESPACE,
     node_id: str | None = None,
     lifetime: str | None = None,
-) -> Any:
+) -> StoreHostHandle:
     """Start the store host on ``node_id`` (default: this process's node, the one that holds ``path``).
 
     ``soft=False``: the actor must run where the files are, or not at all. It takes no CPU so that it
@@ -141,7 +144,7 @@ class StoreClient:
     def __init__(
         self,
         *,
-        host: Any,
+        host: StoreHostHandle,
         store_cls: type[FragmentStore],
         path: str,
         num_shards: int,
@@ -160,7 +163,7 @@ class StoreClient:
     @classmethod
     def connect(
         cls,
-        host: Any,
+        host: StoreHostHandle,
         *,
         store_cls: type[FragmentStore],
         path: str,

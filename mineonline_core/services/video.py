@@ -95,7 +95,8 @@ def compose_frames(
         frame = _as_hwc_uint8(frame)
         if frame.shape[0] * upscale != h or frame.shape[1] * upscale != w:
             raise ValueError(
-                f"frame {i} has shape {frame.shape}, unlike frame 0 {first.shape}; an episode's frames must share one size"
+                f"frame {i} has shape {frame.shape}, unlike frame 0 {first.shape}; "
+                "an episode's frames must share one size"
             )
         if upscale > 1:
             frame = np.repeat(np.repeat(frame, upscale, axis=0), upscale, axis=1)

@@ -28,7 +28,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 import ray
@@ -54,7 +54,17 @@ from mineonline_core.trainer.goals import Goals
 from mineonline_core.trainer.publish import Publishing
 from mineonline_core.trainer.update import UpdateLoop
 
+<<<<<<< HEAD
 log = logging.getLogger(__name__)
+=======
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import (
+        HeartbeatBoardHandle,
+        LoggerHubHandle,
+        RolloutManagerHandle,
+        WeightReceiverHandle,
+    )
+>>>>>>> handles
 
 _LIVE = (
     "model",
@@ -91,12 +101,12 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
     def __init__(
         self,
         *,
-        rollout_manager: Any,
+        rollout_manager: RolloutManagerHandle | None,
         policy_generator: Callable[[], nn.Module],
         env_generator: Callable[[], Any],
         config: Any,
         run_dir: str,
-        logger_hub: Any = None,
+        logger_hub: LoggerHubHandle | None = None,
         whole_config: str | None = None,
         saved_config: dict | None = None,
         options: BaseModel | None = None,
@@ -120,7 +130,8 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         self.scaler: Any = None
         self.update_guard: UpdateGuard | None = None  # skips optimiser steps with non-finite values
         self._buffer = self._store = self._pending_release = None
-        self._workers: list = []  # rollout worker handles (rank 0), for broadcasts without the manager's hop
+        # The rollout workers' handles (rank 0), for broadcasts without the manager's hop.
+        self._workers: list[WeightReceiverHandle] = []
         self._prefetch: deque[tuple[int, int, Future]] = deque()  # (iteration, num_chunks, its batch)
         self.corrupt_fragments = 0
         # A KL reference policy, if the algorithm has one: rollout runs it beside the behaviour
@@ -138,7 +149,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         self.iteration, self.version = 0, 0
         self._fit_started: float | None = None  # set by fit(): checkpoints written since are this run's
         self.restarts = 0  # times fit() restarted the ranks after one died
-        self._heartbeats: Any = None  # the ranks' HeartbeatBoard while fit() runs Ray Train
+        self._heartbeats: HeartbeatBoardHandle | None = None  # the ranks' HeartbeatBoard while fit() runs Ray Train
         self.rank_hangs = 0  # of those restarts, the ones of a rank killed as hung
         self.env_steps = 0  # the run's env-step count when this iteration was logged (rank 0)
         self.learning_rate = self.train_config.learning_rate

@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -24,6 +24,9 @@ from mineonline_core.services.heartbeat import HeartbeatBoard, RankBeat, RankWat
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.device import rank_device
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import GpuLeaseHandle
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +132,7 @@ class DriverSide:
             detail=lambda: f"iteration {self.iteration}",
         )
 
-    def _driver_device(self) -> tuple[torch.device | None, Any]:
+    def _driver_device(self) -> tuple[torch.device | None, GpuLeaseHandle | None]:
         """The CPU, or the GPU this process leased (with its lease); None when Ray Train must run the
         GPU rank because this process cannot (logged), or a ConfigError when use_ray_train is false."""
         tc = self.train_config

@@ -23,7 +23,7 @@ import logging
 import os
 import shutil
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import ray
 
@@ -31,6 +31,12 @@ from mineonline_core.errors import last_line
 from mineonline_core.services.names import EVALUATOR, NAMESPACE, actor_name
 from mineonline_core.trainer.goals import BEST_DIR, replace_best
 from mineonline_core.trainer.sequence import unwrap
+
+if TYPE_CHECKING:
+    import numpy as np
+    from ray import ObjectRef
+
+    from mineonline_core.services.handles import EvaluatorHandle, LoggerHubHandle
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +47,14 @@ class EvaluationClient:
     """The evaluator actor's handle and the one evaluation handed to it (thread-safe: the broadcast
     thread reports the weights it put, the trainer's thread asks for evaluations and their results)."""
 
-    def __init__(self, *, start: Callable[[], Any], logger_hub: Any) -> None:
+    def __init__(self, *, start: Callable[[], EvaluatorHandle], logger_hub: LoggerHubHandle | None) -> None:
         self._start, self.hub = start, logger_hub
         self.actor = start()
         self._lock = threading.Lock()
-        self._sent: tuple[int, Any] | None = None  # (version, ref) of the broadcast's latest put
+        # (version, ref) of the broadcast's latest put
+        self._sent: tuple[int, ObjectRef[dict[str, np.ndarray]]] | None = None
         self._waiting: dict[str, int] | None = None  # a request whose weights the broadcast has not put yet
-        self._running: tuple[dict[str, int], Any] | None = None  # (request, result ref)
+        self._running: tuple[dict[str, int], ObjectRef[dict[str, float]]] | None = None  # (request, result ref)
         self.skipped = self.failed = 0
 
     @property
@@ -56,13 +63,15 @@ class EvaluationClient:
         with self._lock:
             return self._waiting or (self._running[0] if self._running else None)
 
-    def weights_sent(self, version: int, ref: Any) -> None:
+    def weights_sent(self, version: int, ref: ObjectRef[dict[str, np.ndarray]]) -> None:
         """The broadcast thread put the weights of ``version``: a request waiting for them starts."""
         with self._lock:
             self._sent = (version, ref)
             self._start_waiting()
 
-    def request(self, *, iteration: int, version: int, env_steps: int, weights: Any = None) -> bool:
+    def request(
+        self, *, iteration: int, version: int, env_steps: int, weights: ObjectRef[dict[str, np.ndarray]] | None = None
+    ) -> bool:
         """Evaluate iteration ``iteration`` (model ``version``); ``weights``: its own put when the
         iteration published no version. False (skipped, logged, counted) while another one runs."""
         running = self.busy

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import ray
 
@@ -23,12 +23,19 @@ from mineonline_core.errors import RunFailedError, SampleStopped, SampleTimeout
 from mineonline_core.contracts.fragment import fragment_checksum
 from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs, estimate_advantages
 
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import ReplayBufferHandle, RolloutManagerHandle, StoreAccess
+
 log = logging.getLogger(__name__)
 SAMPLE_WAIT_S = 30.0  # how often a trainer waiting for chunks says why
 
 
 class ChunkFetching:
     """``BaseTrainer``'s data side: ``fetch_chunks``, prefetching, and the ``estimate`` hook."""
+
+    rollout_manager: RolloutManagerHandle | None
+    _buffer: ReplayBufferHandle | None  # the manager's, once connected
+    _store: StoreAccess | None
 
     def estimate(self, *, batch: dict[str, Any]) -> dict[str, Any]:
         """Add ``value``, ``advantage`` and ``return`` ((N, L) float32, values denormalised) to this

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
@@ -35,11 +35,20 @@ from mineonline_core.trainer.fetch import OrderedWorker
 from mineonline_core.trainer.goals import BEST_DIR, replace_best
 from mineonline_core.trainer.sequence import unwrap
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from mineonline_core.services.handles import LoggerHubHandle, RolloutManagerHandle, WeightReceiverHandle
+
 log = logging.getLogger(__name__)
 
 
 class Publishing:
     """``BaseTrainer``'s broadcasts, metric logging, checkpoints and best-checkpoint goals."""
+
+    rollout_manager: RolloutManagerHandle | None
+    logger_hub: LoggerHubHandle | None
+    _workers: list[WeightReceiverHandle]
 
     def _judge_goals(self, latest: dict[str, float]) -> None:
         """Rank 0: keep a new best checkpoint; note a reached stop criterion for ``_stop_requested``."""
@@ -121,7 +130,7 @@ class Publishing:
                 f"Broadcasting model version {version} to the rollout workers failed: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _put_weights(self, weights: dict[str, np.ndarray]) -> Any:
+    def _put_weights(self, weights: dict[str, np.ndarray]) -> ObjectRef[dict[str, np.ndarray]]:
         # Owned by this rank (Ray >= 2.56 has no ``_owner``): workers fetch it while training runs.
         return ray.put(weights)
 

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mineonline_core.errors import iter_causes
 from mineonline_core.trainer import checkpoint as ckpt
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import RolloutManagerHandle
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +54,7 @@ def own_checkpoint(save_dir: Path, since: float | None) -> Path | None:
     return latest
 
 
-def rejoin_version(manager: Any, version: int) -> int:
+def rejoin_version(manager: RolloutManagerHandle | None, version: int) -> int:
     """The version to continue from: ``version``, or one past the rollout side's latest when that is
     newer (the checkpoint's weights are not the weights that version named)."""
     import ray

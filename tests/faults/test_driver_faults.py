@@ -1,4 +1,4 @@
-"""The driver's watch loop (``api._train_with_progress``) with real actors: a dead logging actor,
+"""The driver's watch loop (``training.train_with_progress``) with real actors: a dead logging actor,
 a dead rollout manager, a manager reporting a failure, and a trainer thread that raises all end the
 run loudly, with the cause, within seconds, while training would otherwise go on for minutes.
 """
@@ -86,7 +86,7 @@ def _config(run: str, progress_timeout: float = 900.0):
 def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
     import ray
 
-    from mineonline_core.driver.api import _train_with_progress
+    from mineonline_core.driver.training import train_with_progress
 
     run = f"driver-{fault.replace('_', '-')}"
     hub, manager = _actors(ray, run, tmp_path)
@@ -102,7 +102,7 @@ def test_driver_fails_loudly(ray_cluster, tmp_path, fault: str) -> None:
 
     def watch() -> None:
         try:
-            _train_with_progress(
+            train_with_progress(
                 trainer, manager, hub, _config(run, 3.0 if fault == "stalled" else 900.0), progress=False
             )
         except BaseException as exc:  # noqa: BLE001 - the failure under test

@@ -541,6 +541,14 @@ MUTATIONS = (
         "    prefix: Loc = ()",
         ("tests/test_trainer_switch.py",),
     ),
+    Mutation(
+        "handles-stale",
+        "a typed handle names a method its actor does not have (services/handles.py goes stale)",
+        "mineonline_core/services/handles.py",
+        "    def stop_requested(self) -> bool: ...",
+        "    def stop_was_requested(self) -> bool: ...",
+        ("tests/test_handles.py::test_each_method_exists_on_the_actor_with_its_parameters[RolloutManagerHandle]",),
+    ),
 )
 
 
