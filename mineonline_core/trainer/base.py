@@ -54,9 +54,7 @@ from mineonline_core.trainer.goals import Goals
 from mineonline_core.trainer.publish import Publishing
 from mineonline_core.trainer.update import UpdateLoop
 
-<<<<<<< HEAD
 log = logging.getLogger(__name__)
-=======
 if TYPE_CHECKING:
     from mineonline_core.services.handles import (
         HeartbeatBoardHandle,
@@ -64,7 +62,6 @@ if TYPE_CHECKING:
         RolloutManagerHandle,
         WeightReceiverHandle,
     )
->>>>>>> handles
 
 _LIVE = (
     "model",
