@@ -270,7 +270,7 @@ def test_env_failing_every_step_fails_loudly_after_max_restarts() -> None:
             c.collect(10_000)
     finally:
         c.close()
-    assert c.env_failures == 3 and c.env_restarts == 2
+    assert c.pool.env_failures == 3 and c.pool.env_restarts == 2
 
 
 def test_restart_interval_rebuilds_envs_and_truncates() -> None:
@@ -287,7 +287,7 @@ def test_restart_interval_rebuilds_envs_and_truncates() -> None:
         frags += c.pop_fragments()
     finally:
         c.close()
-    assert c.env_restarts >= 2 and c.env_failures == 0
+    assert c.pool.env_restarts >= 2 and c.pool.env_failures == 0
     trunc = chain(frags, F.TRUNCATED)
     assert trunc.sum() >= 2
     assert np.all(chain(frags, F.BOOTSTRAP)[trunc] != 0.0)
@@ -340,4 +340,4 @@ def test_a_failed_reset_after_a_terminal_keeps_the_terminal_step(env_processes):
     assert term.tolist() == [False, False, True] * 4 and not trunc.any()
     assert chain(frags, F.FIRST).tolist() == [True, False, False] * 4
     assert [r["return"] for r in records] == [12.0] * 4 and not any(r["truncated"] for r in records)
-    assert c.env_failures == 4 and c.env_restarts >= 3
+    assert c.pool.env_failures == 4 and c.pool.env_restarts >= 3
