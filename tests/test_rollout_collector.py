@@ -183,7 +183,7 @@ def test_versions_are_tagged_and_weights_swap_between_steps() -> None:
     for stream, fs in by_stream(before + after).items():
         v = chain(sorted(fs, key=lambda f: f[F.INDEX]), F.VERSION)
         assert np.all(np.diff(v) >= 0) and v[-1] == 3, stream
-    assert torch.equal(c.policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"]))
+    assert torch.equal(c.local.policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"]))
     assert c.metrics()["rollout/model_version"] == 3.0
 
 
@@ -193,22 +193,22 @@ def test_weights_load_off_the_stepping_thread_and_only_complete_loads_swap_in() 
     try:
         c.collect(2)
         new = {k: (v + 1.0).numpy() for k, v in tk.TinyMLPPolicy().state_dict().items()}
-        c._standby_version = None  # as while a load is under way: nothing to swap
+        c.local._standby_version = None  # as while a load is under way: nothing to swap
         c.step()
-        assert c.policy is policy and c.version == 0
+        assert c.local.policy is policy and c.version == 0
         c.set_weights(new, 1)  # loads into the standby; the policy stepping now is untouched
-        assert c.policy is policy and not torch.equal(
+        assert c.local.policy is policy and not torch.equal(
             policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"])
         )
         newer = {k: v + 1.0 for k, v in new.items()}
         c.set_weights(newer, 2)  # a second load before any step: the latest complete one wins
         c.step()
-        assert c.version == 2 and c.policy is not policy
-        assert torch.equal(c.policy.state_dict()["body.0.weight"], torch.as_tensor(newer["body.0.weight"]))
+        assert c.version == 2 and c.local.policy is not policy
+        assert torch.equal(c.local.policy.state_dict()["body.0.weight"], torch.as_tensor(newer["body.0.weight"]))
         c.set_weights(new, 3)  # the old policy is the standby now, and is loaded in place
-        assert c._standby is policy
+        assert c.local._standby is policy
         c.step()
-        assert c.policy is policy and c.version == 3
+        assert c.local.policy is policy and c.version == 3
         frags = c.collect(4)
     finally:
         c.close()

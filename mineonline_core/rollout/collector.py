@@ -2,9 +2,10 @@
 
 It builds trajectories and batches inference over the envs of an ``EnvPool`` (``envpool.py``, which starts,
 supervises and rebuilds the env processes): it asks the pool for the envs that have an observation, runs one
-batched policy forward over the first ``batch_size`` of them, hands the actions back and turns what the envs
-answer into fragments of ``fragment_length`` steps (columns: ``fragment.py``; one builder per env,
-``fragbuild.py``). The pool never waits on a late env, so a batch may be partial.
+batched policy forward over the first ``batch_size`` of them (``LocalPolicy``, ``localpolicy.py``, or the shared
+server below), hands the actions back and turns what the envs answer into fragments of ``fragment_length``
+steps (columns: ``fragment.py``; one builder per env, ``fragbuild.py``). The pool never waits on a late env, so a
+batch may be partial. The collector owns every recurrent state, so where the forward runs does not matter to it.
 
 Episode ends, the three ways (DESIGN §5.2, §5.5):
 
@@ -34,11 +35,9 @@ the server reports for the weights that chose the actions (``mineonline_core.rol
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
-import warnings
 from collections import deque
 from typing import Any, Callable
 
@@ -50,7 +49,7 @@ from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map, tree_st
 from mineonline_core.errors import RunFailedError
 from mineonline_core.rollout.envpool import Answer, EnvPool
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
-from mineonline_core.rollout.inference import policy_step
+from mineonline_core.rollout.localpolicy import LocalPolicy
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +72,8 @@ class _Track:
 
 class FragmentCollector:
     """Collects fragments from ``env_fns`` with ``policy``. Not thread-safe except ``set_weights``,
-    ``episode_records``, ``videos`` and ``metrics``, which other threads may call.
-
-    Weights are double-buffered: ``set_weights`` (another thread) copies them into a standby copy
-    of the policy while this thread keeps stepping with the current one, and ``step`` swaps the two
-    between batches. A broadcast therefore stalls rollout for a reference swap, not for a
-    ``load_state_dict`` of the whole model, at the price of one more copy of the parameters."""
+    ``set_reference``, ``episode_records``, ``videos`` and ``metrics``, which other threads may call.
+    New weights load off the stepping thread and ``step`` swaps them in between batches (``LocalPolicy``)."""
 
     def __init__(
         self,
@@ -111,15 +106,13 @@ class FragmentCollector:
         device = "cuda" if config.num_gpus_per_worker > 0 and inference is None else "cpu"
         self.precision = precision.on(device)
         self.precision.apply_tf32()
-        self.policy = None if inference is not None else policy.to(device).eval()
-        self._standby = copy.deepcopy(self.policy)  # loaded by set_weights, swapped in by step
-        self._standby_version: int | None = None  # set once the standby holds complete weights
-        self.reference: torch.nn.Module | None = None
-        self._pending_reference: torch.nn.Module | None = None  # loaded by set_reference, swapped in by step
+        self.device = torch.device(device)
+        self.local = (
+            None if inference is not None else LocalPolicy(policy=policy, device=self.device, precision=self.precision)
+        )
         self.ref_state: Any = None
-        self._load_lock = threading.Lock()  # one loader at a time
         self.fragment_length, self.batch_size, self.discount = config.fragment_length, batch_size, discount
-        self.worker_id, self.incarnation, self.device = worker_id, incarnation, torch.device(device)
+        self.worker_id, self.incarnation = worker_id, incarnation
         self.version = version
         self._slots = [_Track(i) for i in range(len(env_fns))]
         self._value_rows: list[tuple[FragmentBuilder, int, Any, Any]] = []
@@ -146,31 +139,13 @@ class FragmentCollector:
     # -- public API ---------------------------------------------------------------------------
 
     def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Load new weights into the standby policy (on the caller's thread, while stepping goes on);
-        the next ``step`` swaps them in (never within one)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
-            tensors = {k: torch.as_tensor(v) for k, v in state_dict.items()}
-        with self._load_lock:
-            with self._lock:
-                # Not swappable while half-loaded. The stepping thread never touches the standby
-                # between swaps, so loading into it needs no lock of the stepping thread's.
-                standby, self._standby_version = self._standby, None
-            standby.load_state_dict(tensors)
-            with self._lock:
-                self._standby_version = int(version)
+        """Load new weights (on the caller's thread, while stepping goes on); the next ``step`` swaps them in."""
+        self.local.set_weights(state_dict, version)
 
     def set_reference(self, state_dict: dict[str, Any]) -> None:
         """Load the KL reference policy's weights (on the caller's thread); the next ``step`` starts
         running it. A reference that replaces another keeps the recurrent states reached so far."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
-            tensors = {k: torch.as_tensor(v) for k, v in state_dict.items()}
-        with self._load_lock:
-            reference = copy.deepcopy(self._standby).eval().requires_grad_(False)
-            reference.load_state_dict(tensors)
-            with self._lock:
-                self._pending_reference = reference
+        self.local.set_reference(state_dict)
 
     def start_shared_reference(self, initial_state: Any) -> None:
         """Shared inference with a KL reference (the server has it): keep its recurrent states from
@@ -358,17 +333,8 @@ class FragmentCollector:
         )
         try:
             if self._inference is None:
-                with self.precision.autocast():
-                    action, logprob, vpred, state_out = policy_step(self.policy, obs, state_sel, first)
-                    ref_out = None
-                    if ref_sel is not None:
-                        _, ref_out = self.reference(
-                            input=tree_map(lambda x: x[:n], obs), state_in=ref_sel, context={"first": first[:n]}
-                        )
-                action_np, logprob_np, vpred_np = (
-                    to_numpy(action),
-                    logprob.float().cpu().numpy(),
-                    vpred.float().cpu().numpy(),
+                action_np, logprob_np, vpred_np, state_out, ref_out = self.local.forward(
+                    obs, state_sel, first, n, ref_sel
                 )
             else:
                 reply = self._inference.infer(
@@ -442,19 +408,12 @@ class FragmentCollector:
         self.timers.add("perf/fragment_ms", (time.perf_counter() - t0) * 1e3)
 
     def _swap_weights(self) -> None:
-        with self._lock:
-            reference, self._pending_reference = self._pending_reference, None
-        if reference is not None:
-            self.reference = reference
-            if self.ref_state is None:
-                with torch.no_grad():
-                    self.ref_state = to_torch(reference.initial_state(len(self._slots)), self.device)
-        with self._lock:
-            version, self._standby_version = self._standby_version, None
-            if version is None:
-                return
-            self.policy, self._standby = self._standby, self.policy
-        self.version = version
+        reference, version = self.local.swap() if self.local is not None else (None, None)
+        if reference is not None and self.ref_state is None:
+            with torch.no_grad():
+                self.ref_state = to_torch(reference.initial_state(len(self._slots)), self.device)
+        if version is not None:
+            self.version = version
 
     def _stream(self, slot: _Track) -> str:
         return f"{self.worker_id}.{self.incarnation}.{slot.env_id}"
