@@ -54,7 +54,6 @@ class RolloutManager:
         import ray
 
         self.config, self.run_name = config, str(config.run_name)
-        db = config.rollout_config.replay_buffer_config.database_config
         self._hub, self._report_interval = logger_hub, report_interval
         self._latest: tuple[list, int] | None = None
         self._error: BaseException | None = None
@@ -62,7 +61,6 @@ class RolloutManager:
         self._stop_requested = False
         self._lock = threading.Lock()
         self._env_steps = 0.0  # the hub's count as last read
-        self._store_path = str(config.resolve_path(db.path))
         actors = start_rollout_actors(
             manager=ray.get_runtime_context().current_actor,
             policy_generator=policy_generator,
@@ -76,6 +74,7 @@ class RolloutManager:
         self._store_host, self._store, self._stats = actors.store_host, actors.store, actors.stats
         self._buffer, self._server, self._workers = actors.buffer, actors.server, actors.workers
         self._first_incarnation = actors.first_incarnation  # per worker: past every stream in a resumed store
+        self._store_path = actors.store_path
         self._supervisor = WorkerSupervisor(workers=self._workers, buffer=self._buffer, config=config, fail=self._fail)
         if actors.error is not None:
             self._error = actors.error

@@ -32,6 +32,7 @@ WORKER_CONCURRENCY = 8
 class RolloutActors:
     """The handles ``start_rollout_actors`` started (None or empty past a failure), and the first failure."""
 
+    store_path: str = ""  # database_config.path, resolved
     store_host: Any = None
     store: Any = None  # the ``StoreClient`` every worker and the buffer use
     stats: Any = None
@@ -65,8 +66,8 @@ def start_rollout_actors(
     run_name, rc = str(config.run_name), config.rollout_config
     bc = rc.replay_buffer_config
     db = bc.database_config
-    actors = RolloutActors()
     path, resume = str(config.resolve_path(db.path)), config.train_config.resume is not None
+    actors = RolloutActors(store_path=path)
     store_node_id = store_node_id or ray.get_runtime_context().get_node_id()
     if store_options is None:
         store_options = store_cls.Config(**(db.model_extra or {}))
