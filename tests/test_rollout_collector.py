@@ -183,7 +183,7 @@ def test_versions_are_tagged_and_weights_swap_between_steps() -> None:
     for stream, fs in by_stream(before + after).items():
         v = chain(sorted(fs, key=lambda f: f[F.INDEX]), F.VERSION)
         assert np.all(np.diff(v) >= 0) and v[-1] == 3, stream
-    assert torch.equal(c.policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"]))
+    assert torch.equal(c.local.policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"]))
     assert c.metrics()["rollout/model_version"] == 3.0
 
 
@@ -193,22 +193,22 @@ def test_weights_load_off_the_stepping_thread_and_only_complete_loads_swap_in() 
     try:
         c.collect(2)
         new = {k: (v + 1.0).numpy() for k, v in tk.TinyMLPPolicy().state_dict().items()}
-        c._standby_version = None  # as while a load is under way: nothing to swap
+        c.local._standby_version = None  # as while a load is under way: nothing to swap
         c.step()
-        assert c.policy is policy and c.version == 0
+        assert c.local.policy is policy and c.version == 0
         c.set_weights(new, 1)  # loads into the standby; the policy stepping now is untouched
-        assert c.policy is policy and not torch.equal(
+        assert c.local.policy is policy and not torch.equal(
             policy.state_dict()["body.0.weight"], torch.as_tensor(new["body.0.weight"])
         )
         newer = {k: v + 1.0 for k, v in new.items()}
         c.set_weights(newer, 2)  # a second load before any step: the latest complete one wins
         c.step()
-        assert c.version == 2 and c.policy is not policy
-        assert torch.equal(c.policy.state_dict()["body.0.weight"], torch.as_tensor(newer["body.0.weight"]))
+        assert c.version == 2 and c.local.policy is not policy
+        assert torch.equal(c.local.policy.state_dict()["body.0.weight"], torch.as_tensor(newer["body.0.weight"]))
         c.set_weights(new, 3)  # the old policy is the standby now, and is loaded in place
-        assert c._standby is policy
+        assert c.local._standby is policy
         c.step()
-        assert c.policy is policy and c.version == 3
+        assert c.local.policy is policy and c.version == 3
         frags = c.collect(4)
     finally:
         c.close()
@@ -270,7 +270,7 @@ def test_env_failing_every_step_fails_loudly_after_max_restarts() -> None:
             c.collect(10_000)
     finally:
         c.close()
-    assert c.env_failures == 3 and c.env_restarts == 2
+    assert c.pool.env_failures == 3 and c.pool.env_restarts == 2
 
 
 def test_restart_interval_rebuilds_envs_and_truncates() -> None:
@@ -287,7 +287,7 @@ def test_restart_interval_rebuilds_envs_and_truncates() -> None:
         frags += c.pop_fragments()
     finally:
         c.close()
-    assert c.env_restarts >= 2 and c.env_failures == 0
+    assert c.pool.env_restarts >= 2 and c.pool.env_failures == 0
     trunc = chain(frags, F.TRUNCATED)
     assert trunc.sum() >= 2
     assert np.all(chain(frags, F.BOOTSTRAP)[trunc] != 0.0)
@@ -340,4 +340,4 @@ def test_a_failed_reset_after_a_terminal_keeps_the_terminal_step(env_processes):
     assert term.tolist() == [False, False, True] * 4 and not trunc.any()
     assert chain(frags, F.FIRST).tolist() == [True, False, False] * 4
     assert [r["return"] for r in records] == [12.0] * 4 and not any(r["truncated"] for r in records)
-    assert c.env_failures == 4 and c.env_restarts >= 3
+    assert c.pool.env_failures == 4 and c.pool.env_restarts >= 3

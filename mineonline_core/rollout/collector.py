@@ -1,10 +1,11 @@
 """``FragmentCollector``: the synchronous, Ray-free core of a rollout worker.
 
-It steps ``len(env_fns)`` env subprocesses asynchronously and runs one batched policy forward over
-the first ``batch_size`` envs that have an observation, so a slow env never stalls the others: when
-``batch_size`` is ``num_envs``, an env late past ten times the mean step time is left out of the
-batch (a partial batch) until it answers or ``step_timeout`` rebuilds it (``_gather``).
-Each env's steps are cut into fragments of ``fragment_length`` steps (columns: ``fragment.py``).
+It builds trajectories and batches inference over the envs of an ``EnvPool`` (``envpool.py``, which starts,
+supervises and rebuilds the env processes): it asks the pool for the envs that have an observation, runs one
+batched policy forward over the first ``batch_size`` of them (``LocalPolicy``, ``localpolicy.py``, or the shared
+server below), hands the actions back and turns what the envs answer into fragments of ``fragment_length``
+steps (columns: ``fragment.py``; one builder per env, ``fragbuild.py``). The pool never waits on a late env, so a
+batch may be partial. The collector owns every recurrent state, so where the forward runs does not matter to it.
 
 Episode ends, the three ways (DESIGN §5.2, §5.5):
 
@@ -12,14 +13,11 @@ Episode ends, the three ways (DESIGN §5.2, §5.5):
 * ``truncated`` by the env (time limit) or by ``restart_interval``: the value of the final
   observation, under the env's recurrent state at that point, is computed as an extra value-only
   row of the next batched forward and stored in ``bootstrap``.
-* the env raised, hung past ``step_timeout`` or its process died: the in-flight step is closed as
-  truncated with ``bootstrap = vpred`` of that step (the last value we have), the episode is
-  reported as truncated and the env is rebuilt after an exponential back-off. Other envs go on.
-  When the step itself succeeded and ended the episode and only the automatic reset after it
-  failed, the step is kept as it happened (its reward, ``terminated`` and final observation) and
-  then the env is rebuilt.
-* the env answered a NaN or infinite reward or observation: the same, except that the env is
-  reset instead of rebuilt (``mineonline_core.services.finite``); the bad values never enter a fragment.
+* the env raised, hung past ``step_timeout``, its process died or it answered a NaN or infinite reward or
+  observation (the pool's ``lost`` answer): the in-flight step is closed as truncated with ``bootstrap = vpred``
+  of that step (the last value we have) and the episode is reported as truncated; the pool rebuilds or resets
+  the env. When the step itself succeeded and ended the episode and only the automatic reset after it
+  failed, the step is kept as it happened (its reward, ``terminated`` and final observation).
 
 After any episode end the env's recurrent state is replaced by ``policy.initial_state(1)`` and the
 next step carries ``first=True`` (the policy resets there too, so training reproduces rollout).
@@ -37,57 +35,33 @@ the server reports for the weights that chose the actions (``mineonline_core.rol
 
 from __future__ import annotations
 
-import copy
-import functools
 import logging
 import threading
 import time
-import warnings
 from collections import deque
-from multiprocessing import connection
 from typing import Any, Callable
 
 import torch
 
-from mineonline_core.config.rollout import RolloutConfig
-from mineonline_core.errors import RunFailedError, last_line
-from mineonline_core.services.finite import env_answer_problem
 from mineonline_core.config.precision import PrecisionChoice
-from mineonline_core.rollout.envproc import EnvFailure, EnvProcess, InlineEnv, default_context
-from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
-from mineonline_core.rollout.inference import policy_step
+from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.contracts.fragment import stream_name
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map, tree_stack
-from mineonline_core.services.restarts import RestartBudget
+from mineonline_core.errors import RunFailedError
+from mineonline_core.rollout.envpool import Answer, EnvPool
+from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
+from mineonline_core.rollout.localpolicy import LocalPolicy
 
 log = logging.getLogger(__name__)
 
-# A busy env holds a batch for at most LATE_FACTOR times the mean step time (never less than
-# LATE_FLOOR_S: a fast env's jitter must not split every batch); then the ready envs go on without it.
-LATE_FACTOR = 10.0
-LATE_FLOOR_S = 0.2
-# Starts of a never-started env that may fail with the same exception before the worker gives up.
-STARTUP_ATTEMPTS = 3
 
-
-class _Slot:
-    """Everything the collector tracks for one env."""
+class _Track:
+    """Everything the collector tracks of one env's trajectory."""
 
     def __init__(self, env_id: int) -> None:
         self.env_id = env_id
-        self.proc: EnvProcess | InlineEnv | None = None
-        self.obs: Any = None  # the observation awaiting an action; None while busy or down
         self.first = True
         self.pending_t: int | None = None  # index in ``builder`` of the step in flight
-        self.sent_at = 0.0
-        self.deadline = 0.0
-        self.started_at = 0.0
-        self.restart_at: float | None = 0.0  # when down: the time to rebuild
-        self.failures_in_row = 0
-        self.started = False  # has this env ever answered its first reset?
-        self.startup_error: str | None = None  # the exception that stopped its last start
-        self.same_startup_errors = 0
-        self.builds = 0
         self.builder: FragmentBuilder | None = None
         self.next_index = 0
         self.episode_id = 0
@@ -99,12 +73,8 @@ class _Slot:
 
 class FragmentCollector:
     """Collects fragments from ``env_fns`` with ``policy``. Not thread-safe except ``set_weights``,
-    ``episode_records``, ``videos`` and ``metrics``, which other threads may call.
-
-    Weights are double-buffered: ``set_weights`` (another thread) copies them into a standby copy
-    of the policy while this thread keeps stepping with the current one, and ``step`` swaps the two
-    between batches. A broadcast therefore stalls rollout for a reference swap, not for a
-    ``load_state_dict`` of the whole model, at the price of one more copy of the parameters."""
+    ``set_reference``, ``episode_records``, ``videos`` and ``metrics``, which other threads may call.
+    New weights load off the stepping thread and ``step`` swaps them in between batches (``LocalPolicy``)."""
 
     def __init__(
         self,
@@ -137,71 +107,46 @@ class FragmentCollector:
         device = "cuda" if config.num_gpus_per_worker > 0 and inference is None else "cpu"
         self.precision = precision.on(device)
         self.precision.apply_tf32()
-        self.policy = None if inference is not None else policy.to(device).eval()
-        self._standby = copy.deepcopy(self.policy)  # loaded by set_weights, swapped in by step
-        self._standby_version: int | None = None  # set once the standby holds complete weights
-        self.reference: torch.nn.Module | None = None
-        self._pending_reference: torch.nn.Module | None = None  # loaded by set_reference, swapped in by step
+        self.device = torch.device(device)
+        self.local = (
+            None if inference is not None else LocalPolicy(policy=policy, device=self.device, precision=self.precision)
+        )
         self.ref_state: Any = None
-        self._load_lock = threading.Lock()  # one loader at a time
-        self.env_processes = wc.env_processes
-        self.env_fns = list(env_fns)
         self.fragment_length, self.batch_size, self.discount = config.fragment_length, batch_size, discount
-        self.step_timeout, self.max_env_restarts = wc.step_timeout, wc.max_env_restarts
-        self._rebuilds = RestartBudget(cap=wc.max_env_rebuilds, window=config.restart_window)
-        self._last_failure = ""
-        # Building a simulator (Minecraft) can take far longer than a step: its own, longer limit.
-        self.startup_timeout = startup_timeout if startup_timeout is not None else max(wc.step_timeout, 120.0)
-        self.worker_id, self.incarnation, self.device = worker_id, incarnation, torch.device(device)
-        self.restart_interval, self.seed = wc.restart_interval, seed
-        self.backoff_base, self.backoff_max = backoff_base, backoff_max
+        self.worker_id, self.incarnation = worker_id, incarnation
         self.version = version
-        self._ctx = default_context()
-        self._slots = [_Slot(i) for i in range(len(env_fns))]
-        self._ready: deque[int] = deque()
-        self._step_mean: float | None = None  # moving mean of the envs' step round trips, in seconds
+        self._slots = [_Track(i) for i in range(len(env_fns))]
         self._value_rows: list[tuple[FragmentBuilder, int, Any, Any]] = []
         self._fragments: deque[dict] = deque()
         self._lock = threading.Lock()
         self._records: list[dict] = []
         self.timers = Timers()
         self.video = VideoRecorder()
-        self.env_steps = self.env_restarts = self.env_failures = self.env_nonfinite = self.fragments_done = 0
+        self.env_steps = self.fragments_done = 0
         initial_state = inference.initial_state if inference is not None else policy.initial_state
         with torch.no_grad():
             self._init_row = to_torch(initial_state(1), self.device)
             self.state = to_torch(initial_state(len(env_fns)), self.device)
-        for slot in self._slots:
-            self._start_env(slot, time.monotonic())
+        self.pool = EnvPool(
+            env_fns=env_fns,
+            config=config,
+            worker_id=worker_id,
+            seed=seed,
+            startup_timeout=startup_timeout,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+        )
 
     # -- public API ---------------------------------------------------------------------------
 
     def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Load new weights into the standby policy (on the caller's thread, while stepping goes on);
-        the next ``step`` swaps them in (never within one)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
-            tensors = {k: torch.as_tensor(v) for k, v in state_dict.items()}
-        with self._load_lock:
-            with self._lock:
-                # Not swappable while half-loaded. The stepping thread never touches the standby
-                # between swaps, so loading into it needs no lock of the stepping thread's.
-                standby, self._standby_version = self._standby, None
-            standby.load_state_dict(tensors)
-            with self._lock:
-                self._standby_version = int(version)
+        """Load new weights (on the caller's thread, while stepping goes on); the next ``step`` swaps them in."""
+        self.local.set_weights(state_dict, version)
 
     def set_reference(self, state_dict: dict[str, Any]) -> None:
         """Load the KL reference policy's weights (on the caller's thread); the next ``step`` starts
         running it. A reference that replaces another keeps the recurrent states reached so far."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
-            tensors = {k: torch.as_tensor(v) for k, v in state_dict.items()}
-        with self._load_lock:
-            reference = copy.deepcopy(self._standby).eval().requires_grad_(False)
-            reference.load_state_dict(tensors)
-            with self._lock:
-                self._pending_reference = reference
+        self.local.set_reference(state_dict)
 
     def start_shared_reference(self, initial_state: Any) -> None:
         """Shared inference with a KL reference (the server has it): keep its recurrent states from
@@ -211,23 +156,15 @@ class FragmentCollector:
     def step(self) -> int:
         """Wait for ready envs, run one batched forward, send the actions. Returns the batch size."""
         self._swap_weights()
-        rows = self._gather()
-        if not rows and not self._value_rows:
+        ready = self._gather()
+        if not ready and not self._value_rows:
             return 0
-        self._infer(rows)
-        return len(rows)
+        self._infer(ready)
+        return len(ready)
 
     def warmup(self, timeout: float) -> None:
         """Wait until every env has been built and reset (failed ones are rebuilt meanwhile)."""
-        end = time.monotonic() + timeout
-        while not all(s.obs is not None for s in self._slots):
-            if time.monotonic() >= end:
-                down = [s for s in self._slots if s.obs is None]
-                causes = "".join(f"\n  env {s.env_id}: last failure {s.startup_error}" for s in down if s.startup_error)
-                raise TimeoutError(
-                    f"worker {self.worker_id}: envs {[s.env_id for s in down]} not ready after {timeout:.0f}s{causes}"
-                )
-            self._poll(max_wait=0.5)
+        self._on_answers(self.pool.warmup(timeout))
 
     def collect(self, num_fragments: int) -> list[dict]:
         """Step until ``num_fragments`` fragments are complete; return exactly that many (oldest first)."""
@@ -258,90 +195,48 @@ class FragmentCollector:
         """Counters (cumulative) and ``perf/*`` means since the previous call."""
         return {
             "rollout/env_steps": float(self.env_steps),
-            "rollout/env_restarts": float(self.env_restarts),
-            "rollout/env_failures": float(self.env_failures),
-            "rollout/env_nonfinite": float(self.env_nonfinite),
+            **self.pool.metrics(),
             "rollout/fragments": float(self.fragments_done),
             "rollout/model_version": float(self.version),
             **self.timers.drain(),
         }
 
     def close(self) -> None:
-        for slot in self._slots:
-            if slot.proc is not None:
-                slot.proc.close(timeout=2.0)
-                slot.proc = None
+        self.pool.close()
 
-    # -- env lifecycle ------------------------------------------------------------------------
+    # -- what the envs said ------------------------------------------------------------------
 
-    def _start_env(self, slot: _Slot, now: float) -> None:
-        seed = None if self.seed is None else self.seed + 1000 * self.worker_id + slot.env_id + 7919 * slot.builds
-        if slot.builds:
-            self.env_restarts += 1
-            if slot.failures_in_row and self._rebuilds.add():  # restart_interval recycling is not a failure
-                self.close()
-                raise RunFailedError(
-                    f"Rollout worker {self.worker_id}: its envs were rebuilt {self._rebuilds.count()} times within "
-                    f"{self._rebuilds.span():.0f}s (rollout_config.worker_config.max_env_rebuilds={self._rebuilds.cap} "
-                    f"per rollout_config.restart_window={self._rebuilds.window:g}s). Last failure: {self._last_failure}\n"
-                    f"Fix the env, or raise max_env_rebuilds if failures are expected."
-                )
-        slot.builds += 1
-        env_fn = self.env_fns[slot.env_id]
-        slot.proc = EnvProcess(env_fn, ctx=self._ctx) if self.env_processes else InlineEnv(env_fn)
-        slot.proc.send_reset(seed)
-        slot.started_at = slot.sent_at = now
-        slot.deadline = now + self.startup_timeout
-        slot.restart_at = None
-        slot.obs, slot.pending_t = None, None
+    def _gather(self) -> list[tuple[int, Any]]:
+        """Up to ``batch_size`` ``(env_id, observation)`` pairs from the pool, waiting as little as needed:
+        the pool hands out a partial batch rather than wait for a late env (``EnvPool.take``)."""
+        t0 = time.perf_counter()
+        while True:
+            ready = self.pool.take(self.batch_size)
+            if ready is not None:
+                break
+            if self._value_rows and self.pool.idle():
+                ready = []
+                break  # nothing to wait for, but bootstrap values are owed
+            self._on_answers(self.pool.wait())
+        self.timers.add("perf/env_wait_ms", (time.perf_counter() - t0) * 1e3)
+        return ready
 
-    def _on_failure(self, slot: _Slot, exc: EnvFailure) -> None:
-        if not slot.started and exc.kind == "error":
-            self._check_startup(slot, exc)
-        if exc.kind == "fatal":
-            self.close()
-            raise RunFailedError(
-                f"Rollout worker {self.worker_id}: the env factory for env {slot.env_id} cannot be loaded in its "
-                f"env process:\n{exc.detail}\nEnv factories are pickled into a fresh process: define "
-                f"env_generator in an importable module (or a Python config file), not in a test or notebook cell "
-                f"that the env process cannot import."
-            )
-        now = time.monotonic()
-        log.warning("worker %d env %d failed (%s); rebuilding. %s", self.worker_id, slot.env_id, exc.kind, exc.detail)
-        self._fail_step(slot, exc.detail)
-        slot.proc.kill()
-        slot.proc, slot.obs, slot.pending_t = None, None, None
-        delay = min(self.backoff_base * 2 ** (slot.failures_in_row - 1), self.backoff_max)
-        slot.restart_at = now + delay
+    def _on_answers(self, answers: list[Answer]) -> None:
+        for answer in answers:
+            slot = self._slots[answer.env_id]
+            if answer.kind == "reset":
+                slot.task = (answer.info.get("reset_info") or {}).get("task")
+                slot.first = True
+            elif answer.kind == "step":
+                a = answer
+                self._complete_step(slot, a.reward, a.terminated, a.truncated, a.info, a.final_obs, a.obs)
+                if a.terminated or a.truncated:
+                    slot.task = (a.info.get("reset_info") or {}).get("task", slot.task)
+            else:
+                self._lose_step(slot)
 
-    def _on_nonfinite(self, slot: _Slot, problem: str) -> None:
-        """A NaN or infinity in the env's answer: the step failed, but the env process is sound, so
-        it is reset rather than rebuilt. The bad values never reach a fragment."""
-        self.env_nonfinite += 1
-        log.warning(
-            "worker %d env %d: %s; the step counts as failed, its episode is closed as truncated and the env is reset",
-            self.worker_id,
-            slot.env_id,
-            problem,
-        )
-        self._fail_step(slot, problem)
-        slot.obs, slot.pending_t = None, None
-        self._send(slot, functools.partial(slot.proc.send_reset, None), self.startup_timeout)
-
-    def _send(self, slot: _Slot, send: Callable[[], None], timeout: float) -> None:
-        """Send one command to the env with its deadline armed; a broken pipe is a failed env."""
-        slot.sent_at = time.monotonic()
-        slot.deadline = slot.sent_at + timeout
-        try:
-            send()
-        except EnvFailure as exc:
-            self._on_failure(slot, exc)
-
-    def _fail_step(self, slot: _Slot, detail: str) -> None:
-        """Count a failure and close the step in flight (if any) as truncated."""
-        self.env_failures += 1
-        slot.failures_in_row += 1
-        self._last_failure = f"env {slot.env_id}: {detail}"
+    def _lose_step(self, slot: _Track) -> None:
+        """The env failed: close the step in flight (if any) as truncated."""
         if slot.pending_t is not None:
             b, t = slot.builder, slot.pending_t
             slot.pending_t = None
@@ -349,130 +244,11 @@ class FragmentCollector:
             b.bootstrap[t] = b.vpred[t]  # the last value we have stands in for the lost future
             self._end_episode(slot, truncated=True, final_obs=b.obs_at(t))
             self._maybe_emit(slot, b)
-        if slot.failures_in_row > self.max_env_restarts:
-            self.close()
-            raise RunFailedError(
-                f"Rollout worker {self.worker_id}: env {slot.env_id} failed {slot.failures_in_row} times in a "
-                f"row (rollout_config.worker_config.max_env_restarts={self.max_env_restarts}). Last failure: "
-                f"{detail}\nFix the env, or raise max_env_restarts if failures are expected."
-            )
-
-    def _check_startup(self, slot: _Slot, exc: EnvFailure) -> None:
-        """An env that never started and raises the same exception ``STARTUP_ATTEMPTS`` times in a row
-        will not start: stop with its own error now, not at the warm-up timeout minutes later."""
-
-        error = last_line(exc.detail)
-        slot.same_startup_errors = slot.same_startup_errors + 1 if error == slot.startup_error else 1
-        slot.startup_error = error
-        if slot.same_startup_errors >= STARTUP_ATTEMPTS:
-            self.close()
-            raise RunFailedError(
-                f"Rollout worker {self.worker_id}: env {slot.env_id} raised {error} while being built or reset, "
-                f"{STARTUP_ATTEMPTS} times in a row, and never started; every env of this worker would fail the "
-                f"same way. Fix the env (`mineonline check CONFIG` builds, resets and steps it once).\n{exc.detail}"
-            )
-
-    # -- gathering ready envs -----------------------------------------------------------------
-
-    def _gather(self) -> list[int]:
-        """Indices of up to ``batch_size`` envs with an observation, waiting as little as needed.
-
-        A busy env is waited for only while it is punctual (``_late_after``): once it is late, the
-        envs that have an observation go on as a partial batch, and the late one joins a later batch
-        when it answers (or is rebuilt at ``step_timeout``). So a frozen env never holds the others,
-        even when ``batch_size`` is ``num_envs``."""
-        t0 = time.perf_counter()
-        while True:
-            now = self._restart_due()
-            late_after = self._late_after()
-            busy = [s for s in self._slots if s.proc is not None and s.obs is None]
-            punctual = [s.sent_at + late_after for s in busy if s.sent_at + late_after > now]
-            want = min(self.batch_size, len(punctual) + len(self._ready))  # rebuilt or late envs are not waited for
-            if want and len(self._ready) >= want:
-                break
-            if not busy and self._value_rows:
-                break  # nothing to wait for, but bootstrap values are owed
-            self._poll(max_wait=min([1.0, *(t - now for t in punctual)]) if self._ready else 1.0)
-        self.timers.add("perf/env_wait_ms", (time.perf_counter() - t0) * 1e3)
-        return [self._ready.popleft() for _ in range(want)]
-
-    def _late_after(self) -> float:
-        """Seconds after which a busy env no longer holds a batch: ``LATE_FACTOR`` times the mean step
-        time (``step_timeout`` until a step was measured), at least ``LATE_FLOOR_S``."""
-        if self._step_mean is None:
-            return self.step_timeout
-        return min(max(LATE_FACTOR * self._step_mean, LATE_FLOOR_S), self.step_timeout)
-
-    def _restart_due(self) -> float:
-        now = time.monotonic()
-        for slot in self._slots:
-            if slot.proc is None and slot.restart_at is not None and slot.restart_at <= now:
-                self._start_env(slot, now)
-        return now
-
-    def _poll(self, max_wait: float) -> None:
-        """Rebuild envs whose back-off is over, then wait until an env answers, a hang deadline or
-        the next scheduled rebuild (at most ``max_wait``), and handle what happened."""
-        now = self._restart_due()
-        busy = [s for s in self._slots if s.proc is not None and s.obs is None]
-        wake = [s.deadline for s in busy] + [s.restart_at for s in self._slots if s.restart_at is not None]
-        timeout = min(max(0.0, min(wake, default=now + max_wait) - now), max_wait)
-        if not busy:
-            time.sleep(timeout)
-            return
-        if not self.env_processes:  # inline envs answered already, inside send_step
-            for slot in busy:
-                self._receive(slot)
-            return
-        by_conn = {id(s.proc.conn): s for s in busy}
-        for conn in connection.wait([s.proc.conn for s in busy], timeout):
-            self._receive(by_conn[id(conn)])
-        now = time.monotonic()
-        for slot in busy:
-            if slot.proc is not None and slot.obs is None and slot.deadline <= now:
-                self._on_failure(slot, EnvFailure("timeout", f"no answer within {now - slot.sent_at:.1f}s"))
-
-    def _receive(self, slot: _Slot) -> None:
-        try:
-            obs, reward, terminated, truncated, info, final_obs = slot.proc.recv()
-        except EnvFailure as exc:
-            if exc.step is not None and slot.pending_t is not None:
-                # Only the reset after an episode end failed: the step itself stands as it happened.
-                reward, terminated, truncated, info, final_obs = exc.step
-                self._complete_step(slot, reward, terminated, truncated and not terminated, info, final_obs, None)
-            self._on_failure(slot, exc)
-            return
-        problem = env_answer_problem(reward, obs, final_obs)
-        if problem is not None:
-            self._on_nonfinite(slot, problem)
-            return
-        now = time.monotonic()
-        if slot.pending_t is None:  # the answer to a fresh process's reset
-            slot.started = True
-            slot.task = (info.get("reset_info") or {}).get("task")
-            slot.obs, slot.first = obs, True
-            self._ready.append(slot.env_id)
-            return
-        slot.failures_in_row = 0
-        took = now - slot.sent_at  # a step's round trip: what a punctual env takes (``_late_after``)
-        self._step_mean = took if self._step_mean is None else 0.9 * self._step_mean + 0.1 * took
-        recycle = self.restart_interval > 0 and now - slot.started_at >= self.restart_interval
-        trunc = (truncated or recycle) and not terminated
-        self._complete_step(slot, reward, terminated, trunc, info, final_obs, obs)
-        if recycle:
-            slot.proc.close(timeout=5.0)
-            self._start_env(slot, now)
-            return
-        if terminated or trunc:
-            slot.task = (info.get("reset_info") or {}).get("task", slot.task)
-        slot.obs = obs
-        self._ready.append(slot.env_id)
 
     def _complete_step(
-        self, slot: _Slot, reward: float, terminated: bool, trunc: bool, info: dict, final_obs: Any, obs: Any
+        self, slot: _Track, reward: float, terminated: bool, trunc: bool, info: dict, final_obs: Any, obs: Any
     ) -> None:
         """Write the env's answer to the step in flight; close the episode when it ended."""
-        self.timers.add("perf/env_step_ms", (time.monotonic() - slot.sent_at) * 1e3)
         self.env_steps += 1
         b, t = slot.builder, slot.pending_t
         slot.pending_t = None
@@ -489,14 +265,14 @@ class FragmentCollector:
             b.set_next_obs(obs)
         self._maybe_emit(slot, b)
 
-    def _add_reward(self, slot: _Slot, reward: float) -> None:
+    def _add_reward(self, slot: _Track, reward: float) -> None:
         slot.ep_return += reward
         slot.ep_disc_return += slot.ep_discount * reward
         slot.ep_discount *= self.discount
         slot.ep_len += 1
         self.video.reward(slot.env_id, slot.ep_return)
 
-    def _end_episode(self, slot: _Slot, *, truncated: bool, final_obs: Any, info: dict | None = None) -> None:
+    def _end_episode(self, slot: _Track, *, truncated: bool, final_obs: Any, info: dict | None = None) -> None:
         b = slot.builder  # the step that ended the episode is its last recorded one
         if b is not None and b.n == self.fragment_length and b.next_obs is None:
             b.set_next_obs(final_obs)
@@ -526,27 +302,26 @@ class FragmentCollector:
 
     # -- inference ----------------------------------------------------------------------------
 
-    def _batch_failure(self, what: str, rows: list[int], exc: Exception) -> str:
-        slots = sorted((self._slots[i] for i in rows), key=lambda slot: slot.env_id)
-        shapes = "; ".join(
-            f"env {slot.env_id}: {tree_map(lambda x: tuple(getattr(x, 'shape', ())), slot.obs)}" for slot in slots
-        )
+    def _batch_failure(self, what: str, ready: list[tuple[int, Any]], exc: Exception) -> str:
+        ready = sorted(ready, key=lambda pair: pair[0])
+        shapes = "; ".join(f"env {i}: {tree_map(lambda x: tuple(getattr(x, 'shape', ())), obs)}" for i, obs in ready)
         return (
             f"rollout worker {self.worker_id}: {what} failed on the observations of envs "
-            f"{[slot.env_id for slot in slots]} ({type(exc).__name__}: {exc}). Observation shapes: {shapes}. "
+            f"{[i for i, _ in ready]} ({type(exc).__name__}: {exc}). Observation shapes: {shapes}. "
             f"Check that the env's observations match the observation space the policy was built for."
         )
 
     @torch.no_grad()
-    def _infer(self, rows: list[int]) -> None:
+    def _infer(self, ready: list[tuple[int, Any]]) -> None:
         t0 = time.perf_counter()
+        rows = [i for i, _ in ready]
         n, values = len(rows), self._value_rows
         self._value_rows = []
-        obs_list = [self._slots[i].obs for i in rows] + [v[2] for v in values]
+        obs_list = [obs for _, obs in ready] + [v[2] for v in values]
         try:
             obs = to_torch(tree_map(lambda x: x[:, None], tree_stack(obs_list)), self.device)
         except Exception as exc:  # envs whose observations cannot be stacked: name them
-            raise RunFailedError(self._batch_failure("stacking the observations", rows, exc)) from exc
+            raise RunFailedError(self._batch_failure("stacking the observations", ready, exc)) from exc
         idx = torch.as_tensor(rows, dtype=torch.long, device=self.device)
         state_sel = None
         if self.state is not None:
@@ -559,17 +334,8 @@ class FragmentCollector:
         )
         try:
             if self._inference is None:
-                with self.precision.autocast():
-                    action, logprob, vpred, state_out = policy_step(self.policy, obs, state_sel, first)
-                    ref_out = None
-                    if ref_sel is not None:
-                        _, ref_out = self.reference(
-                            input=tree_map(lambda x: x[:n], obs), state_in=ref_sel, context={"first": first[:n]}
-                        )
-                action_np, logprob_np, vpred_np = (
-                    to_numpy(action),
-                    logprob.float().cpu().numpy(),
-                    vpred.float().cpu().numpy(),
+                action_np, logprob_np, vpred_np, state_out, ref_out = self.local.forward(
+                    obs, state_sel, first, n, ref_sel
                 )
             else:
                 reply = self._inference.infer(
@@ -588,7 +354,7 @@ class FragmentCollector:
                 )
                 self.version = int(reply["version"])  # the weights that chose these actions
         except Exception as exc:  # a wrong observation shape fails deep in the policy: name the envs
-            raise RunFailedError(self._batch_failure("the policy's forward", rows, exc)) from exc
+            raise RunFailedError(self._batch_failure("the policy's forward", ready, exc)) from exc
         if self.state is not None and n:
             tree_map(lambda full, new: full.index_copy_(0, idx, new[:n].to(full.dtype)), self.state, state_out)
         if ref_sel is not None:
@@ -602,7 +368,7 @@ class FragmentCollector:
             b.bootstrap[t] = vpred_np[n + j]
             b.pending_bootstraps -= 1
             self._maybe_emit(self._slots[b.env_id], b)
-        for j, i in enumerate(rows):
+        for j, (i, env_obs) in enumerate(ready):
             slot = self._slots[i]
             if slot.builder is None:
                 slot.builder = FragmentBuilder(
@@ -619,7 +385,7 @@ class FragmentCollector:
                 if ref_np is not None:
                     slot.builder.ref_state_in = tree_map(lambda s: s[j : j + 1].copy(), ref_np)
             slot.pending_t = slot.builder.record(
-                obs=slot.obs,
+                obs=env_obs,
                 action=act,
                 logprob=logprob_np[j],
                 vpred=vpred_np[j],
@@ -627,12 +393,12 @@ class FragmentCollector:
                 version=self.version,
                 episode_id=slot.episode_id,
             )
-            self.video.step(i, slot.obs, float(vpred_np[j]), slot.first)
-            slot.obs, slot.first = None, False
-            self._send(slot, functools.partial(slot.proc.send_step, act), self.step_timeout)
+            self.video.step(i, env_obs, float(vpred_np[j]), slot.first)
+            slot.first = False
+            self._on_answers(self.pool.send_action(i, act))
         self.timers.add("perf/record_ms", (time.perf_counter() - t1) * 1e3)
 
-    def _maybe_emit(self, slot: _Slot, b: FragmentBuilder) -> None:
+    def _maybe_emit(self, slot: _Track, b: FragmentBuilder) -> None:
         if not b.complete_fragment():
             return
         t0 = time.perf_counter()
@@ -643,19 +409,12 @@ class FragmentCollector:
         self.timers.add("perf/fragment_ms", (time.perf_counter() - t0) * 1e3)
 
     def _swap_weights(self) -> None:
-        with self._lock:
-            reference, self._pending_reference = self._pending_reference, None
-        if reference is not None:
-            self.reference = reference
-            if self.ref_state is None:
-                with torch.no_grad():
-                    self.ref_state = to_torch(reference.initial_state(len(self._slots)), self.device)
-        with self._lock:
-            version, self._standby_version = self._standby_version, None
-            if version is None:
-                return
-            self.policy, self._standby = self._standby, self.policy
-        self.version = version
+        reference, version = self.local.swap() if self.local is not None else (None, None)
+        if reference is not None and self.ref_state is None:
+            with torch.no_grad():
+                self.ref_state = to_torch(reference.initial_state(len(self._slots)), self.device)
+        if version is not None:
+            self.version = version
 
-    def _stream(self, slot: _Slot) -> str:
+    def _stream(self, slot: _Track) -> str:
         return stream_name(self.worker_id, self.incarnation, slot.env_id)

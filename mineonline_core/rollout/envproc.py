@@ -212,7 +212,7 @@ class EnvProcess:
 
     Commands are sent with ``send_*`` and answered by ``recv``; ``conn`` can be waited on with
     ``multiprocessing.connection.wait`` together with other envs' pipes, which is how the
-    collector steps many envs asynchronously.
+    env pool (``envpool.py``) steps many envs asynchronously.
     """
 
     def __init__(
@@ -353,8 +353,9 @@ class InlineEnv:
 
     For envs whose step costs microseconds (CartPole), where a pipe round trip and two context
     switches per step cost more than the env. The command runs inside ``send_*``, so the answer is
-    ready before ``recv`` and there is no pipe to wait on. An exception is answered as an ``EnvFailure`` and the env is rebuilt as usual, but a hang cannot be
-    interrupted and a crash of native code takes the worker with it (Ray then restarts the worker).
+    ready before ``recv`` and there is no pipe to wait on. An exception is answered as an ``EnvFailure``
+    and the env is rebuilt as usual, but a hang cannot be interrupted and a crash of native code takes
+    the worker with it (Ray then restarts the worker).
     """
 
     def __init__(self, env_fn: Callable[[], Any], *, info_keys: tuple[str, ...] = DEFAULT_INFO_KEYS) -> None:
@@ -376,14 +377,14 @@ class InlineEnv:
             if self._env is None:
                 self._env = self._env_fn()
             obs, reward, terminated, truncated, info, final_obs = apply_command(self._env, cmd, data, self._info_keys)
-            # An env may reuse its observation arrays; the collector keeps them past the next step.
+            # An env may reuse its observation arrays; the pool and collector keep them past the next step.
             final_obs = None if final_obs is None else tree_map(np.array, final_obs)
             self._answer = (tree_map(np.array, obs), reward, terminated, truncated, info, final_obs)
         except ResetFailed as failed:
             reward, terminated, truncated, info, final_obs = failed.step
             step = (reward, terminated, truncated, info, tree_map(np.array, final_obs))
             self._answer = EnvFailure("error", traceback.format_exc(), step=step)
-        except Exception:  # noqa: BLE001 - answered as a failure; the collector rebuilds the env
+        except Exception:  # noqa: BLE001 - answered as a failure; the env pool rebuilds the env
             self._answer = EnvFailure("error", traceback.format_exc())
 
     def recv(self) -> tuple[Any, float | None, bool, bool, dict, Any]:

@@ -17,7 +17,7 @@ on the CPU (the fallback the tests exercise).
   served together return together, so a free server would otherwise run alternating halves of the
   workers for ever: while the queue lacks a worker it has served before, the batch thread waits for
   it up to ``rollout_config.inference_wait_ms`` (a condition wait that ends when the last one comes).
-* **Weights** are double-buffered as in the collector: ``update_weights`` returns at once, a loader
+* **Weights** are double-buffered as in a worker's ``LocalPolicy``: ``update_weights`` returns at once, a loader
   thread fills a standby copy, the batch thread swaps it in between forwards, and every reply
   carries the version of the weights that chose its actions.
 """

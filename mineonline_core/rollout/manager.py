@@ -1,19 +1,17 @@
 """``RolloutManager``: the named actor that owns a run's rollout side.
 
-It starts the store host (``mineonline_core.services.storehost``), the ``ReplayBuffer`` and
-``EpisodeStatistics`` actors (``num_cpus=0``: bookkeeping must never take a CPU slot from rollout
-or training; pinned with the manager to the driver's node, ``driver/placement.py``) and ``num_rollout_workers`` ``RolloutWorker`` actors. Ray restarts a killed worker
+It starts the store host, the ``ReplayBuffer`` and ``EpisodeStatistics`` actors, the shared
+``InferenceServer`` (``rollout_config.inference: shared``) and the ``num_rollout_workers`` ``RolloutWorker``
+actors (``startup.py``: what starts, in which order, where), and owns them. Ray restarts a killed worker
 (``max_restarts=-1``); the restarted worker registers again and receives the latest weights, which
-the manager keeps for that reason. A monitor thread aggregates the workers' counters into
-``rollout/*`` and ``perf/*`` metrics and checks that every actor is alive: a worker whose thread
-failed, or a dead buffer or statistics actor, fails the run through ``health()`` with the cause.
-A worker's answer to ``report()`` is its heartbeat: one silent past ``hang_timeout`` is named (pid,
-node, last report) and killed, and Ray restarts it (``services/heartbeat.py``); the buffer is told which
-workers are hung or dead, so that a trainer waiting for chunks says so (``ReplayBuffer.explain``).
+the manager keeps for that reason (the restarted server asks ``latest_weights`` again). With a shared
+server, weights go to it instead of the workers (``weight_receivers``).
 
-With ``rollout_config.inference: shared`` it also starts the run's ``InferenceServer`` (restarted by
-Ray like a worker; it asks ``latest_weights`` again): weights go to the server instead of the
-workers (``weight_receivers``), and its ``rollout/inference_*`` metrics join the workers'.
+A monitor thread aggregates the workers' counters, and the server's ``rollout/inference_*``, into
+``rollout/*`` and ``perf/*`` metrics and checks that every actor is alive: a worker whose thread
+failed, or a dead buffer, statistics or store actor, fails the run through ``health()`` with the cause.
+The workers' lives, their heartbeats, the hung ones killed and the restart budget are the
+``WorkerSupervisor``'s (``supervision.py``).
 
 The run's env-step count is the logging actor's (``LoggerHub.env_steps``: the workers add to it, a
 resume sets it to the checkpoint's), not a second tally of the workers' counters: ``rollout/env_steps``,
@@ -27,20 +25,14 @@ import threading
 import time
 from typing import Any, Callable
 
-from mineonline_core.config.checks import inference_resources
-from mineonline_core.contracts.fragment import parse_fragment_key, parse_stream
-from mineonline_core.errors import RunFailedError, find_user_error, last_line
+from mineonline_core.errors import RunFailedError, last_line
+from mineonline_core.rollout.startup import start_rollout_actors, store_failure
+from mineonline_core.rollout.supervision import WorkerSupervisor
 from mineonline_core.services import names
-from mineonline_core.services.names import NAMESPACE, actor_name
-from mineonline_core.services.names import on_node
-from mineonline_core.services.heartbeat import Heartbeats, hung_message
-from mineonline_core.config.precision import PrecisionChoice
-from mineonline_core.services.restarts import RestartBudget
+from mineonline_core.services.names import NAMESPACE, actor_name, on_node
 from mineonline_core.services.runlog import setup_actor_logging
 
 log = logging.getLogger(__name__)
-
-WORKER_CONCURRENCY = 8
 
 
 class RolloutManager:
@@ -61,139 +53,31 @@ class RolloutManager:
         setup_actor_logging()  # its records reach the console marked (runlog.py)
         import ray
 
-        from mineonline_core.rollout.buffer import ReplayBuffer
-        from mineonline_core.rollout.stats import EpisodeStatistics
-        from mineonline_core.rollout.worker import RolloutWorker
-        from mineonline_core.services.storehost import StoreClient, start_store_host
-
         self.config, self.run_name = config, str(config.run_name)
-        rc = config.rollout_config
-        bc = rc.replay_buffer_config
-        db = bc.database_config
         self._hub, self._report_interval = logger_hub, report_interval
         self._latest: tuple[list, int] | None = None
-        self._incarnations: dict[int, int] = {}  # restarts in this run, per worker
-        self._first_incarnation: dict[int, int] = {}  # per worker: past every stream in a resumed store
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._stop_requested = False
         self._lock = threading.Lock()
         self._env_steps = 0.0  # the hub's count as last read
-        self._restarts = RestartBudget(cap=rc.max_worker_restarts, window=rc.restart_window)
-        self._last_errors: dict[int, str] = {}  # worker id -> the last failure the monitor saw
-        self._beats = Heartbeats(timeout=config.hang_timeout)  # the workers' lives, by worker id
-        self._reporting: dict[int, tuple[Any, int]] = {}  # worker id -> its report() call in flight, the life asked
-        self._missing: dict[int, str] = {}  # worker id -> why no fragment comes from it now (hung, dead)
-        self._hangs = 0
-
-        path, resume = str(config.resolve_path(db.path)), config.train_config.resume is not None
-        self._store_path = path
-        store_node_id = store_node_id or ray.get_runtime_context().get_node_id()
-        if store_options is None:
-            store_options = store_cls.Config(**(db.model_extra or {}))
-        self._store_host = start_store_host(
+        actors = start_rollout_actors(
+            manager=ray.get_runtime_context().current_actor,
+            policy_generator=policy_generator,
+            env_generator=env_generator,
+            config=config,
             store_cls=store_cls,
-            path=path,
-            num_shards=db.num_shards,
-            resume=resume,
-            options=store_options,
-            namespace=NAMESPACE,
-            node_id=store_node_id,
-            name=actor_name(self.run_name, names.STORE_HOST),
+            store_options=store_options,
+            logger_hub=logger_hub,
+            store_node_id=store_node_id,
         )
-        # The host is pinned to that node, so the client is made without waiting for the store to open:
-        # the workers below start their processes meanwhile. Nothing is stored before the first weights
-        # arrive, and the trainer sends them only after this constructor has waited for the store.
-        self._store = StoreClient(
-            host=self._store_host,
-            store_cls=store_cls,
-            path=path,
-            num_shards=db.num_shards,
-            options=store_options,
-            host_node_id=store_node_id,
-        )
-        # Pinned with the store host to the driver's node: a node's death costs only workers (placement.py).
-        small = {"num_cpus": 0, "namespace": NAMESPACE, "scheduling_strategy": on_node(store_node_id)}
-        self._stats = (
-            ray.remote(EpisodeStatistics)
-            .options(name=actor_name(self.run_name, names.EPISODE_STATISTICS), **small)
-            .remote(logger_hub=logger_hub, window=rc.episode_statistics_config.window)
-        )
-        self._buffer = (
-            ray.remote(ReplayBuffer)
-            .options(name=actor_name(self.run_name, names.REPLAY_BUFFER), **small)
-            .remote(
-                store_client=self._store,
-                max_chunks=bc.max_chunks,
-                max_reuse=bc.max_reuse,
-                max_staleness=bc.max_staleness,
-                fragments_per_chunk=bc.fragments_per_chunk,
-                fragments_per_report=bc.fragments_per_report,
-                logger_hub=logger_hub,
-            )
-        )
-        if resume and store_cls.persistent:
-            try:
-                rebuilt = ray.get(self._buffer.rebuild_from_store.remote())
-            except ray.exceptions.RayError as exc:
-                # Recorded, not raised: an exception out of this (threaded) actor's constructor left
-                # its process alive and the driver's first call to it waiting forever.
-                self._error = store_failure(exc, "the replay buffer", path)
-                return
-            log.info("replay buffer rebuilt %d chunks from %s", rebuilt, path)
-            # New streams must not reuse a stored stream's keys: a put would overwrite its payloads.
-            self._first_incarnation = first_free_incarnations(self._store.keys())
-        me = ray.get_runtime_context().current_actor
-        self._server = None
-        precision = PrecisionChoice.from_config(config.train_config)
-        server_cpus, server_gpus, worker_gpus = inference_resources(rc)
-        if rc.inference == "shared":
-            from mineonline_core.rollout.inference import InferenceServer
-
-            self._server = (
-                ray.remote(InferenceServer)
-                .options(
-                    name=actor_name(self.run_name, names.INFERENCE_SERVER),
-                    namespace=NAMESPACE,
-                    num_cpus=server_cpus,
-                    num_gpus=server_gpus,
-                    max_concurrency=2 * rc.num_rollout_workers + 8,
-                    max_restarts=-1,
-                    max_task_retries=-1,
-                )
-                .remote(policy_generator=policy_generator, config=rc, manager=me, precision=precision)
-            )
-        worker_cls = ray.remote(RolloutWorker)
-        self._workers = [
-            worker_cls.options(
-                name=actor_name(self.run_name, names.ROLLOUT_WORKER, i),
-                namespace=NAMESPACE,
-                num_cpus=rc.num_cpus_per_worker,
-                num_gpus=worker_gpus,
-                max_concurrency=WORKER_CONCURRENCY,
-                max_restarts=-1,
-                max_task_retries=-1,
-            ).remote(
-                worker_id=i,
-                config=rc,
-                policy_generator=policy_generator,
-                env_generator=env_generator,
-                store_client=self._store,
-                buffer=self._buffer,
-                stats=self._stats,
-                logger_hub=logger_hub,
-                manager=me,
-                discount=config.train_config.discount,
-                seed=config.seed + 7 * i,
-                precision=precision,
-                inference_server=self._server,
-            )
-            for i in range(rc.num_rollout_workers)
-        ]
-        try:
-            ray.get(self._store_host.node_id.remote())  # the store is open, or its error is raised here
-        except ray.exceptions.RayError as exc:
-            self._error = store_failure(exc, "the replay store host", path)
+        self._store_host, self._store, self._stats = actors.store_host, actors.store, actors.stats
+        self._buffer, self._server, self._workers = actors.buffer, actors.server, actors.workers
+        self._first_incarnation = actors.first_incarnation  # per worker: past every stream in a resumed store
+        self._store_path = actors.store_path
+        self._supervisor = WorkerSupervisor(workers=self._workers, buffer=self._buffer, config=config, fail=self._fail)
+        if actors.error is not None:
+            self._error = actors.error
             return
         self._monitor = threading.Thread(target=self._monitor_loop, name="rollout-monitor", daemon=True)
         self._monitor.start()
@@ -224,27 +108,9 @@ class RolloutManager:
     def register_worker(self, worker_id: int, pid: int = 0, node: str = "") -> tuple[int, tuple[list, int] | None]:
         """Called by each worker life: its incarnation number and the latest weights (or None).
         ``pid`` and ``node``: where this life runs (what a hang names)."""
+        restarts = self._supervisor.register(worker_id, pid=pid, node=node)
         with self._lock:
-            restarts = self._incarnations.get(worker_id, -1) + 1
-            self._incarnations[worker_id] = restarts
-            over = bool(restarts) and self._restarts.add()
             latest = self._latest
-        self._beats.start(worker_id, pid=pid, node=node, detail=f"life {restarts} registered")
-        self._set_missing(worker_id, None)
-        if restarts:
-            log.warning("rollout worker %d restarted (life %d); sending it the latest weights", worker_id, restarts)
-        if over:
-            rc = self.config.rollout_config
-            self._fail(
-                RunFailedError(
-                    f"rollout workers were restarted {self._restarts.count()} times within {self._restarts.span():.0f}s "
-                    f"(rollout_config.max_worker_restarts={rc.max_worker_restarts} per restart_window="
-                    f"{rc.restart_window:g}s), so the run stops instead of restarting them forever.\n"
-                    + "\n".join(f"  - {line}" for line in self._worker_lines())
-                    + "\nFix the cause above (a worker that dies at every start), or raise max_worker_restarts."
-                ),
-                "too many rollout worker restarts",
-            )
         return self._first_incarnation.get(worker_id, 0) + restarts, latest
 
     def latest_version(self) -> int | None:
@@ -308,7 +174,7 @@ class RolloutManager:
             "buffer_size": buffer.get("replay/size"),
             "buffer": buffer,
             "workers": workers,
-            "incarnations": dict(self._incarnations),
+            "incarnations": dict(self._supervisor.incarnations),
             "error": None if self._error is None else repr(self._error),
             "stop_requested": self._stop_requested,
         }
@@ -318,7 +184,7 @@ class RolloutManager:
         for serving no chunk: what a stalled run reports."""
         import ray
 
-        lines = self._worker_lines()
+        lines = self._supervisor.worker_lines()
         if self._error is not None:
             lines.insert(0, f"the rollout side failed: {self._error}")
         tc = self.config.train_config
@@ -329,23 +195,6 @@ class RolloutManager:
             )
         except Exception as exc:  # noqa: BLE001 - a dead buffer is itself the diagnosis
             lines.append(f"replay buffer: no answer ({type(exc).__name__}: {exc})")
-        return lines
-
-    def _worker_lines(self) -> list[str]:
-        import ray
-
-        lines = []
-        for i, worker in enumerate(self._workers):
-            try:
-                s = ray.get(worker.status.remote(), timeout=5)
-                state = f"life {s['incarnation']}, {s['env_steps']} env steps, {s['fragments_sent']} fragments sent, ready={s['ready']}"
-                error = s["error"] or self._last_errors.get(i)
-            except Exception as exc:  # noqa: BLE001 - dead or restarting: say so
-                state, error = (
-                    f"not answering ({type(exc).__name__})",
-                    self._last_errors.get(i) or last_line(exc, limit=300),
-                )
-            lines.append(f"rollout worker {i}: {state}; last error: {error or 'none'}")
         return lines
 
     def request_stop(self) -> None:
@@ -370,7 +219,7 @@ class RolloutManager:
             log.warning("some rollout workers did not shut down cleanly", exc_info=True)
         # A last report once the workers stopped (their last steps reached the hub before their shutdown
         # returned), so the run's summary has the final figures and ``rollout/env_steps`` the final count.
-        reports = self._worker_reports()
+        reports = self._supervisor.worker_reports()
         if self._hub is not None and reports:
             # Waited for: the driver finishes the hub next, and Ray orders calls per caller only.
             try:
@@ -399,8 +248,8 @@ class RolloutManager:
             # Bookkeeping actors first: when one dies, workers fail too, and the root cause
             # should be the error the driver sees.
             self._check_bookkeeping()
-            reports = self._worker_reports(wait=self._report_interval)
-            self._kill_hung()
+            reports = self._supervisor.worker_reports(wait=self._report_interval)
+            self._supervisor.kill_hung()
             now = time.monotonic()
             metrics = {**self._aggregate(reports), **self._server_report()}
             total = self._env_steps
@@ -426,68 +275,6 @@ class RolloutManager:
                 self._fail(exc, f"the {name} actor died")
             except ray.exceptions.GetTimeoutError:
                 log.warning("the %s actor did not answer within 30s", name)
-
-    def _worker_reports(self, wait: float = 30.0) -> list[tuple[int, dict[str, float]]]:
-        """The reports answered within ``wait`` seconds. One call per worker is in flight at a time, so
-        a frozen worker delays no other's report; its silence is timed by ``_beats``."""
-        import ray
-
-        for i, worker in enumerate(self._workers):
-            if i not in self._reporting:
-                self._reporting[i] = (worker.report.remote(), self._incarnations.get(i, -1))
-        refs = [ref for ref, _ in self._reporting.values()]
-        ray.wait(refs, num_returns=len(refs), timeout=wait)
-        reports = []
-        for i, (ref, life) in list(self._reporting.items()):
-            ready, _ = ray.wait([ref], timeout=0)
-            if not ready:
-                continue
-            del self._reporting[i]
-            try:
-                report = ray.get(ref)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-                self._last_errors[i] = last_line(exc, limit=300)
-                if life == self._incarnations.get(i, -1):  # not a life that registered since the call
-                    self._beats.forget(i)  # being restarted by Ray; it re-registers and gets the latest weights
-                    self._set_missing(i, f"rollout worker {i} died and is being restarted ({self._last_errors[i]})")
-                continue
-            except Exception as exc:  # noqa: BLE001 - a worker's background thread failed
-                self._fail(exc, f"rollout worker {i} failed")
-                continue
-            reports.append((i, report))
-            self._beats.beat(i, f"{int(report.get('rollout/fragments_sent', 0))} fragments sent")
-        return reports
-
-    def _kill_hung(self) -> None:
-        """Name and kill every worker silent past ``hang_timeout``: Ray restarts it like a crashed one."""
-        import ray
-
-        for i, beat, silent_for in self._beats.silent():
-            life = self._incarnations.get(i, 0)
-            message = hung_message(
-                f"rollout worker {i} (life {life})",
-                beat,
-                silent_for,
-                self._beats.timeout,
-                "Killing it; Ray restarts it like a crashed worker.",
-            )
-            log.error("%s", message)
-            self._beats.forget(i)
-            self._hangs += 1
-            self._last_errors[i] = message
-            self._set_missing(i, message)
-            ray.kill(self._workers[i], no_restart=False)
-
-    def _set_missing(self, worker_id: int, why: str | None) -> None:
-        """Record why no fragment comes from a worker (None: it is back) and tell the buffer."""
-        with self._lock:  # the monitor thread and register_worker's callers
-            if self._missing.get(worker_id) == why:
-                return
-            if why is None:
-                self._missing.pop(worker_id)
-            else:
-                self._missing[worker_id] = why
-            self._buffer.set_missing_workers.remote(sorted(self._missing.values()))
 
     def _server_report(self) -> dict[str, float]:
         import ray
@@ -517,8 +304,8 @@ class RolloutManager:
                     sums[key] = sums.get(key, 0.0) + value
         out = {**sums, **{k: sum(v) / len(v) for k, v in means.items()}}
         out["rollout/env_steps"] = self._read_env_steps()  # the run's count, not this life's of each worker
-        out["rollout/worker_restarts"] = float(sum(self._incarnations.values()))
-        out["rollout/worker_hangs"] = float(self._hangs)
+        out["rollout/worker_restarts"] = float(sum(self._supervisor.incarnations.values()))
+        out["rollout/worker_hangs"] = float(self._supervisor.hangs)
         return out
 
     def _read_env_steps(self) -> float:
@@ -538,35 +325,6 @@ class RolloutManager:
         if self._error is None:
             log.error("%s: %s", what, exc)
             self._error = exc if isinstance(exc, RunFailedError) else RunFailedError(f"{what}: {exc}")
-
-
-def store_failure(exc: BaseException, who: str, path: str, *, running: bool = False) -> BaseException:
-    """The error a failed or dead store actor ends the run with: the store's own error when it raised
-    one (a damaged shard names itself), else the store's path and what to do about it."""
-    user_error = find_user_error(exc)
-    if user_error is not None:
-        return user_error
-    when = "while the run was using it" if running else "while opening it"
-    return RunFailedError(
-        f"{who} died {when}, with the replay store at database_config.path={path!r} "
-        f"({type(exc).__name__}). A damaged data.mdb under that path kills the process "
-        "that maps it (SIGBUS); the actor's log says how it ended. Resume the run again (mineonline run --resume "
-        f"RUN_DIR); if the store fails again, move {path!r} aside to resume with an empty replay store. The "
-        "checkpoints are not affected."
-    )
-
-
-def first_free_incarnations(keys: list[str]) -> dict[int, int]:
-    """Per worker id, one past the highest incarnation among stored fragment keys
-    (``fragment.parse_fragment_key`` and ``fragment.parse_stream``)."""
-    out: dict[int, int] = {}
-    for key in keys:
-        parsed = parse_fragment_key(key)
-        stream = parse_stream(parsed[0]) if parsed else None
-        if stream is not None:
-            worker_id, incarnation, _ = stream
-            out[worker_id] = max(out.get(worker_id, 0), incarnation + 1)
-    return out
 
 
 def launch_rollout_manager(

@@ -276,7 +276,7 @@ class RolloutWorker:
             inference=client,
         )
         self._built.set()
-        self.collector.warmup(timeout=self.collector.startup_timeout * 2)
+        self.collector.warmup(timeout=self.collector.pool.startup_timeout * 2)
         self._ready.set()
         if client is not None:  # the server has the weights: wait for its first (and its reference)
             loaded, ref_state = False, None

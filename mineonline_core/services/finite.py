@@ -1,6 +1,6 @@
 """Finite values everywhere: where a NaN or an infinity is caught, and what happens then.
 
-* **Env answers** (the collector, ``env_answer_problem``): a non-finite reward, observation or final
+* **Env answers** (the env pool, ``env_answer_problem``): a non-finite reward, observation or final
   observation makes the env count as failed for that step: the step is closed as truncated, the
   episode reported, the env reset, and ``rollout/env_nonfinite`` counts it. Nothing non-finite is
   ever written into a fragment.

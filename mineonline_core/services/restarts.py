@@ -1,7 +1,7 @@
 """Restarts counted over a sliding window (RLlib's ``max_num_env_runner_restarts``, per time window).
 
 The rollout manager holds one ``RestartBudget`` for worker restarts (``rollout_config.max_worker_restarts``),
-each collector one for env rebuilds (``worker_config.max_env_rebuilds``), both over
+each env pool one for env rebuilds (``worker_config.max_env_rebuilds``), both over
 ``rollout_config.restart_window``; a budget spent fails the run instead of restarting forever.
 """
 

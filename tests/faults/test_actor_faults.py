@@ -120,7 +120,7 @@ def test_killed_rollout_worker_is_restarted_with_current_weights(ray_cluster, tm
         _wait(lambda: _buffer_size(manager) >= 4, 120, "fragments from the first worker life")
         (worker,) = ray.get(manager.get_workers.remote())
         pid = ray.get(worker.__ray_call__.remote(lambda self: os.getpid()))
-        env_pids = ray.get(worker.__ray_call__.remote(lambda self: [s.proc.pid for s in self.collector._slots]))
+        env_pids = ray.get(worker.__ray_call__.remote(lambda self: self.collector.pool.pids()))
         _broadcast(manager, 2)
         _wait(lambda: ray.get(worker.status.remote())["version"] == 2, 60, "version 2 in the worker")
         before = _buffer_size(manager)

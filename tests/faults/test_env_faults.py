@@ -113,15 +113,15 @@ def test_exceptions_at_a_rate(tmp_path) -> None:
     trunc = assert_faulty_stream_consistent(frags, report)
     assert injected >= 3
     # The collector may stop with one fault sent but not yet received.
-    assert collector.env_failures in (injected, injected - 1)
-    assert collector.env_restarts in (collector.env_failures, collector.env_failures - 1)
-    assert int(trunc.sum()) <= collector.env_failures
+    assert collector.pool.env_failures in (injected, injected - 1)
+    assert collector.pool.env_restarts in (collector.pool.env_failures, collector.pool.env_failures - 1)
+    assert int(trunc.sum()) <= collector.pool.env_failures
     truncated_records = [r for r in records if r["truncated"]]
-    assert 1 <= len(truncated_records) <= collector.env_failures
+    assert 1 <= len(truncated_records) <= collector.pool.env_failures
     assert all(r["stream"] == "0.0.0" for r in truncated_records)
     metrics = collector.metrics()
-    assert metrics["rollout/env_failures"] == collector.env_failures
-    assert metrics["rollout/env_restarts"] == collector.env_restarts
+    assert metrics["rollout/env_failures"] == collector.pool.env_failures
+    assert metrics["rollout/env_restarts"] == collector.pool.env_restarts
     store = LMDBStore(path=str(tmp_path / "store"), num_shards=2, resume=False)
     try:
         metas = [fragment_meta(f) for f in frags]
@@ -132,8 +132,8 @@ def test_exceptions_at_a_rate(tmp_path) -> None:
     corrupt = sum(fragment_checksum(m["key"], b) != m["checksum"] for m, b in zip(metas, back))
     assert corrupt == 0 and all(r["missing"] == [] for r in report.values())
     print(
-        f"FIGURE env exceptions at 1%: {injected} injected, {collector.env_failures} failures, "
-        f"{collector.env_restarts} rebuilds, {len(frags)} fragments through LMDB: 0 lost, 0 checksum mismatches"
+        f"FIGURE env exceptions at 1%: {injected} injected, {collector.pool.env_failures} failures, "
+        f"{collector.pool.env_restarts} rebuilds, {len(frags)} fragments through LMDB: 0 lost, 0 checksum mismatches"
     )
 
 
@@ -144,7 +144,7 @@ def test_one_fault_rebuild_and_recovery(tmp_path, kind: str) -> None:
     collector, frags, records, elapsed = run(faulty, fragments=12, faulty_fragments=4, step_timeout=1.5)
     injected = injected_faults(tmp_path)
     assert injected[{"raise": "step_error"}.get(kind, kind)] == 1 and injected["lives"] == 2
-    assert collector.env_failures == 1 and collector.env_restarts == 1
+    assert collector.pool.env_failures == 1 and collector.pool.env_restarts == 1
     report = stream_report(frags)
     assert_clean_streams_untouched(frags, report)
     trunc = assert_faulty_stream_consistent(frags, report)
@@ -168,7 +168,10 @@ def test_reset_faults_are_retried_until_the_env_comes_up(tmp_path) -> None:
     collector, frags, _, _ = run(faulty, fragments=9, faulty_fragments=1, step_timeout=30.0)
     injected = injected_faults(tmp_path)
     assert injected["reset_error"] == 2 and injected["lives"] == 3  # seed 6: lives 0 and 1 fail to reset
-    assert collector.env_failures == injected["reset_error"] and collector.env_restarts == injected["reset_error"]
+    assert (
+        collector.pool.env_failures == injected["reset_error"]
+        and collector.pool.env_restarts == injected["reset_error"]
+    )
     report = stream_report(frags)
     assert_clean_streams_untouched(frags, report)
     assert report["0.0.0"]["steps"] >= T and report["0.0.0"]["truncated"] == 0  # no episode was running yet
@@ -186,18 +189,19 @@ def test_nonfinite_answers_never_reach_a_fragment(tmp_path, caplog, kind: str) -
         for column in (F.REWARD, F.LOGPROB, F.VPRED, F.BOOTSTRAP):
             assert np.all(np.isfinite(frag[column])), (column, frag[F.STREAM])
         assert np.all(np.isfinite(frag[F.OBS]["obs"])) and np.all(np.isfinite(frag[F.NEXT_OBS]["obs"]))
-    assert collector.env_nonfinite in (injected, injected - 1)  # one may still be in flight at the end
-    assert collector.env_failures == collector.env_nonfinite and collector.env_restarts == 0  # reset, not rebuilt
-    assert collector.metrics()["rollout/env_nonfinite"] == collector.env_nonfinite
+    assert collector.pool.env_nonfinite in (injected, injected - 1)  # one may still be in flight at the end
+    pool = collector.pool
+    assert pool.env_failures == pool.env_nonfinite and pool.env_restarts == 0  # reset, not rebuilt
+    assert collector.metrics()["rollout/env_nonfinite"] == collector.pool.env_nonfinite
     report = stream_report(frags)
     assert_clean_streams_untouched(frags, report)
     trunc = assert_faulty_stream_consistent(frags, report)
-    assert int(trunc.sum()) == collector.env_nonfinite  # each bad step closed its episode as truncated
+    assert int(trunc.sum()) == collector.pool.env_nonfinite  # each bad step closed its episode as truncated
     key = "reward is nan" if kind == "nan_reward" else "observation key 'obs'"
     lines = [r.getMessage() for r in caplog.records if "worker 0 env 0:" in r.getMessage() and key in r.getMessage()]
-    assert len(lines) == collector.env_nonfinite, [r.getMessage() for r in caplog.records][:5]
+    assert len(lines) == collector.pool.env_nonfinite, [r.getMessage() for r in caplog.records][:5]
     print(
-        f"FIGURE env {kind} at 1%: {injected} injected, {collector.env_nonfinite} steps failed and reset, "
+        f"FIGURE env {kind} at 1%: {injected} injected, {collector.pool.env_nonfinite} steps failed and reset, "
         f"0 non-finite values in {len(frags)} fragments"
     )
 

@@ -64,7 +64,7 @@ def test_one_frozen_env_of_four_does_not_hold_the_others() -> None:
         backoff_base=0.01,
         seed=0,
     )
-    frozen_pid = c._slots[3].proc.pid
+    frozen_pid = c.pool.pids()[3]
     steps = np.zeros(4, dtype=int)
     try:
         c.collect(4)  # every env stepped: the step time is measured
@@ -146,7 +146,7 @@ def test_frozen_rollout_worker_is_named_killed_and_restarted(ray_cluster, tmp_pa
         _wait("fragments from the first life", lambda: added() >= 2)
         (worker,) = ray.get(manager.get_workers.remote())
         pid = ray.get(worker.__ray_call__.remote(lambda self: os.getpid()))
-        pids = [pid, *ray.get(worker.__ray_call__.remote(lambda self: [s.proc.pid for s in self.collector._slots]))]
+        pids = [pid, *ray.get(worker.__ray_call__.remote(lambda self: self.collector.pool.pids()))]
         with frozen(pid):
             # Named while it is still frozen: the buffer's waiting message and the stall diagnosis.
             _wait(

@@ -62,9 +62,9 @@ class Mutation:
 MUTATIONS = (
     Mutation(
         "B1",
-        "a failed auto-reset turns the terminal step into a truncation (collector)",
-        "mineonline_core/rollout/collector.py",
-        "if exc.step is not None and slot.pending_t is not None:",
+        "a failed auto-reset turns the terminal step into a truncation (env pool)",
+        "mineonline_core/rollout/envpool.py",
+        "if exc.step is not None and slot.stepping:",
         "if False:",
         ("tests/test_rollout_collector.py::test_a_failed_reset_after_a_terminal_keeps_the_terminal_step",),
     ),
@@ -445,15 +445,15 @@ MUTATIONS = (
     Mutation(
         "hang-batch",
         "a late (frozen) env holds its worker's whole batch until step_timeout",
-        COLLECTOR,
-        "punctual = [s.sent_at + late_after for s in busy if s.sent_at + late_after > now]",
-        "punctual = [s.sent_at + late_after for s in busy]",
+        "mineonline_core/rollout/envpool.py",
+        "return [s.sent_at + late_after for s in busy if s.sent_at + late_after > now]",
+        "return [s.sent_at + late_after for s in busy]",
         ("tests/faults/test_hangs.py::test_one_frozen_env_of_four_does_not_hold_the_others",),
     ),
     Mutation(
         "hang-worker",
         "a rollout worker silent past hang_timeout is named but never killed",
-        "mineonline_core/rollout/manager.py",
+        "mineonline_core/rollout/supervision.py",
         "ray.kill(self._workers[i], no_restart=False)",
         "pass",
         ("tests/faults/test_hangs.py::test_frozen_rollout_worker_is_named_killed_and_restarted",),

@@ -17,7 +17,8 @@ import numpy as np
 from mineonline_core.contracts import fragment as F
 from mineonline_core.config import load_config
 from mineonline_core.errors import find_user_error
-from mineonline_core.rollout.manager import first_free_incarnations, launch_rollout_manager
+from mineonline_core.rollout.manager import launch_rollout_manager
+from mineonline_core.rollout.startup import first_free_incarnations
 from mineonline_core.services.names import NAMESPACE, ROLLOUT_MANAGER, actor_name
 from mineonline_core.testing import kit as tk
 from mineonline_core.testing.store_conformance import sample_payload
