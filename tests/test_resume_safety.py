@@ -152,6 +152,7 @@ def test_a_forced_change_of_the_network_still_fails_before_ray(run_dir: Path) ->
 def test_resume_from_a_chosen_checkpoint_with_force(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
     chosen = run_dir / "checkpoints" / "checkpoint_000001"
+    before = (run_dir / "metrics.jsonl").read_text().splitlines()
     result = run(
         None,
         ["train_config.num_iterations=3", "rollout_config.fragment_length=16"],
@@ -170,13 +171,20 @@ def test_resume_from_a_chosen_checkpoint_with_force(run_dir: Path, monkeypatch: 
     assert record["overrides"] == ["train_config.num_iterations=3", "rollout_config.fragment_length=16"]
     saved = ckpt.saved_config(ckpt.checkpoint_dir(run_dir / "checkpoints", 3))
     assert "fragment_length: 16" in saved
-    _assert_one_env_step_count(run_dir, result, out, continued_from=resume_point(chosen).env_steps)
+    _assert_one_env_step_count(run_dir, result, out, continued_from=resume_point(chosen).env_steps, before=before)
 
 
-def _assert_one_env_step_count(run_dir: Path, result: dict, out: str, *, continued_from: int) -> None:
+def _assert_one_env_step_count(
+    run_dir: Path, result: dict, out: str, *, continued_from: int, before: list[str]
+) -> None:
     """The env-step count continues from the checkpoint's, and every place shows that one count: the
-    summary (summary.json, the returned one, the printed table), the step axis, ``rollout/env_steps``."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary (summary.json, the returned one, the printed table), the step axis, ``rollout/env_steps``.
+    ``before``: the lines of ``metrics.jsonl`` before the resume (it keeps a prefix of them)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    kept = next((i for i, (a, b) in enumerate(zip(before, lines)) if a != b), min(len(before), len(lines)))
+    resumed = [json.loads(line) for line in lines[kept:]]
+    assert resumed and all(r["step"] >= continued_from for r in resumed), [r["step"] for r in resumed][:5]
+    records = [json.loads(line) for line in lines]
     final = max(r["step"] for r in records)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert final > continued_from > 0

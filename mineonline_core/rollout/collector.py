@@ -192,9 +192,9 @@ class FragmentCollector:
         return self.video.drain()
 
     def metrics(self) -> dict[str, float]:
-        """Counters (cumulative) and ``perf/*`` means since the previous call."""
+        """Counters (cumulative) and ``perf/*`` means since the previous call. Env steps are not among
+        them: the run counts them once, in the logging actor (the worker adds ``env_steps`` to it)."""
         return {
-            "rollout/env_steps": float(self.env_steps),
             **self.pool.metrics(),
             "rollout/fragments": float(self.fragments_done),
             "rollout/model_version": float(self.version),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from mineonline_core.errors import RunFailedError, last_line
 from mineonline_core.rollout.startup import start_rollout_actors, store_failure
@@ -31,6 +31,17 @@ from mineonline_core.rollout.supervision import WorkerSupervisor
 from mineonline_core.services import names
 from mineonline_core.services.names import NAMESPACE, actor_name, on_node
 from mineonline_core.services.runlog import setup_actor_logging
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import (
+        InferenceServerHandle,
+        LoggerHubHandle,
+        ReplayBufferHandle,
+        RolloutManagerHandle,
+        RolloutWorkerHandle,
+        StoreAccess,
+        WeightReceiverHandle,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +57,7 @@ class RolloutManager:
         config: Any,
         store_cls: type,
         store_options: Any = None,
-        logger_hub: Any = None,
+        logger_hub: LoggerHubHandle | None = None,
         store_node_id: str | None = None,
         report_interval: float = 2.0,
     ) -> None:
@@ -95,7 +106,7 @@ class RolloutManager:
         for receiver in self.weight_receivers() if forward else ():
             receiver.update_weights.remote(weights, int(version))
 
-    def weight_receivers(self) -> list[Any]:
+    def weight_receivers(self) -> list[WeightReceiverHandle]:
         """The actors that run the rollout policy and take ``update_weights``: the workers, or the
         shared inference server."""
         return list(self._workers) if self._server is None else [self._server]
@@ -121,16 +132,16 @@ class RolloutManager:
         for worker in self._workers:
             worker.record_video.remote()
 
-    def get_buffer(self) -> Any:
+    def get_buffer(self) -> ReplayBufferHandle:
         return self._buffer
 
-    def get_store_client(self) -> Any:
+    def get_store_client(self) -> StoreAccess:
         return self._store
 
-    def get_workers(self) -> list[Any]:
+    def get_workers(self) -> list[RolloutWorkerHandle]:
         return list(self._workers)
 
-    def get_inference_server(self) -> Any:
+    def get_inference_server(self) -> InferenceServerHandle | None:
         """The shared inference server, or None with ``inference: local``."""
         return self._server
 
@@ -332,10 +343,10 @@ def launch_rollout_manager(
     policy_generator: Callable[[], Any],
     env_generator: Callable[[], Any],
     config: Any,
-    logger_hub: Any = None,
+    logger_hub: LoggerHubHandle | None = None,
     store_cls: type | None = None,
     store_options: Any = None,
-) -> Any:
+) -> RolloutManagerHandle:
     """Start the run's named ``RolloutManager`` actor: the one place it is started (``run``, the public
     ``start_rolloutmanager`` and tests all come here). Detached when ``detach_rollout_manager``.
 
@@ -383,7 +394,7 @@ def launch_rollout_manager(
     return manager
 
 
-def get_rollout_manager(run_name: str) -> Any:
+def get_rollout_manager(run_name: str) -> RolloutManagerHandle:
     """The handle of a running run's manager (``ValueError`` when none runs under that name)."""
     import ray
 

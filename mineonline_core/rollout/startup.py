@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from mineonline_core.contracts.fragment import parse_fragment_key, parse_stream
 from mineonline_core.config.checks import inference_resources
@@ -23,6 +23,18 @@ from mineonline_core.config.precision import PrecisionChoice
 from mineonline_core.errors import RunFailedError, find_user_error
 from mineonline_core.services import names
 from mineonline_core.services.names import NAMESPACE, actor_name, on_node
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import (
+        EpisodeStatisticsHandle,
+        InferenceServerHandle,
+        LoggerHubHandle,
+        ReplayBufferHandle,
+        RolloutManagerHandle,
+        RolloutWorkerHandle,
+        StoreAccess,
+        StoreHostHandle,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -34,25 +46,25 @@ class RolloutActors:
     """The handles ``start_rollout_actors`` started (None or empty past a failure), and the first failure."""
 
     store_path: str = ""  # database_config.path, resolved
-    store_host: Any = None
-    store: Any = None  # the ``StoreClient`` every worker and the buffer use
-    stats: Any = None
-    buffer: Any = None
-    server: Any = None  # the shared inference server, or None
-    workers: list[Any] = field(default_factory=list)
+    store_host: StoreHostHandle | None = None
+    store: StoreAccess | None = None  # the ``StoreClient`` every worker and the buffer use
+    stats: EpisodeStatisticsHandle | None = None
+    buffer: ReplayBufferHandle | None = None
+    server: InferenceServerHandle | None = None  # the shared inference server, or None
+    workers: list[RolloutWorkerHandle] = field(default_factory=list)
     first_incarnation: dict[int, int] = field(default_factory=dict)  # per worker: past every stored stream
     error: BaseException | None = None
 
 
 def start_rollout_actors(
     *,
-    manager: Any,
+    manager: RolloutManagerHandle,
     policy_generator: Callable[[], Any],
     env_generator: Callable[[], Any],
     config: Any,
     store_cls: type,
     store_options: Any,
-    logger_hub: Any,
+    logger_hub: LoggerHubHandle | None,
     store_node_id: str | None,
 ) -> RolloutActors:
     """Start the rollout side of ``config``'s run for ``manager`` (its handle: the workers and the server

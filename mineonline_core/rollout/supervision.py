@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from mineonline_core.errors import RunFailedError, last_line
 from mineonline_core.services.heartbeat import Heartbeats, hung_message
 from mineonline_core.services.restarts import RestartBudget
+
+if TYPE_CHECKING:
+    from mineonline_core.services.handles import ReplayBufferHandle, RolloutWorkerHandle
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +31,12 @@ class WorkerSupervisor:
     ``fail(exc, what)`` fails the run (the manager's ``health()`` raises it)."""
 
     def __init__(
-        self, *, workers: list[Any], buffer: Any, config: Any, fail: Callable[[BaseException, str], None]
+        self,
+        *,
+        workers: list[RolloutWorkerHandle],
+        buffer: ReplayBufferHandle,
+        config: Any,
+        fail: Callable[[BaseException, str], None],
     ) -> None:
         rc = config.rollout_config
         self.config, self._workers, self._buffer, self._fail = config, workers, buffer, fail

@@ -72,7 +72,10 @@ def run(mutation: Mutation, timeout: float) -> tuple[Mutation, str, float, str]:
         target.write_text(source.replace(mutation.old, mutation.new))
         paths = [dest, *(p for p in (dest / "plugins").iterdir() if p.is_dir())]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths)), "WANDB_MODE": "disabled"}
-        check = f"import mineonline_core, mineonline_ppo; assert mineonline_core.__file__.startswith({str(dest)!r}) and mineonline_ppo.__file__.startswith({str(dest)!r})"
+        check = (
+            "import mineonline_core, mineonline_ppo; "
+            f"assert all(m.__file__.startswith({str(dest)!r}) for m in (mineonline_core, mineonline_ppo))"
+        )
         shadow = subprocess.run([sys.executable, "-c", check], cwd=dest, env=env, capture_output=True, text=True)
         if shadow.returncode:
             return mutation, "ERROR", 0.0, "the copy does not shadow the installed packages:\n" + shadow.stderr[-2000:]
