@@ -13,6 +13,8 @@ from mineonline_core.contracts.tree import tree_cat, tree_index
 from mineonline_vpt import VPTPolicy
 
 CRAFTER_OBS = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)})
+# The attention band (maxlen = attention_memory_size - timesteps = 6) is shorter than the sequences the
+# tests feed (T): it clips inside a call.
 SMALL = {
     "hidsize": 32,
     "impala_chans": [8, 16, 16],
@@ -20,7 +22,7 @@ SMALL = {
     "attention_heads": 4,
     "attention_memory_size": 10,
     "timesteps": 4,
-}  # fmt: skip  (maxlen 6 < T: the band clips inside a call)
+}
 
 
 def crafter_policy(seed: int = 0, hw: int = 64) -> VPTPolicy:
