@@ -324,6 +324,32 @@ def test_config_errors_never_echo_a_secret(override: str) -> None:
     assert SECRET not in str(info.value) and "<redacted>" in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize(
+    "override",
+    [
+        f"logger_config.api_token={SECRET}",
+        f"logger_config.settings={{api_key: {SECRET}}}",
+        f"logger_config.settings={{console: wrap, auth: {{password: '{SECRET}'}}}}",
+        f"env_config.kwargs=[{{token: {SECRET}}}]",
+    ],
+)
+def test_run_json_never_records_a_secret_override(override: str) -> None:
+    """The key names the secret, or a mapping in the value does (flow style): either way the override is
+    recorded as ``key=<redacted>``, which ``--resume`` asks the user to give again."""
+    from mineonline_core.config.secrets import is_redacted_override, redact_override
+
+    recorded = redact_override(override)
+    assert SECRET not in recorded and is_redacted_override(recorded)
+    assert recorded.split("=", 1)[0] == override.split("=", 1)[0]
+
+
+@pytest.mark.parametrize("override", ["logger_config.settings={console: wrap}", "a.b=[1, {c: d}]", "x={unclosed"])
+def test_other_overrides_are_recorded_as_given(override: str) -> None:
+    from mineonline_core.config.secrets import redact_override
+
+    assert redact_override(override) == override
+
+
 @pytest.mark.parametrize("key", ["base_url", "api_key", "http_proxy", "root_dir", "app_url_override"])
 def test_wandb_settings_are_an_allow_list(key: str) -> None:
     """A shared YAML must not redirect where wandb sends the run, nor with which credentials."""

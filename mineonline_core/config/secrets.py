@@ -55,11 +55,22 @@ def redact_text(text: str) -> str:
 
 
 def redact_override(item: str) -> str:
-    """``a.api_key=VALUE`` -> ``a.api_key=<redacted>``; other overrides unchanged."""
-    key, sep, _ = item.partition("=")
-    if sep and any(is_secret_key(part) for part in key.strip().split(".")):
+    """``a.api_key=VALUE`` -> ``a.api_key=<redacted>``, and ``a={api_key: VALUE}`` (a secret inside the
+    value, at any depth) -> ``a=<redacted>``; other overrides unchanged."""
+    key, sep, value = item.partition("=")
+    if sep and (any(is_secret_key(part) for part in key.strip().split(".")) or _holds_secret(value)):
         return f"{key}={REDACTED}"
     return item
+
+
+def _holds_secret(value: str) -> bool:
+    import yaml
+
+    try:  # an override's value is YAML flow syntax; one that does not parse holds no mapping
+        tree = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return False
+    return redact(tree) != tree
 
 
 def is_redacted_override(item: str) -> bool:
