@@ -5,6 +5,7 @@ and no zig-zag where steps repeat (the later record wins)."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -78,7 +79,12 @@ def test_repeated_steps_do_not_zig_zag(runs: dict[str, Path], tmp_path: Path) ->
     assert xs == [first["step"]] and ys == [99.0]  # everything from the repeated step on is the later record
     clean = read_metrics(runs["a"] / "metrics.jsonl")
     assert all(all(b > a for a, b in zip(xs, xs[1:])) for xs, _ in clean.values())
-    assert clean["trainer/iteration"][1] == [1.0, 2.0]
+    # In a clean file only a step logged twice drops the earlier record: two iterations can end at one
+    # env-step count when the workers had not reported new steps in between (seen on a loaded machine).
+    its = [(r["step"], r["trainer/iteration"]) for r in records if "trainer/iteration" in r]
+    assert [y for _, y in its] == [1.0, 2.0] and its[0][0] <= its[1][0]
+    kept = [y for (x, y), (later, _) in zip(its, [*its[1:], (math.inf, None)]) if later > x]
+    assert clean["trainer/iteration"][1] == kept and kept[-1] == 2.0
 
 
 def test_seeds_are_aggregated_and_runs_overlaid(runs: dict[str, Path], tmp_path: Path) -> None:

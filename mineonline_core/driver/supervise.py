@@ -10,7 +10,10 @@ driver on another node loses the GCS for good. So the CLI runs the driver as a c
 * a child that ended without noting its exit died abruptly. The parent then checks whether the
   cluster still answers at the address: when it does not, it prints ``lost the Ray cluster at ADDR``,
   otherwise that the driver process died (its status or signal), in both cases with the command that
-  resumes the run, writes the same lines to the run's ``run.log``, and exits 1 (a failed run).
+  resumes the run, writes the same lines to the run's ``run.log``, and exits 1 (a failed run);
+* a child whose run failed through Python may have seen the head's death first as one of its actors
+  gone (the logging actor lives on the head). When its run had started and the cluster no longer
+  answers, the parent says the same ``lost the Ray cluster at ADDR`` last, with the resume command.
 
 The run's records are what an abruptly ended driver leaves: ``run.json`` and the latest checkpoint;
 its lock names a dead pid and is taken over by the next ``--resume`` with a warning (``rundir.py``).
@@ -74,12 +77,11 @@ def supervised(argv: Sequence[str], address: str) -> int:
         notes = Path(outcome).read_text(encoding="utf-8").splitlines()
     finally:
         os.unlink(outcome)
-    exits = [line.split()[1] for line in notes if line.startswith("exit ")]
-    if exits:
-        return int(exits[-1])
-    run_dirs = [line.split(" ", 1)[1] for line in notes if line.startswith("run_dir ")]
-    report = abrupt_end_report(address, code, run_dirs[-1] if run_dirs else None)
+    status, report = ending(notes, code, address)
+    if report is None:
+        return status
     print(f"error: {report}", file=sys.stderr, flush=True)
+    run_dirs = [line.split(" ", 1)[1] for line in notes if line.startswith("run_dir ")]
     if run_dirs:
         from mineonline_core.services.runlog import LOG_FILE
 
@@ -88,7 +90,20 @@ def supervised(argv: Sequence[str], address: str) -> int:
                 f.write(f"ERROR mineonline: {report}\n")
         except OSError:
             pass  # the console has it; a run directory that cannot be written has its own error
-    return EXIT_FAILED
+    return status
+
+
+def ending(notes: list[str], code: int, address: str) -> tuple[int, str | None]:
+    """The status the CLI exits with for a child driver that ended with ``code`` after writing ``notes``,
+    and what the parent prints last (None: the child has said everything)."""
+    exits = [int(line.split()[1]) for line in notes if line.startswith("exit ")]
+    run_dirs = [line.split(" ", 1)[1] for line in notes if line.startswith("run_dir ")]
+    run_dir = run_dirs[-1] if run_dirs else None
+    if not exits:
+        return EXIT_FAILED, abrupt_end_report(address, code, run_dir)
+    if exits[-1] != 0 and run_dir is not None and _answers(address) is False:
+        return EXIT_FAILED, abrupt_end_report(address, exits[-1], run_dir, noted=True)
+    return exits[-1], None
 
 
 def _stop_with_parent() -> None:
@@ -102,18 +117,24 @@ def _stop_with_parent() -> None:
         pass
 
 
-def abrupt_end_report(address: str, code: int, run_dir: str | None) -> str:
-    """The message for a driver that ended without a word: the lost cluster, or its own death."""
+def _answers(address: str) -> bool | None:
+    """Whether the cluster's head accepts connections at ``address`` (None: no address to ask)."""
     from mineonline_core.driver.lifecycle import _listening
 
     from mineonline_core.errors import MineOnlineError
 
-    how = f"signal {-code}" if code < 0 else f"exit status {code}"
     target = address.removeprefix("ray://")
     try:
-        answers = None if target == "auto" else _listening(target)
+        return None if target == "auto" else _listening(target)
     except MineOnlineError:
-        answers = None
+        return None
+
+
+def abrupt_end_report(address: str, code: int, run_dir: str | None, *, noted: bool = False) -> str:
+    """The message for a driver that ended without a word: the lost cluster, or its own death.
+    ``noted``: the driver ended through Python with ``code`` (its run failed) and the cluster is gone."""
+    how = f"signal {-code}" if code < 0 else f"exit status {code}"
+    answers = False if noted else _answers(address)
     if answers is None:
         cause = (
             f"the driver process ended abruptly ({how}); "
@@ -124,7 +145,7 @@ def abrupt_end_report(address: str, code: int, run_dir: str | None) -> str:
     else:
         cause = (
             f"lost the Ray cluster at {address}: its head no longer answers (the head node or the network "
-            f"to it went down), and Ray ended the driver ({how})"
+            "to it went down), and " + (f"the run failed with it ({how})" if noted else f"Ray ended the driver ({how})")
         )
     if run_dir is None:
         return cause + "; the run had not started. Fix: start the cluster again, then rerun the same command."

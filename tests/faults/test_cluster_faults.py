@@ -322,3 +322,28 @@ def test_a_driver_that_died_without_a_word_is_explained(tmp_path: Path) -> None:
     )
     code = supervise.supervised(["plugins"], dead)  # `mineonline plugins` notes its exit like any command
     assert code == 0
+
+
+def test_a_failed_run_whose_cluster_is_gone_ends_with_the_lost_cluster() -> None:
+    """The head's death can reach the driver's Python first, as its logging actor gone: the run fails
+    through Python and notes its exit. When its run had started and the cluster no longer answers, the
+    parent still ends with the lost cluster and the resume command; otherwise the child's status stands."""
+    import socket
+
+    from mineonline_core.driver import supervise
+
+    started = ["run_dir /runs/a", "exit 2"]
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        live = f"127.0.0.1:{listening.getsockname()[1]}"
+        assert supervise.ending(started, 2, live) == (2, None)
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{closed.getsockname()[1]}"
+            status, report = supervise.ending(started, 2, dead)
+            assert supervise.ending(["exit 2"], 2, dead) == (2, None)  # never started: its own error stands
+            assert supervise.ending(["run_dir /runs/a", "exit 0"], 0, dead) == (0, None)
+    assert status == 1 and report is not None
+    assert report.startswith(f"lost the Ray cluster at {dead}") and "the run failed with it (exit status 2)" in report
+    assert report.endswith(f"mineonline run --resume /runs/a --address {dead}")
