@@ -306,5 +306,7 @@ def test_a_run_trains_through_the_shared_inference_server(local_ray, tmp_path, m
     assert result["status"] == "completed"
     summary = result["summary"]
     assert summary["trainer/iteration"] == 3 and summary["trainer/version"] == 2
-    assert 1 <= summary["rollout/model_version"] <= 2  # the version the server's replies carried
+    # The mean over the workers of the version their latest replies carried: above 0 once any worker was
+    # served a trained version (a worker whose last report came before its first such reply counts 0).
+    assert 0 < summary["rollout/model_version"] <= 2
     assert summary["rollout/inference_forwards"] > 0 and summary["rollout/fragments_sent"] > 0

@@ -18,6 +18,7 @@ judges ``keep_best`` by ``eval/return_mean`` with them.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -29,6 +30,8 @@ from mineonline_core.services.runlog import setup_actor_logging
 
 if TYPE_CHECKING:
     from mineonline_core.services.handles import EvaluatorHandle, LoggerHubHandle
+
+log = logging.getLogger(__name__)
 
 EVAL_SEED_OFFSET = 1_000_000
 _SUMMARY_KEYS = ("return_mean", "return_std", "return_min", "return_max", "length_mean", "episodes")
@@ -98,7 +101,12 @@ class Evaluator:
             summarize(records), iteration=iteration, version=version, wall_s=time.perf_counter() - started
         )
         if self.hub is not None:
-            self.hub.log_metrics.remote(metrics, env_steps)
+            # Waited for: the trainer kills this actor right after the last evaluation returns, which
+            # would drop a call still queued here (the run's last eval/* missing from every logger).
+            try:
+                ray.get(self.hub.log_metrics.remote(metrics, env_steps), timeout=60)
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                log.warning("the logging actor did not take iteration %d's eval metrics: %s", iteration, exc)
         return metrics
 
     def _close_env(self) -> None:
