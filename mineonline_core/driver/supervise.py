@@ -81,12 +81,12 @@ def supervised(argv: Sequence[str], address: str) -> int:
     if report is None:
         return status
     print(f"error: {report}", file=sys.stderr, flush=True)
-    run_dirs = [line.split(" ", 1)[1] for line in notes if line.startswith("run_dir ")]
-    if run_dirs:
+    run_dir = _last_note(notes, "run_dir")
+    if run_dir is not None:
         from mineonline_core.services.runlog import LOG_FILE
 
         try:
-            with open(Path(run_dirs[-1]) / LOG_FILE, "a", encoding="utf-8") as f:
+            with open(Path(run_dir) / LOG_FILE, "a", encoding="utf-8") as f:
                 f.write(f"ERROR mineonline: {report}\n")
         except OSError:
             pass  # the console has it; a run directory that cannot be written has its own error
@@ -96,14 +96,18 @@ def supervised(argv: Sequence[str], address: str) -> int:
 def ending(notes: list[str], code: int, address: str) -> tuple[int, str | None]:
     """The status the CLI exits with for a child driver that ended with ``code`` after writing ``notes``,
     and what the parent prints last (None: the child has said everything)."""
-    exits = [int(line.split()[1]) for line in notes if line.startswith("exit ")]
-    run_dirs = [line.split(" ", 1)[1] for line in notes if line.startswith("run_dir ")]
-    run_dir = run_dirs[-1] if run_dirs else None
-    if not exits:
+    noted, run_dir = _last_note(notes, "exit"), _last_note(notes, "run_dir")
+    if noted is None:
         return EXIT_FAILED, abrupt_end_report(address, code, run_dir)
-    if exits[-1] != 0 and run_dir is not None and _answers(address) is False:
-        return EXIT_FAILED, abrupt_end_report(address, exits[-1], run_dir, noted=True)
-    return exits[-1], None
+    if int(noted) != 0 and run_dir is not None and _answers(address) is False:
+        return EXIT_FAILED, abrupt_end_report(address, int(noted), run_dir, noted=True)
+    return int(noted), None
+
+
+def _last_note(notes: list[str], kind: str) -> str | None:
+    """The value of the last ``kind VALUE`` line the child noted (``_note``), or None."""
+    values = [line.split(" ", 1)[1] for line in notes if line.startswith(kind + " ")]
+    return values[-1] if values else None
 
 
 def _stop_with_parent() -> None:
