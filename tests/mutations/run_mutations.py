@@ -1,7 +1,7 @@
 """Mutation check: reintroduce each known defect and assert that the tests guarding it fail.
 
-The defects are listed in ``mutations.yaml`` beside this file (name, what, path, old snippet, new code,
-tests). Each mutation replaces one exact snippet of the source by the defective code, in a temporary copy
+The defects are listed in the ``*.yaml`` files beside this file (``mutations.yaml``, and one file per
+area such as ``oracle_*.yaml``; each entry: name, what, path, old snippet, new code, tests). Each mutation replaces one exact snippet of the source by the defective code, in a temporary copy
 of the checkout (``mineonline_core``, ``plugins``, ``tests``; put first on ``PYTHONPATH`` so the
 copy shadows the editable installs), and runs only the tests named for it. A mutation whose tests
 still pass is a guarantee nothing checks: the script prints it and exits 1. A snippet that is no
@@ -40,7 +40,14 @@ class Mutation:
 
 
 def load_mutations() -> tuple[Mutation, ...]:
-    entries = yaml.safe_load((Path(__file__).with_name("mutations.yaml")).read_text(encoding="utf-8"))
+    entries = [
+        entry
+        for path in sorted(Path(__file__).parent.glob("*.yaml"))
+        for entry in yaml.safe_load(path.read_text(encoding="utf-8")) or ()
+    ]
+    names = [entry["name"] for entry in entries]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"duplicate mutation names: {sorted({n for n in names if names.count(n) > 1})}")
     return tuple(Mutation(**{**entry, "tests": tuple(entry["tests"])}) for entry in entries)
 
 
