@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -220,5 +221,47 @@ def test_hub_as_named_ray_actor(tmp_path):
         assert [x["step"] for x in lines[:50]] == [10 * (i + 1) for i in range(50)]
         assert lines[-1]["trainer/values/mean"] == 1.0
         assert os.path.exists(tmp_path / "summary.json")
+        _trainer_records_never_go_back(ray, tmp_path / "interleaved")
     finally:
         ray.shutdown()
+
+
+class InterleavingHub(LoggerHub):
+    """A rollout record and its steps land between the trainer's call and the hub's handling of it, as
+    they do on a busy machine (another producer's task is not ordered against the trainer's)."""
+
+    def log_batch(self, metrics=None, histograms=None, step=None):
+        self.add_env_steps(301)
+        self.log_metrics({"rollout/env_steps_per_s": 1.0})
+        return super().log_batch(metrics, histograms, step)
+
+
+def _trainer_records_never_go_back(ray, run_dir):
+    """The trainer's iteration record is stamped by the hub, and the checkpoint keeps that step."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mineonline_core.contracts import fragment as F
+    from mineonline_core.services.loggerhub import ACTOR_OPTIONS
+    from mineonline_core.trainer.publish import Publishing
+
+    run_dir.mkdir()
+    # Shipped by value: Ray's workers cannot import this test module.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    hub = ray.remote(**ACTOR_OPTIONS)(InterleavingHub).remote(
+        run_dir=str(run_dir),
+        loggers=[(ConsoleLogger, ConsoleOptions())],
+        config={},
+        num_iterations=1,
+        video_dir="videos",
+    )
+    ray.get(hub.set_env_steps.remote(737))  # a resumed run's axis
+    trainer = SimpleNamespace(logger_hub=hub, env_steps=737)
+    batch = {c: torch.ones(2, 3) for c in (F.ADVANTAGE, F.VALUE, F.STALENESS)}
+    Publishing._log(trainer, {"trainer/iteration": 3.0}, batch)
+    ray.get(hub.finish.remote())
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records]
+    assert steps == sorted(steps) and steps[-1] == 1038
+    assert trainer.env_steps == 1038  # what this iteration's checkpoint records

@@ -235,7 +235,7 @@ class RolloutManager:
             # Waited for: the driver finishes the hub next, and Ray orders calls per caller only.
             try:
                 metrics = {**self._aggregate(reports), **self._server_report()}
-                ray.get(self._hub.log_metrics.remote(metrics, int(metrics["rollout/env_steps"])), timeout=30)
+                ray.get(self._hub.log_metrics.remote(metrics), timeout=30)  # stamped by the hub: never behind
             except Exception:  # noqa: BLE001 - a dead logging actor must not keep the workers running
                 log.warning("the final rollout report did not reach the logging actor", exc_info=True)
         try:  # episodes since the last report_every-th one reach the metrics too (the workers flushed theirs)
@@ -267,7 +267,7 @@ class RolloutManager:
             metrics["rollout/env_steps_per_s"] = max(total - last_total, 0.0) / max(now - last_time, 1e-9)
             last_time, last_total = now, total
             if self._hub is not None and reports:
-                self._hub.log_metrics.remote(metrics, int(total))
+                self._hub.log_metrics.remote(metrics)  # stamped on arrival, so the step axis never goes back
 
     def _check_bookkeeping(self) -> None:
         import ray

@@ -94,8 +94,10 @@ class LoggerHub:
 
     # ----- producer side: every call records and enqueues, nothing waits on a logger ----------
 
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Record scalars; ``step`` defaults to the current total env steps."""
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> int | None:
+        """Record scalars; ``step`` defaults to the current total env steps. Returns the step recorded
+        (None after ``finish``): a producer that needs its record's step asks for it here, because a
+        count read before the call can be overtaken by another producer's record."""
         clean: dict[str, float] = {}
         for key, value in metrics.items():
             try:
@@ -111,11 +113,12 @@ class LoggerHub:
                     )
         with self._lock:
             if self._finished:
-                return
+                return None
             step = self._env_steps if step is None else int(step)
             self._latest.update(clean)
             # enqueue under the lock so nothing lands behind finish()'s stop marker
             self._queue.put(("metrics", clean, step))
+            return step
 
     def log_histogram(self, key: str, values: np.ndarray, step: int | None = None) -> None:
         """Record a distribution (advantages, values, staleness)."""
@@ -139,8 +142,8 @@ class LoggerHub:
         metrics: dict[str, float] | None = None,
         histograms: dict[str, np.ndarray] | None = None,
         step: int | None = None,
-    ) -> None:
-        """An iteration's scalars and histograms in one call, all at one step.
+    ) -> int:
+        """An iteration's scalars and histograms in one call, all at one step, which it returns.
 
         Same effect as ``log_metrics`` plus one ``log_histogram`` per entry, in one actor task
         instead of 1 + len(histograms): Ray's per-task cost dominates what logging costs.
@@ -151,6 +154,7 @@ class LoggerHub:
             self.log_metrics(metrics, step)
         for key, values in (histograms or {}).items():
             self.log_histogram(key, values, step)
+        return step
 
     def add_env_steps(self, n: int) -> None:
         with self._lock:

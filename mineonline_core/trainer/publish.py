@@ -137,12 +137,12 @@ class Publishing:
     def _log(self, metrics: dict[str, float], batch: dict) -> None:
         if self.logger_hub is None:
             return
-        # The step is fixed here, not when the hub gets to the call, so that the checkpoint of this
-        # iteration records exactly the step its metrics carry (a resume continues from it).
-        self.env_steps = int(ray.get(self.logger_hub.env_steps.remote()))
         columns = {"trainer/advantages": F.ADVANTAGE, "trainer/values": F.VALUE, "trainer/staleness": F.STALENESS}
         histograms = {key: batch[column].detach().float().cpu().numpy().ravel() for key, column in columns.items()}
-        self.logger_hub.log_batch.remote(metrics, histograms, self.env_steps)  # one actor task per iteration
+        # The hub stamps the record and says with which step, so that the checkpoint of this iteration
+        # records exactly the step its metrics carry (a resume continues from it). A count read before
+        # the call could be overtaken by a rollout record logged meanwhile: the axis would go back.
+        self.env_steps = int(ray.get(self.logger_hub.log_batch.remote(metrics, histograms)))
 
     def save_checkpoint(self) -> Path | None:
         """Rank 0 writes the checkpoint of the current iteration; every rank then runs ``on_checkpoint``."""
