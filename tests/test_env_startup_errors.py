@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -123,6 +124,32 @@ def test_a_missing_minecraft_engine_is_named_not_a_bare_eof(tmp_path: Path) -> N
 def test_probe_returns_the_adapted_spaces() -> None:
     observation_space, action_space = probe_env(cartpole, startup_timeout=60.0, step_timeout=10.0)
     assert set(observation_space.spaces) == {"obs"} and action_space.n == 2
+
+
+def interrupted_cartpole() -> object:
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C reaches the probe's process group while the env builds
+    return cartpole()
+
+
+def test_ctrl_c_belongs_to_the_driver_not_the_probe() -> None:
+    """The probe child ignores SIGINT (the driver owns Ctrl-C and kills the probe on its way out): it
+    neither reports a KeyboardInterrupt as the env's failure nor writes to a pipe nobody reads."""
+    observation_space, _ = probe_env(interrupted_cartpole, startup_timeout=60.0, step_timeout=10.0)
+    assert set(observation_space.spaces) == {"obs"}
+
+
+def test_probe_child_is_quiet_when_the_driver_stopped_listening() -> None:
+    from mineonline_core.driver.envcheck import _child
+    from mineonline_core.rollout.envproc import default_context
+
+    ctx = default_context()
+    parent, child = ctx.Pipe(duplex=False)
+    parent.close()  # the driver gave up (Ctrl-C, its own time limit) before the probe answered
+    process = ctx.Process(target=_child, args=(child, cloudpickle.dumps(adapted(cartpole)), 0), daemon=True)
+    process.start()
+    child.close()
+    process.join(timeout=60)
+    assert process.exitcode == 0  # a BrokenPipeError traceback would exit 1 on the user's console
 
 
 @pytest.mark.parametrize("env_processes", [True, False], ids=["subprocess", "inline"])

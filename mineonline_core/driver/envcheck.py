@@ -9,6 +9,7 @@ in a worker, and the env's spaces come back for the policy generator.
 
 from __future__ import annotations
 
+import signal
 import time
 import traceback
 from multiprocessing import connection
@@ -22,6 +23,8 @@ def _child(conn: connection.Connection, env_fn_bytes: bytes, seed: int) -> None:
 
     from mineonline_core.rollout.envproc import apply_command
 
+    # Ctrl-C reaches the whole process group: the driver owns it and kills this probe on its way out.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     stage = "unpickled"
     try:
         env_fn = cloudpickle.loads(env_fn_bytes)
@@ -33,11 +36,15 @@ def _child(conn: connection.Connection, env_fn_bytes: bytes, seed: int) -> None:
         check_observation(env.observation_space, apply_command(env, "step", env.action_space.sample(), ())[0], "step")
         spaces = cloudpickle.dumps((env.observation_space, env.action_space))
         env.close()
-        conn.send(("ok", spaces))
+        answer: tuple = ("ok", spaces)
     except MineOnlineError as exc:  # the env factory's own message for the user (a bad env_config, say)
-        conn.send(("user", stage, str(exc)))
+        answer = ("user", stage, str(exc))
     except BaseException:  # noqa: BLE001 - whatever the env raised is the answer
-        conn.send(("error", stage, traceback.format_exc()))
+        answer = ("error", stage, traceback.format_exc())
+    try:
+        conn.send(answer)
+    except OSError:  # the driver stopped waiting (Ctrl-C, its own time limit): nobody is left to tell
+        pass
 
 
 def observation_mismatches(space: Any, obs: Any, path: str = "") -> list[str]:
