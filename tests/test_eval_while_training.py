@@ -198,7 +198,7 @@ def test_evaluation_never_blocks_training(tmp_path, local_ray) -> None:
     assert_kept_weights_are_those_of(run_dir, 1)
 
 
-def test_a_failed_evaluation_is_counted_and_a_dead_evaluator_replaced(local_ray, caplog) -> None:
+def test_a_failed_evaluation_is_counted_and_a_dead_evaluator_replaced(local_ray, caplog, tmp_path) -> None:
     from functools import partial
 
     import ray
@@ -211,13 +211,13 @@ def test_a_failed_evaluation_is_counted_and_a_dead_evaluator_replaced(local_ray,
 
     config = OnlineConfig(train_config={"eval_interval": 1, "eval_episodes": 1, "eval_num_cpus": 0.5})
     kwargs = {
-        "name": "faulty/evaluator_0",
         "namespace": NAMESPACE,
         "config": config,
         "policy_generator": partial(TinyMLPPolicy, obs_dim=3),
         "env_generator": partial(faulty_counting, 0, at_steps=(2,)),
     }
-    client = EvaluationClient(start=lambda: start_evaluator(**kwargs), logger_hub=None)
+    names = ["faulty/evaluator_0", "faulty/evaluator_0_r1", "faulty/evaluator_0_r2"]
+    client = EvaluationClient(start=lambda n: start_evaluator(name=names[n], **kwargs), logger_hub=None)
     weights = ray.put({k: v.numpy() for k, v in TinyMLPPolicy(obs_dim=3).state_dict().items()})
     assert client.request(iteration=1, version=1, env_steps=10, weights=weights)
     assert not client.request(iteration=2, version=2, env_steps=20)  # the first one is still handed over: skipped
@@ -227,7 +227,45 @@ def test_a_failed_evaluation_is_counted_and_a_dead_evaluator_replaced(local_ray,
     assert client.request(iteration=3, version=3, env_steps=30, weights=weights)
     assert client.poll(wait=True) == [] and client.failed == 2
     assert client.actor._actor_id != first._actor_id  # a dead evaluator is replaced for the next evaluation
+    assert client.restarts == 1
     logged = caplog.text
     assert "evaluation of iteration 2 skipped: the evaluation of iteration 1 is still running" in logged
     assert "evaluation of iteration 1 failed" in logged and "evaluation of iteration 3 failed" in logged
+    assert "the evaluator actor died" in logged and "starting replacement 1" in logged
+    # The dead one's name may still be held (the GCS had not released it when a SIGKILLed evaluator's
+    # replacement started): each replacement has a name of its own.
+    second = client.actor
+    ray.kill(second)
+    holder = ray.remote(num_cpus=0)(Holder).options(name=names[1], namespace=NAMESPACE).remote()
+    assert client.request(iteration=4, version=4, env_steps=40, weights=weights)
+    assert client.poll(wait=True) == [] and client.restarts == 2
+    assert client.request(iteration=5, version=5, env_steps=50, weights=weights)
+    assert client.poll(wait=True) == [] and client.failed == 4  # the new evaluator ran it (its env raised)
+    assert ray.get_actor(names[2], namespace=NAMESPACE)._actor_id == client.actor._actor_id
     ray.kill(client.actor)
+    ray.kill(holder)
+
+    # The trainer names its replacements after its own evaluator.
+    from types import SimpleNamespace
+
+    from mineonline_core.trainer.evaluation import Evaluating
+
+    trainer = SimpleNamespace(
+        train_config=config.train_config,
+        rank=0,
+        save_dir=tmp_path,
+        config=config.model_copy(update={"run_name": "named"}),
+        restarts=0,
+        policy_generator=kwargs["policy_generator"],
+        env_generator=kwargs["env_generator"],
+        logger_hub=None,
+    )
+    Evaluating.start_evaluation(trainer)
+    ray.kill(trainer._evaluation.actor)
+    replacement = trainer._evaluation._start(1)
+    assert ray.get_actor("named/evaluator_0_r1", namespace=NAMESPACE)._actor_id == replacement._actor_id
+    ray.kill(replacement)
+
+
+class Holder:
+    """An actor that only holds a name."""

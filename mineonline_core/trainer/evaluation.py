@@ -5,8 +5,10 @@ actor (``services/evaluator.py``) and goes on training: it never waits for an ev
 weights are the object the broadcast thread already put for the rollout workers (``weights_sent``;
 an iteration that publishes no version, such as PPO's value warm-up, puts its own). At most one
 evaluation runs at a time; one that comes due while another runs is skipped, logged and counted
-in ``eval/skipped``; one that fails (its env raised, its actor died: a new one is started) is
-logged with its cause and counted in ``eval/failed``, and training goes on.
+in ``eval/skipped``; one that fails (its env raised, its actor died) is logged with its cause and
+counted in ``eval/failed``, and training goes on. A dead evaluator is replaced under a name of its own
+(``..._r1``, ``_r2``: the GCS can still hold the dead one's name), said on the console and counted in
+``eval/restarts``; a replacement that cannot start ends the run with both causes.
 
 ``keep_best_metric: eval/return_mean`` judges ``keep_best`` by the evaluations: when an evaluation
 is handed over, rank 0 also writes the checkpoint of that iteration under
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 import ray
 
-from mineonline_core.errors import last_line
+from mineonline_core.errors import RunFailedError, last_line
 from mineonline_core.services.names import EVALUATOR, NAMESPACE, actor_name
 from mineonline_core.trainer.goals import BEST_DIR, replace_best
 from mineonline_core.trainer.sequence import unwrap
@@ -47,9 +49,11 @@ class EvaluationClient:
     """The evaluator actor's handle and the one evaluation handed to it (thread-safe: the broadcast
     thread reports the weights it put, the trainer's thread asks for evaluations and their results)."""
 
-    def __init__(self, *, start: Callable[[], EvaluatorHandle], logger_hub: LoggerHubHandle | None) -> None:
+    def __init__(self, *, start: Callable[[int], EvaluatorHandle], logger_hub: LoggerHubHandle | None) -> None:
+        """``start(n)``: the evaluator actor, the ``n``-th replacement of the first (0)."""
         self._start, self.hub = start, logger_hub
-        self.actor = start()
+        self.restarts = 0
+        self.actor = start(0)
         self._lock = threading.Lock()
         # (version, ref) of the broadcast's latest put
         self._sent: tuple[int, ObjectRef[dict[str, np.ndarray]]] | None = None
@@ -130,8 +134,21 @@ class EvaluationClient:
             )
             self._log({"eval/failed": float(self.failed)}, request["env_steps"])
             if isinstance(exc, ray.exceptions.RayActorError):  # its process died: the next evaluation gets a new one
-                self.actor = self._start()
+                self._replace(cause, request["env_steps"])
             return []
+
+    def _replace(self, cause: str, step: int) -> None:
+        self.restarts += 1
+        log.warning("the evaluator actor died (%s); starting replacement %d (eval/restarts)", cause, self.restarts)
+        self._log({"eval/restarts": float(self.restarts)}, step)
+        try:
+            self.actor = self._start(self.restarts)
+        except Exception as exc:  # noqa: BLE001 - reported with the death that led to it
+            raise RunFailedError(
+                f"The evaluator actor died ({cause}) and its replacement {self.restarts} could not start: "
+                f"{type(exc).__name__}: {last_line(exc)}. Set train_config.eval_interval: 0 to train without "
+                "evaluation, or resume the run."
+            ) from exc
 
     def abandon(self, why: str) -> None:
         """Drop the evaluation handed over (not waited for), saying so and counting it as skipped."""
@@ -159,15 +176,17 @@ class Evaluating:
         from mineonline_core.config.generators import Deferred
 
         shutil.rmtree(self.save_dir / CANDIDATE_DIR, ignore_errors=True)  # a crashed run's candidate
+        name = actor_name(str(self.config.run_name), EVALUATOR, self.restarts)
         kwargs = {
-            "name": actor_name(str(self.config.run_name), EVALUATOR, self.restarts),
             "namespace": NAMESPACE,
             "config": self.config,
             "policy_generator": Deferred(self.policy_generator),
             "env_generator": Deferred(self.env_generator),
             "logger_hub": self.logger_hub,
         }
-        self._evaluation = EvaluationClient(start=lambda: start_evaluator(**kwargs), logger_hub=self.logger_hub)
+        self._evaluation = EvaluationClient(
+            start=lambda n: start_evaluator(name=f"{name}_r{n}" if n else name, **kwargs), logger_hub=self.logger_hub
+        )
 
     def evaluate_iteration(self, *, published: bool) -> None:
         """Rank 0, after the iteration's metrics were logged: judge a finished evaluation, hand this
