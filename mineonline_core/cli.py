@@ -1,7 +1,9 @@
 """The ``mineonline`` command line.
 
 Errors a user can cause (``MineOnlineError``) are printed as their message alone, without a traceback,
-and exit with status 2. Heavy modules load only inside the command that needs them.
+and exit with status 2. ``run`` exits 0 when the run completed (its iterations, or a goal reached), 130
+when it was interrupted (Ctrl-C, SIGTERM, ``mineonline stop``: stopped with a final checkpoint, to be
+resumed), 1 when it failed. Heavy modules load only inside the command that needs them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from pathlib import Path
 from typing import Sequence
 
 from mineonline_core.errors import MineOnlineError
+
+# The shell's status for a command ended by Ctrl-C: a script or scheduler tells a stopped run from a finished one.
+EXIT_INTERRUPTED = 130
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -32,7 +37,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         force=args.force,
         verbose=args.verbose,
     )
-    return 0 if result.get("status") in ("completed", "interrupted") else 1
+    return {"completed": 0, "interrupted": EXIT_INTERRUPTED}.get(result.get("status"), 1)
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -327,7 +332,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def entry() -> None:

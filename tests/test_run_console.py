@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from mineonline_core.services.runlog import LOG_FILE, MARK, RunLog
 
 # The noise of issue 16, seen on the console of healthy runs before: Ray Train's controller and
@@ -207,3 +209,13 @@ def test_a_user_error_raised_in_an_actor_is_said_once():
         wrapped = RayTaskError("RolloutManager.health", traceback.format_exc(), exc).as_instanceof_cause()
     text = console_error(find_user_error(wrapped))
     assert text == message, text
+
+
+@pytest.mark.parametrize("status, code", [("completed", 0), ("interrupted", 130), ("failed", 1)])
+def test_the_exit_status_tells_a_stopped_run_from_a_finished_one(monkeypatch, status, code) -> None:
+    """What `mineonline run` exits with for each outcome of the run (the fault tests signal real CLI runs)."""
+    from mineonline_core import cli
+    from mineonline_core.driver import api
+
+    monkeypatch.setattr(api, "run", lambda *args, **kwargs: {"status": status})
+    assert cli.main(["run", "config.yaml", "--no-progress"]) == code
