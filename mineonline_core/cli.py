@@ -62,7 +62,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         address=args.address,
         resume=args.resume,
     )
-    return 0 if rows and not any(r["status"].startswith("failed") for r in rows) else 1
+    if not rows or any(r["status"].startswith("failed") for r in rows):
+        return 1
+    return EXIT_INTERRUPTED if any(r["status"] in ("interrupted", "not started") for r in rows) else 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

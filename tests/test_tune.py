@@ -146,6 +146,8 @@ def test_an_interrupted_experiment_resumes(tmp_path):
             proc.kill()
     [row] = _table(exp_dir)
     assert row["status"] == "interrupted" and int(row["iterations"]) < 300, out[-3000:]
+    assert proc.returncode == 130, out[-3000:]  # stopped, not finished
+    assert f"Continue it with: mineonline tune --resume {exp_dir}" in out and "Tuner.restore" not in out, out[-3000:]
     stopped_at = int(row["iterations"])
 
     resumed = subprocess.run(
@@ -198,12 +200,15 @@ def test_the_table_reports_each_trials_end_and_a_failures_root_cause(tmp_path):
             path=str(tmp_path / "e-00001-seed=1"),
         ),
         Result(metrics={"config": {"seed": "2"}}, checkpoint=None, error=error, path=str(tmp_path / "e-00002-seed=2")),
+        # Pending when the sweep was interrupted: it never reported, Tune gives no config.
+        Result(metrics={}, checkpoint=None, error=None, path=str(tmp_path / "e-00003")),
     ]
     rows = _rows(results, spec, {"iterations": 8, "scheduler": "asha"})
     assert [(r["parameters"], r["metric"], r["iterations"], r["status"]) for r in rows] == [
         ("seed=0", "2", 8, "completed"),
         ("seed=1", "1", 3, "stopped early (asha)"),  # the run's own last checkpoint, past the stop
         ("seed=2", "", 0, "failed: ValueError: env id 'Nope-v0' is not registered"),
+        ("seed=?", "", 0, "not started"),
     ]
     assert format_table(rows).splitlines()[0].split() == [
         "trial",

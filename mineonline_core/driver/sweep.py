@@ -87,7 +87,9 @@ def trial_name(spec: TrialSpec, trial_id: str, config: dict) -> str:
 
 
 def trial_overrides(spec: TrialSpec, config: dict) -> list[str]:
-    return [f"{key}={config[key]}" for key in spec.keys]
+    """A trial's ``key=value`` per swept key; ``key=?`` for a trial that never reported (pending when a
+    sweep was interrupted: Tune hands back no config for it)."""
+    return [f"{key}={config.get(key, '?')}" for key in spec.keys]
 
 
 def _split(text: str) -> tuple[str, ...]:

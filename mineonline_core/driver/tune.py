@@ -21,6 +21,7 @@ import csv
 import dataclasses
 import datetime
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -110,13 +111,33 @@ def tune(
                 ),
                 run_config=ray_tune.RunConfig(name=spec.experiment, storage_path=str(exp_dir.parent), verbose=1),
             )
-        grid = tuner.fit()
+        # Ray's own "resume with Tuner.restore(...)" hint names an API a CLI user does not call.
+        tune_log, hint = logging.getLogger("ray.tune.tune"), _ResumeHint(exp_dir)
+        tune_log.addFilter(hint)
+        try:
+            grid = tuner.fit()
+        finally:
+            tune_log.removeFilter(hint)
         rows = _rows(grid, spec, options)
     finally:
         if started_ray:
             ray.shutdown()
     _write_table(rows, exp_dir / RESULTS_FILE)
     return rows
+
+
+class _ResumeHint(logging.Filter):
+    """Turns Tune's interruption warning into the command that continues the experiment."""
+
+    def __init__(self, exp_dir: Path) -> None:
+        super().__init__()
+        self.exp_dir = exp_dir
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "has been interrupted" in record.getMessage():
+            record.msg = f"the sweep was interrupted; its state is saved. Continue it with: mineonline tune --resume {self.exp_dir}"
+            record.args = ()
+        return True
 
 
 def _plan(
