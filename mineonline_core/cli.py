@@ -253,13 +253,24 @@ def build_parser() -> argparse.ArgumentParser:
         "path", metavar="RUN_DIR|CHECKPOINT", help="a run directory (its latest checkpoint) or a checkpoint directory"
     )
     ev.add_argument("overrides", nargs="*", help="dotlist overrides of the saved config, e.g. env_config.length=500")
-    ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
+    ev.add_argument("--episodes", type=int, help="episodes to run (default: the run's train_config.eval_episodes)")
     ev.add_argument("--video", action="store_true", help="write an mp4 of every episode")
-    ev.add_argument("--deterministic", action="store_true", help="take the most likely action instead of sampling")
     ev.add_argument(
-        "--seed", type=int, default=0, help="seed of the action sampling and of episode i's env reset (seed + i)"
+        "--deterministic",
+        action=argparse.BooleanOptionalAction,
+        help="take the most likely action instead of sampling (default: the run's train_config.eval_deterministic)",
     )
-    ev.add_argument("--output", help="directory for eval.json and videos (default: RUN_DIR/eval/checkpoint_NNNNNN)")
+    ev.add_argument(
+        "--seed",
+        type=int,
+        help="seed of the action sampling and of episode i's env reset (seed + i); default: the run's evaluation "
+        "seeds while training (its seed + 1000000), so a checkpoint scores what evaluation while training said",
+    )
+    ev.add_argument(
+        "--output",
+        help="directory for eval.json and videos (default: RUN_DIR/eval/ and the checkpoint's path under its save "
+        "dir: checkpoint_NNNNNN, best/checkpoint_NNNNNN)",
+    )
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_cmd_eval)
 

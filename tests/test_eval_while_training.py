@@ -129,11 +129,11 @@ def test_eval_metrics_on_the_step_axis_and_keep_best_by_eval(tmp_path, local_ray
     assert best["iteration"] == best_iteration and best["eval/return_mean"] == returns[best_iteration]
     assert best["env_steps"] == step_of[best_iteration]
     assert_kept_weights_are_those_of(run_dir, best_iteration)
-    # `mineonline eval` of the kept checkpoint, on the evaluation's seeds, reports the same return
-    again = evaluate(
-        best_root, episodes=2, deterministic=True, seed=EVAL_SEED_OFFSET, output=tmp_path / "again", progress=False
-    )
-    assert again["return_mean"] == returns[best_iteration]
+    # `mineonline eval` of the kept checkpoint, with its defaults (the run's evaluation settings and seeds),
+    # reports the same return, and writes beside the run's other results
+    again = evaluate(best_root, progress=False)
+    assert again["return_mean"] == returns[best_iteration] and again["seed"] == EVAL_SEED_OFFSET
+    assert Path(again["output"]) == run_dir.resolve() / "eval" / "best" / f"checkpoint_{best_iteration:06d}"
 
 
 GATED = '''

@@ -212,3 +212,27 @@ def test_bad_paths_and_configs_fail_clearly(tmp_path: Path) -> None:
     (copy / "model.pt").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="sha256"):
         load_policy(copy)
+
+
+def test_eval_plays_as_evaluation_while_training_and_writes_beside_the_run(tmp_path: Path) -> None:
+    """Unset, episodes, action choice and seeds are the run's evaluation's: the same returns as the
+    Evaluator's for the same weights; a best checkpoint's results go under the run's eval/best/."""
+    from mineonline_core.services.evaluator import Evaluator
+
+    config = tmp_path / "cfg.py"
+    config.write_text(PY_CONFIG)
+    overrides = ["seed=7", "train_config.eval_episodes=3", "train_config.eval_deterministic=false"]
+    checkpoint = write_checkpoint(str(config), [*overrides, "run_name=ev"], tmp_path)
+    best = checkpoint.parent / "best" / checkpoint.name
+    shutil.copytree(checkpoint, best)
+    resolved = resolve(load_config(str(config), [*overrides, f"output_dir={tmp_path}"]), get_plugin_manager())
+    evaluator = Evaluator(
+        policy_generator=resolved.policy_generator, env_generator=resolved.env_generator, config=resolved.config
+    )
+    while_training = evaluator.evaluate(load_policy(best).policy.state_dict(), iteration=3, version=2, env_steps=0)
+    result = evaluate(best, progress=False)
+    assert result["episodes"] == 3 and result["deterministic"] is False and result["seed"] == 7 + 1_000_000
+    assert result["return_mean"] == while_training["eval/return_mean"]
+    assert result["return_std"] == while_training["eval/return_std"]
+    assert Path(result["output"]) == (tmp_path / "ev" / "eval" / "best" / checkpoint.name).resolve()
+    assert (Path(result["output"]) / "eval.json").is_file()

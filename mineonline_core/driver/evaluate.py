@@ -32,7 +32,7 @@ from mineonline_core.config import OnlineConfig, load_config
 from mineonline_core.config.generators import KEYS
 from mineonline_core.errors import CheckpointError, ConfigError
 from mineonline_core.registry import PluginManager, get_plugin_manager
-from mineonline_core.services.episodes import LoadedPolicy, run_episode, summarize
+from mineonline_core.services.episodes import EVAL_SEED_OFFSET, LoadedPolicy, run_episode, summarize
 
 EVAL_FILE = "eval.json"
 
@@ -107,28 +107,39 @@ def _use_saved_source(data: dict, checkpoint: pathlib.Path, scratch: pathlib.Pat
 
 
 def default_output(checkpoint: pathlib.Path) -> pathlib.Path:
-    """``<run_dir>/eval/<checkpoint name>`` when the checkpoint sits in a run directory."""
-    run_dir = checkpoint.parent.parent
-    base = run_dir if (run_dir / "run.json").is_file() else pathlib.Path.cwd()
-    return base / "eval" / checkpoint.name
+    """``<run_dir>/eval/<checkpoint's path under the save dir>`` when the checkpoint sits in a run
+    directory (``eval/checkpoint_000020``, ``eval/best/checkpoint_000020``), else ``./eval/<name>``."""
+    run_dir = next((d for d in checkpoint.resolve().parents if (d / "run.json").is_file()), None)
+    if run_dir is None:
+        return pathlib.Path.cwd() / "eval" / checkpoint.name
+    under_save_dir = checkpoint.resolve().relative_to(run_dir).parts[1:]
+    return run_dir.joinpath("eval", *under_save_dir)
 
 
 def evaluate(
     path: str | pathlib.Path,
     *,
-    episodes: int = 10,
+    episodes: int | None = None,
     video: bool = False,
-    deterministic: bool = False,
+    deterministic: bool | None = None,
     overrides: Sequence[str] = (),
     output: str | pathlib.Path | None = None,
-    seed: int = 0,
+    seed: int | None = None,
     progress: bool = True,
     pm: PluginManager | None = None,
 ) -> dict[str, Any]:
-    """Run ``episodes`` episodes with the checkpoint's policy; write ``eval.json`` (and mp4s) and return it."""
-    if episodes < 1:
+    """Run ``episodes`` episodes with the checkpoint's policy; write ``eval.json`` (and mp4s) and return it.
+
+    Unset, ``episodes``, ``deterministic`` and ``seed`` are those of the run's evaluation while training
+    (``eval_episodes``, ``eval_deterministic``, ``seed + EVAL_SEED_OFFSET``), so the best checkpoint
+    scores here what ``best.json`` says. Episode ``i`` resets with ``seed + i``."""
+    if episodes is not None and episodes < 1:
         raise ConfigError(f"--episodes {episodes}: evaluate at least one episode. Fix: --episodes 10.")
     policy = load_policy(path, overrides=overrides, pm=pm)
+    tc = policy.config.train_config
+    episodes = tc.eval_episodes if episodes is None else episodes
+    deterministic = tc.eval_deterministic if deterministic is None else deterministic
+    seed = int(policy.config.seed) + EVAL_SEED_OFFSET if seed is None else seed
     out_dir = pathlib.Path(output) if output is not None else default_output(policy.checkpoint)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)

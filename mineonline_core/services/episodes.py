@@ -20,6 +20,9 @@ from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map
 
 # The event counters MineStudio's MinecraftSim reports in ``info`` (``info[event][object] -> count``),
 # which its RewardsCallback turns into rewards.
+# Evaluation episodes reset with seeds seed + EVAL_SEED_OFFSET + i, held out from rollout's (seed + worker, env),
+# alike while training (``services/evaluator.py``) and in ``mineonline eval`` (``driver/evaluate.py``).
+EVAL_SEED_OFFSET = 1_000_000
 MINESTUDIO_EVENTS = ("mine_block", "craft_item", "use_item", "pickup", "drop", "break_item", "kill_entity")
 
 

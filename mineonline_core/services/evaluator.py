@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import ray
 import torch
 
-from mineonline_core.services.episodes import LoadedPolicy, run_episode, summarize
+from mineonline_core.services.episodes import EVAL_SEED_OFFSET, LoadedPolicy, run_episode, summarize
 from mineonline_core.services.runlog import setup_actor_logging
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EVAL_SEED_OFFSET = 1_000_000
+__all__ = ["EVAL_SEED_OFFSET", "Evaluator", "eval_metrics", "start_evaluator"]
 _SUMMARY_KEYS = ("return_mean", "return_std", "return_min", "return_max", "length_mean", "episodes")
 
 
