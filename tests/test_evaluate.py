@@ -236,3 +236,46 @@ def test_eval_plays_as_evaluation_while_training_and_writes_beside_the_run(tmp_p
     assert result["return_std"] == while_training["eval/return_std"]
     assert Path(result["output"]) == (tmp_path / "ev" / "eval" / "best" / checkpoint.name).resolve()
     assert (Path(result["output"]) / "eval.json").is_file()
+
+
+def test_predict_takes_raw_observations_batches_and_recurrent_state(tmp_path: Path) -> None:
+    """As Stable-Baselines3's ``predict``: what ``gym.make`` returns, one or a batch, state in and out."""
+    import gymnasium as gym
+
+    write_checkpoint(ROOT / "examples" / "cartpole.yaml", ["run_name=pred"], tmp_path)
+    policy = load_policy(tmp_path / "pred")
+    env = gym.make("CartPole-v1")
+    raw = np.stack([env.reset(seed=s)[0] for s in range(3)])  # float32 (3, 4), no dict
+    action, _ = policy.act(raw[0], deterministic=True)
+    assert env.action_space.contains(np.int64(action))
+    actions, _ = policy.predict(raw, deterministic=True)
+    assert actions.shape == (3,) and [int(a) for a in actions] == [
+        int(policy.act(row, deterministic=True)[0]) for row in raw
+    ]
+    with pytest.raises(ConfigError, match=r"shape \(5,\); the policy takes \(4,\), or a batch of them \(N, 4\)"):
+        policy.predict(np.zeros(5, np.float32))
+
+    config = {
+        "env_config": {"name": "crafter", "length": 20},
+        "policy_config": {"name": "cnn_gru", "hidden_size": 16, "channels": [4, 8, 8]},
+        "logger_config": {"loggers": []},
+        "run_name": "predrec",
+        "rollout_config": {"replay_buffer_config": {"database_config": {"backend": "memory"}}},
+    }
+    write_checkpoint(config, [], tmp_path)
+    recurrent = load_policy(tmp_path / "predrec")
+    frames = np.random.default_rng(0).integers(0, 256, (4, 2, 64, 64, 3), dtype=np.uint8)  # (T, N, H, W, C)
+    starts = np.array([[True, True], [False, False], [False, True], [False, False]])
+    batched, state = [], None
+    for t in range(4):  # two envs stepped together; env 1 starts a new episode at t = 2
+        actions, state = recurrent.predict(frames[t], state, episode_start=starts[t], deterministic=True)
+        batched.append(actions)
+    for env_index in range(2):  # each env alone, its state reset where its episode starts
+        single = None
+        for t in range(4):
+            action, single = recurrent.act(
+                frames[t, env_index], None if starts[t, env_index] else single, deterministic=True
+            )
+            assert int(action) == int(batched[t][env_index]), (t, env_index)
+        # the state carried (batch-first [hidden]) is each env's own: reset where its episode started
+        torch.testing.assert_close(state[0][env_index], single[0][0], rtol=1e-5, atol=1e-6)

@@ -12,6 +12,7 @@ the checkpoint keeps (``source_config.txt``)::
     action, state = policy.act(obs)                          # state=None starts an episode
     obs, reward, terminated, truncated, info = env.step(action)
     action, state = policy.act(obs, state)
+    actions, states = policy.predict(batch_of_raw_observations, states, episode_start=starts)  # as SB3's
 """
 
 from __future__ import annotations

@@ -16,13 +16,14 @@ import torch
 
 from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS, crafter_score
 from mineonline_core.config import OnlineConfig
+from mineonline_core.errors import ConfigError
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map
 
-# The event counters MineStudio's MinecraftSim reports in ``info`` (``info[event][object] -> count``),
-# which its RewardsCallback turns into rewards.
 # Evaluation episodes reset with seeds seed + EVAL_SEED_OFFSET + i, held out from rollout's (seed + worker, env),
 # alike while training (``services/evaluator.py``) and in ``mineonline eval`` (``driver/evaluate.py``).
 EVAL_SEED_OFFSET = 1_000_000
+# The event counters MineStudio's MinecraftSim reports in ``info`` (``info[event][object] -> count``),
+# which its RewardsCallback turns into rewards.
 MINESTUDIO_EVENTS = ("mine_block", "craft_item", "use_item", "pickup", "drop", "break_item", "kill_entity")
 
 
@@ -42,6 +43,7 @@ class LoadedPolicy:
         self.policy, self.config, self.checkpoint = policy, config, checkpoint
         self.iteration, self.version, self.env_generator = iteration, version, env_generator
         self.device = next(iter(policy.parameters()), torch.zeros(())).device
+        self._observation_space: Any = None
 
     def make_env(self) -> Any:
         """The env the policy was trained in, adapted as during training (dict observations)."""
@@ -49,26 +51,40 @@ class LoadedPolicy:
 
         return adapt_env(self.env_generator())
 
+    @property
+    def observation_space(self) -> Any:
+        """The adapted env's observation space (a ``Dict``); the env is built once to learn it."""
+        if self._observation_space is None:
+            env = self.make_env()
+            try:
+                self._observation_space = env.observation_space
+            finally:
+                env.close()
+        return self._observation_space
+
+    @observation_space.setter
+    def observation_space(self, space: Any) -> None:
+        self._observation_space = space
+
     def initial_state(self, batch_size: int = 1) -> Any:
         return self.policy.initial_state(batch_size)
 
     @torch.no_grad()
+    def predict(
+        self, observation: Any, state: Any = None, *, episode_start: Any = None, deterministic: bool = False
+    ) -> tuple[Any, Any]:
+        """Actions for one observation or a batch, as Stable-Baselines3's ``predict``: ``observation`` as
+        the env returns it (gymnasium's array, MineStudio's dict) or as the adapted env does, with or
+        without a leading batch axis; ``state`` what the last call returned (None: every env starts an
+        episode); ``episode_start`` (N,) bools marking envs whose episode starts at this observation
+        (their state is reset). Returns the actions (batched like ``observation``) and the next state."""
+        actions, state, _ = self._forward(observation, state, episode_start, deterministic)
+        return actions, state
+
     def step(self, obs: Any, state: Any = None, *, deterministic: bool = False) -> tuple[Any, Any, float]:
         """``act`` plus the value estimate of ``obs`` (in returns, denormalised)."""
-        first = state is None
-        if first:
-            state = self.initial_state(1)
-        batch = to_torch(tree_map(lambda x: np.asarray(x)[None, None], obs), self.device)
-        context = {"first": torch.tensor([[first]], device=self.device)}
-        latents, state = self.policy(input=batch, state_in=state, context=context)
-        head = self.policy.pi_head
-        action = (
-            head.sample(latents["pi_logits"], deterministic=True)
-            if deterministic
-            else head.sample(latents["pi_logits"])
-        )
-        value = float(self.policy.value_head.denormalize(latents["vpred"]).reshape(-1)[0])
-        return tree_map(lambda a: a[0, 0], to_numpy(action)), state, value
+        action, state, value = self._forward(obs, state, None, deterministic)
+        return action, state, float(np.asarray(value).reshape(-1)[0])
 
     def act(self, obs: Any, state: Any = None, *, deterministic: bool = False) -> tuple[Any, Any]:
         """The action for one env's observation and the recurrent state to pass next time.
@@ -76,8 +92,55 @@ class LoadedPolicy:
         ``state=None`` marks the first step of an episode (the policy starts from its initial
         state); pass the returned state back on every later step of the same episode.
         """
-        action, state, _ = self.step(obs, state, deterministic=deterministic)
+        action, state, _ = self._forward(obs, state, None, deterministic)
         return action, state
+
+    @torch.no_grad()
+    def _forward(self, observation: Any, state: Any, episode_start: Any, deterministic: bool) -> tuple[Any, Any, Any]:
+        obs, batched = self._policy_input(observation)
+        n = len(next(iter(obs.values())))
+        if state is None:
+            state, first = self.initial_state(n), np.ones(n, dtype=bool)
+        else:
+            first = np.zeros(n, dtype=bool) if episode_start is None else np.asarray(episode_start, dtype=bool)
+            if first.shape != (n,):
+                raise ConfigError(f"episode_start has shape {first.shape}; give one bool per observation: ({n},).")
+        batch = to_torch(tree_map(lambda x: x[:, None], obs), self.device)
+        context = {"first": torch.as_tensor(first, device=self.device)[:, None]}
+        latents, state = self.policy(input=batch, state_in=state, context=context)
+        head = self.policy.pi_head
+        action = (
+            head.sample(latents["pi_logits"], deterministic=True)
+            if deterministic
+            else head.sample(latents["pi_logits"])
+        )
+        value = to_numpy(self.policy.value_head.denormalize(latents["vpred"]).reshape(n))
+        action = tree_map(lambda a: a[:, 0], to_numpy(action))
+        return (action, state, value) if batched else (tree_map(lambda a: a[0], action), state, value[0])
+
+    def _policy_input(self, observation: Any) -> tuple[dict[str, np.ndarray], bool]:
+        """The adapted observation, (N, ...) per key, and whether it came with a batch axis."""
+        space = self.observation_space
+        if not isinstance(observation, dict):  # a Box env's raw observation: the adapter's one key
+            observation = {next(iter(space.spaces)): observation}
+        missing = [key for key in space.spaces if key not in observation]
+        if missing:
+            raise ConfigError(
+                f"the observation has no key {missing[0]!r}; the policy takes {sorted(space.spaces)} (its keys: "
+                f"{sorted(observation)}). Give the observation the env returns."
+            )
+        obs = {key: np.asarray(observation[key], dtype=space[key].dtype) for key in space.spaces}
+        extra = {key: obs[key].ndim - len(space[key].shape) for key in obs}
+        if set(extra.values()) not in ({0}, {1}) or any(
+            tuple(obs[key].shape[extra[key] :]) != tuple(space[key].shape) for key in obs
+        ):
+            key = next(iter(obs))
+            raise ConfigError(
+                f"observation {key!r} has shape {obs[key].shape}; the policy takes {tuple(space[key].shape)}, or a "
+                f"batch of them (N, {', '.join(map(str, space[key].shape))})."
+            )
+        batched = extra[next(iter(obs))] == 1
+        return (obs if batched else {key: value[None] for key, value in obs.items()}), batched
 
 
 def _event_counts(info: dict) -> dict[str, float]:
@@ -98,6 +161,8 @@ def run_episode(
     policy: LoadedPolicy, env: Any, *, deterministic: bool, seed: int | None, record: bool
 ) -> dict[str, Any]:
     """One whole episode; the record of it, with its frames, returns and values when ``record``."""
+    if isinstance(policy, LoadedPolicy) and policy._observation_space is None:
+        policy.observation_space = env.observation_space  # known here: no env built just to learn it
     obs, info = env.reset(seed=seed) if seed is not None else env.reset()
     start = _event_counts(info)
     counts, state, total, length = dict(start), None, 0.0, 0
