@@ -168,10 +168,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
-    from mineonline_core.driver.lifecycle import print_status
+ADDRESS_HELP = (
+    "the Ray cluster (host:port, or auto: the one started last on this machine); default: the cluster the run "
+    "directory's run.json recorded, else auto"
+)
 
-    return print_status(address=args.address)
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from mineonline_core.driver.lifecycle import print_status, run_target
+
+    run, address = run_target(args.run, args.address)
+    return print_status(address=address, run=run)
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
@@ -184,7 +191,10 @@ def _cmd_stop(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return stop_runs(args.run, address=args.address, grace_s=args.grace, every=args.all)
+    from mineonline_core.driver.lifecycle import run_target
+
+    run, address = run_target(args.run, args.address)
+    return stop_runs(run, address=address, grace_s=args.grace, every=args.all)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -298,13 +308,21 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=_cmd_report)
 
     status = sub.add_parser("status", help="list runs whose actors are alive")
-    status.add_argument("--address", default="auto")
+    status.add_argument(
+        "run", nargs="?", help="a run name or run directory: that run alone, on the cluster its run.json recorded"
+    )
+    status.add_argument("--address", help=ADDRESS_HELP)
     status.set_defaults(func=_cmd_status)
 
     stop = sub.add_parser("stop", help="stop a run's actors cleanly")
-    stop.add_argument("run", nargs="?", help="run name (default: the only alive run; several need a name or --all)")
+    stop.add_argument(
+        "run",
+        nargs="?",
+        help="run name or run directory (default: the only alive run; several need a name or --all); a run "
+        "directory is stopped on the cluster its run.json recorded",
+    )
     stop.add_argument("--all", action="store_true", help="stop every alive run on the cluster")
-    stop.add_argument("--address", default="auto")
+    stop.add_argument("--address", help=ADDRESS_HELP)
     stop.add_argument(
         "--grace",
         type=float,

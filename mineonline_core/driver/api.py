@@ -21,7 +21,15 @@ from mineonline_core.errors import ConfigError, RunFailedError, find_user_error,
 from mineonline_core.registry import PluginManager, get_plugin_manager
 from mineonline_core.services.names import LOGGER_HUB, NAMESPACE, ROLLOUT_MANAGER, actor_name
 from mineonline_core.driver.resolve import ResolvedRun, resolve, resolve_trainer
-from mineonline_core.driver.rundir import RUN_FILE, Ownership, claim_run, refuse_existing_run, restore, snapshot
+from mineonline_core.driver.rundir import (
+    RUN_FILE,
+    Ownership,
+    claim_run,
+    record_cluster,
+    refuse_existing_run,
+    restore,
+    snapshot,
+)
 from mineonline_core.driver.watchdog import sigterm_as_ctrl_c
 
 if TYPE_CHECKING:
@@ -330,6 +338,7 @@ def _launch(
     cfg = resolved.config
     started_ray = not ray.is_initialized()
     init_ray(address)
+    record_cluster(run_dir, ray.get_runtime_context().gcs_address)
     run_log.attach_actor_output()
     status, result, manager, hub = "failed", {}, None, None
     restore_sigterm = sigterm_as_ctrl_c()  # a preempted run stops like Ctrl-C: final checkpoint, clean exit

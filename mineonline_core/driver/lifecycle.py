@@ -21,6 +21,7 @@ of the run's named actors.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mineonline_core.driver.rundir import RUN_FILE
 from mineonline_core.errors import MineOnlineError
 from mineonline_core.services.names import NAMESPACE, ROLLOUT_MANAGER, actor_name, split_name
 
@@ -146,6 +148,20 @@ def attach(address: str) -> bool:
     return True
 
 
+def run_target(run: str | None, address: str | None) -> tuple[str | None, str]:
+    """The run name and the cluster address ``status RUN`` and ``stop RUN`` mean. ``run``: a run name or
+    a run directory (``runs/NAME`` is looked for too); a run directory names its run and, unless
+    ``address`` is given, the cluster its ``run.json`` recorded, so that the command reaches that run's
+    cluster and never another one that ``auto`` would pick. Otherwise ``address`` or ``auto``."""
+    if run is not None:
+        for path in (Path(run).expanduser(), Path("runs") / run):
+            if (path / RUN_FILE).is_file():
+                record = json.loads((path / RUN_FILE).read_text())
+                recorded = record.get("ray_address")
+                return str(record.get("run_name") or path.name), address or recorded or "auto"
+    return run, address or "auto"
+
+
 def list_runs() -> dict[str, list[str]]:
     """Run name -> names of its live named actors in namespace ``mineonline`` (sorted)."""
     import ray
@@ -196,12 +212,18 @@ def format_status(run: str, actors: list[str], status: dict[str, Any] | str) -> 
     return f"{run}  {head}  actors: {short}"
 
 
-def print_status(*, address: str = "auto") -> int:
-    """Print the runs whose actors are alive; 0 also when no cluster runs (with a message)."""
+def print_status(*, address: str = "auto", run: str | None = None) -> int:
+    """Print the runs whose actors are alive (only ``run`` when given); 0 also when no cluster runs
+    (with a message)."""
     if not attach(address):
         print(f"no Ray cluster is running at {address!r}: no mineonline runs are alive.")
         return 0
     runs = list_runs()
+    if run is not None:
+        runs = {run: runs[run]} if run in runs else {}
+        if not runs:
+            print(f"{run}: not alive on the cluster at {address!r}.")
+            return 0
     if not runs:
         print("no mineonline runs are alive on this cluster.")
         return 0
@@ -228,8 +250,11 @@ def _owner_driver_alive(handle: Any) -> bool:
 def _wait_gone(names: list[str], timeout: float) -> bool:
     import ray
 
+    gcs = ray.get_runtime_context().gcs_address
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if not _listening(gcs):  # the run's driver ended its actors, then the local cluster it had started
+            return True
         alive = {e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e["namespace"] == NAMESPACE}
         if not alive.intersection(names):
             return True

@@ -203,3 +203,14 @@ def restore(run_dir: Path, saved: dict[str, bytes | None]) -> None:
             (run_dir / name).unlink(missing_ok=True)
         else:
             (run_dir / name).write_bytes(data)
+
+
+def record_cluster(run_dir: Path, address: str) -> None:
+    """Note in ``run.json`` the address of the Ray cluster the run runs on, so that ``mineonline status``
+    and ``stop`` given the run reach that cluster, never another one ``auto`` would pick."""
+    path = run_dir / RUN_FILE
+    record = json.loads(path.read_text())
+    record["ray_address"] = address
+    tmp = path.with_name(f".{RUN_FILE}.tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, path)

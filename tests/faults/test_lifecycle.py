@@ -233,6 +233,57 @@ def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) 
     )
 
 
+def test_a_run_on_its_own_cluster_is_found_by_its_directory_and_stops_cleanly(tmp_path: Path, unused_port: int) -> None:
+    """`mineonline run` without --address starts a cluster of its own, and records its address in run.json;
+    `status RUN_DIR` and `stop RUN_DIR` reach that cluster, not the one `auto` picks (here RAY_ADDRESS
+    names another, as in a shell set up for another project). Stop returns as the run ends its actors and its cluster, exit 0 (was: a minute
+    waiting for the gone GCS, then exit 1 with "Failed to connect to GCS"); the run exits 130."""
+    import json
+
+    import yaml
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({**REAL_RUN, "run_name": "alone", "output_dir": str(tmp_path / "runs")}))
+    run_dir = tmp_path / "runs" / "alone"
+    log = open(tmp_path / "driver.log", "w")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "mineonline_core.cli", "run", str(config), "--no-progress"],
+        cwd=ROOT,
+        env={**_env(), "WANDB_MODE": "disabled"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        end = time.monotonic() + 400
+        while (
+            not (run_dir / "metrics.jsonl").is_file()
+            or '"trainer/iteration"' not in (run_dir / "metrics.jsonl").read_text()
+        ):
+            assert driver.poll() is None and time.monotonic() < end, (tmp_path / "driver.log").read_text()[-3000:]
+            time.sleep(1.0)  # polling the run's progress
+        recorded = json.loads((run_dir / "run.json").read_text())["ray_address"]
+        elsewhere = {**_env(), "RAY_ADDRESS": f"127.0.0.1:{unused_port}"}  # where `auto` would look
+
+        def cli(*args: str) -> subprocess.CompletedProcess:
+            command = [sys.executable, "-m", "mineonline_core.cli", *args]
+            return subprocess.run(command, cwd=ROOT, env=elsewhere, capture_output=True, text=True, timeout=150)
+
+        status = cli("status", str(run_dir))
+        assert status.returncode == 0 and status.stdout.startswith("alone "), status.stdout + status.stderr[-2000:]
+        stopped = cli("stop", str(run_dir), "--grace", "90")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr[-2000:]
+        assert "alone: stopped by its driver (final checkpoint written)" in stopped.stdout, stopped.stdout
+        assert "GCS" not in stopped.stderr, stopped.stderr[-2000:]
+        assert driver.wait(timeout=120) == 130
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, 9)  # the session this test started
+        log.close()
+    gone = _cli("stop", str(run_dir))
+    assert gone.returncode == 2 and f"no Ray cluster is running at {recorded!r}" in gone.stderr, gone.stderr
+
+
 @pytest.mark.parametrize("command", ["status", "stop", "run"])
 def test_a_wrong_token_is_named_with_where_it_was_read_from(ray_cluster: str, tmp_path: Path, command: str) -> None:
     """The cluster rejects the driver's token: one line saying so and where the token came from, no C++
