@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from mineonline_core.config import load_config
 from mineonline_core.config.checks import required_resources
 from mineonline_core.contracts import fragment as F
 from mineonline_core.rollout.inference import InferenceServer
+from mineonline_core.rollout.stepping import StepRequest
 from mineonline_core.testing import kit as tk
 
 GRU = functools.partial(tk.TinyGRUPolicy, 3, 2)
@@ -27,17 +29,19 @@ def numpy_state(policy: torch.nn.Module) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in policy.state_dict().items()}
 
 
-def batch(seed: int, n: int = 2, values: int = 1) -> dict:
-    """``n`` action rows (the first one starts an episode) and ``values`` value-only rows."""
-    rng = np.random.default_rng(seed)
+def request(seed: int, worker: int, incarnation: int = 0, n: int = 2, values: int = 1) -> StepRequest:
+    """``n`` action rows of envs 0.. (the first one starts an episode and a fragment) and ``values`` value-only
+    rows of env 1: no recurrent state travels, the server keeps it."""
     rows = n + values
-    return {
-        "obs": {"obs": rng.normal(size=(rows, 1, 3)).astype(np.float32)},
-        "state": [rng.normal(size=(rows, 8)).astype(np.float32)],
-        "first": np.array([[i == 0] for i in range(rows)]),
-        "n": n,
-        "ref_state": [rng.normal(size=(n, 8)).astype(np.float32)],
-    }
+    return StepRequest(
+        obs={"obs": np.random.default_rng(seed).normal(size=(rows, 1, 3)).astype(np.float32)},
+        first=np.array([i == 0 for i in range(n)] + [False] * values),
+        env_ids=np.array(list(range(n)) + [1] * values, np.int64),
+        n=n,
+        want=np.array([i == 0 for i in range(n)]),
+        worker_id=worker,
+        incarnation=incarnation,
+    )
 
 
 def test_server_coalesces_workers_and_reproduces_the_local_forward(local_ray) -> None:
@@ -51,21 +55,21 @@ def test_server_coalesces_workers_and_reproduces_the_local_forward(local_ray) ->
         ray.remote(InferenceServer).options(num_cpus=0, max_concurrency=8).remote(policy_generator=GRU, config=config)
     )
     try:
-        assert ray.get(server.wait_weights.remote(0.0, 2)) == (False, None)  # no weights yet
+        assert ray.get(server.wait_weights.remote(0.0)) is False  # no weights yet
         server.update_weights.remote([ray.put(numpy_state(behaviour)), ray.put(numpy_state(reference))], 3)
-        loaded, ref_init = ray.get(server.wait_weights.remote(60.0, 2))
-        assert loaded and np.array_equal(ref_init[0], reference.initial_state(2)[0].numpy())
+        assert ray.get(server.wait_weights.remote(60.0))
 
-        ray.get(server.infer.remote(0, batch(10)))  # worker 0 is known now: the server waits for it
+        ray.get(server.step.remote(request(10, 0)))  # worker 0 is known now: the server waits for it
         assert ray.get(server.metrics.remote())["rollout/inference_multi_worker_forwards"] == 0
-        batches = {1: batch(1), 0: batch(0)}
+        # Worker 0's next life: its slots start from initial states again, as worker 1's first ones do.
+        requests = {1: request(1, 1), 0: request(0, 0, incarnation=1)}
         # Worker 1's request first, and worker 0's only once it is queued: a threaded actor may run
         # calls in any order, and worker 0's alone would not wait for worker 1 (not served yet).
-        pending = [server.infer.remote(1, batches[1])]
+        pending = [server.step.remote(requests[1])]
         deadline = time.monotonic() + 300
         while ray.get(server.metrics.remote())["rollout/inference_queued"] < 1:
             assert time.monotonic() < deadline, "worker 1's request never reached the server's queue"
-        pending.append(server.infer.remote(0, batches[0]))
+        pending.append(server.step.remote(requests[0]))
         replies = ray.get(pending)
         metrics = ray.get(server.metrics.remote())
         # Both requests ran in one forward of their 6 rows (the server waited for worker 0 to come back).
@@ -73,23 +77,17 @@ def test_server_coalesces_workers_and_reproduces_the_local_forward(local_ray) ->
         assert metrics["rollout/inference_batch_mean"] == 6 and metrics["rollout/inference_requests_mean"] == 2
 
         with torch.no_grad():
-            for b, reply in zip(batches.values(), replies):
-                obs, first = {"obs": torch.as_tensor(b["obs"]["obs"])}, torch.as_tensor(b["first"])
-                latents, state_out = behaviour(
-                    input=obs, state_in=[torch.as_tensor(b["state"][0])], context={"first": first}
-                )
-                logprob = behaviour.pi_head.logprob(torch.tensor(reply["action"]), latents["pi_logits"]).reshape(-1)
-                np.testing.assert_allclose(reply["logprob"], logprob.numpy(), atol=1e-6)
-                np.testing.assert_allclose(reply["vpred"], latents["vpred"].reshape(-1).numpy(), atol=1e-6)
-                np.testing.assert_allclose(reply["state_out"][0], state_out[0].numpy(), atol=1e-6)
-                n = b["n"]
-                _, ref_out = reference(
-                    input={"obs": obs["obs"][:n]},
-                    state_in=[torch.as_tensor(b["ref_state"][0])],
-                    context={"first": first[:n]},
-                )
-                np.testing.assert_allclose(reply["ref_state_out"][0], ref_out[0].numpy(), atol=1e-6)
-                assert reply["version"] == 3 and reply["action"].shape == (3, 1)
+            for r, reply in zip(requests.values(), replies):
+                obs, first = {"obs": torch.as_tensor(r.obs["obs"])}, torch.as_tensor(r.first)[:, None]
+                zeros = behaviour.initial_state(3)  # every slot of this life is still initial
+                latents, _ = behaviour(input=obs, state_in=zeros, context={"first": first})
+                logprob = behaviour.pi_head.logprob(torch.tensor(reply.action), latents["pi_logits"][:2]).reshape(-1)
+                np.testing.assert_allclose(reply.logprob, logprob.numpy(), atol=1e-6)
+                np.testing.assert_allclose(reply.vpred, latents["vpred"].reshape(-1).numpy(), atol=1e-6)
+                # Only row 0 starts a fragment: its states (policy's and reference's) before the step come back.
+                np.testing.assert_array_equal(reply.states[0], zeros[0][:1].numpy())
+                np.testing.assert_array_equal(reply.ref_states[0], reference.initial_state(1)[0].numpy())
+                assert reply.version == 3 and reply.action.shape == (2, 1) and reply.vpred.shape == (3,)
     finally:
         ray.kill(server)
 
@@ -198,8 +196,10 @@ def test_each_step_records_the_version_and_states_that_chose_it(local_ray, tmp_p
 
 
 def test_killed_server_and_worker_restart_without_losing_states_or_weights(local_ray, tmp_path) -> None:
-    """The server is restarted by Ray and asks the manager for the latest weights; the calls in flight
-    are retried (their states travel with them). A killed worker's new life starts from initial states."""
+    """The server is restarted by Ray and asks the manager for the latest weights; it lost the envs' states,
+    so the retried calls are answered ``lost`` and each env's memory restarts (``first``) at its next step:
+    every step still replays from its fragment's ``STATE_IN``. A killed worker's new life starts from
+    initial states."""
     ray = local_ray
     import os
     import signal
@@ -258,6 +258,25 @@ def test_shared_inference_reserves_the_workers_gpus_once_and_one_more_cpu_share(
     shared = load_config(online_dict(tmp_path, num_gpus_per_worker=0.75)).config
     assert required_resources(local) == {"CPU": 1.5, "GPU": 0.5}
     assert required_resources(shared) == {"CPU": 2.0, "GPU": 1.0}  # 2 x 0.75, at most one GPU
+
+
+def test_auto_inference_gives_one_process_the_gpu_the_workers_would_share(tmp_path) -> None:
+    """Row 4: fractional GPU shares of several workers that fit one GPU resolve to one shared server; CPU
+    rollout, a GPU per worker and shares over several GPUs stay local; an explicit choice stands."""
+
+    def resolved(**rollout) -> str:
+        return load_config(online_dict(tmp_path, **rollout)).config.rollout_config.inference
+
+    assert resolved(inference="auto", num_gpus_per_worker=0.5) == "shared"  # 2 workers x 0.5
+    assert resolved(inference="auto", num_gpus_per_worker=0) == "local"
+    assert resolved(inference="auto", num_gpus_per_worker=1) == "local"
+    assert resolved(inference="auto", num_gpus_per_worker=0.75) == "local"  # 1.5 GPUs: one server covers one
+    assert resolved(inference="local", num_gpus_per_worker=0.5) == "local"
+    flagship = load_config(
+        Path(__file__).resolve().parents[1] / "examples" / "flagship_vpt2x.yaml",
+        overrides=["rollout_config.inference=auto"],
+    ).config
+    assert flagship.rollout_config.inference == "shared"
 
 
 def test_unknown_inference_mode_is_refused(tmp_path) -> None:

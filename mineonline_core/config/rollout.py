@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mineonline_core.config._fields import OpenSection, Section, setting
 
@@ -126,14 +126,19 @@ class RolloutConfig(Section):
         ge=0,
     )
     num_cpus_per_worker: float = setting(1.0, "CPUs reserved for each rollout worker actor; fractions allowed.", gt=0)
-    inference: Literal["local", "shared"] = Field(
-        "local",
+    inference: Literal["auto", "local", "shared"] = Field(
+        "auto",
         description="Where the rollout policy runs. 'local': each rollout worker runs its own envs' "
         "batches (on its GPU share when num_gpus_per_worker > 0). 'shared': one inference server "
-        "actor per run batches the requests of every worker into one forward, on a GPU when "
-        "num_gpus_per_worker > 0 (it then reserves num_rollout_workers x num_gpus_per_worker, at "
-        "most 1, and the workers none) or on the CPU otherwise, reserving num_cpus_per_worker CPUs "
-        "more; envs still step in the workers, which send their recurrent states with each request.",
+        "actor per run batches the requests of every worker into one forward and keeps every env's "
+        "recurrent states on its device (requests carry observations, replies actions, values and, at a "
+        "fragment's first step only, states), on a GPU when num_gpus_per_worker > 0 (it then reserves "
+        "num_rollout_workers x num_gpus_per_worker, at most 1, and the workers none) or on the CPU "
+        "otherwise, reserving num_cpus_per_worker CPUs more; envs still step in the workers. 'auto' "
+        "(resolved when the config is loaded) is 'shared' when two or more workers have fractional GPU "
+        "shares that together fit one GPU (one process owns that GPU's rollout inference instead of one "
+        "CUDA context per worker time-slicing it), and 'local' otherwise (CPU runs, a GPU per worker, or "
+        "shares over several GPUs, which one server would not cover).",
     )
     inference_wait_ms: float = setting(
         2.0,
@@ -172,3 +177,11 @@ class RolloutConfig(Section):
     episode_statistics_config: EpisodeStatisticsConfig = Field(
         default_factory=EpisodeStatisticsConfig, description="Episode statistics settings."
     )
+
+    @model_validator(mode="after")
+    def _resolve_inference(self) -> RolloutConfig:
+        if self.inference == "auto":
+            gpus = self.num_gpus_per_worker
+            one_gpu = self.num_rollout_workers > 1 and 0 < gpus < 1 and self.num_rollout_workers * gpus <= 1
+            self.inference = "shared" if one_gpu else "local"
+        return self

@@ -3,7 +3,8 @@
 ``envproc``      one env per subprocess, observations through shared memory, kill-and-rebuild
 ``envpool``      ``EnvPool``: a worker's envs started, supervised and rebuilt; ready observations out, actions in
 ``collector``    ``FragmentCollector``: batched inference over ready envs, fragments (Ray-free)
-``localpolicy``  ``LocalPolicy``: the policy run in the worker, double-buffered weights, the batched forward
+``stepping``     the one inference interface (``StepRequest``/``StepReply``), envs' recurrent states in device slots
+``localpolicy``  ``LocalPolicy``: the policy run in the worker, double-buffered weights, the batched step
 ``inference``    ``InferenceServer`` actor: one policy for the envs of every worker (``inference: shared``)
 ``fragbuild``    the fragment under construction, timers, video capture
 ``worker``       ``RolloutWorker`` actor: collector + send / fetch / report threads

@@ -2,35 +2,37 @@
 
 It builds trajectories and batches inference over the envs of an ``EnvPool`` (``envpool.py``, which starts,
 supervises and rebuilds the env processes): it asks the pool for the envs that have an observation, runs one
-batched policy forward over the first ``batch_size`` of them (``LocalPolicy``, ``localpolicy.py``, or the shared
-server below), hands the actions back and turns what the envs answer into fragments of ``fragment_length``
-steps (columns: ``fragment.py``; one builder per env, ``fragbuild.py``). The pool never waits on a late env, so a
-batch may be partial. The collector owns every recurrent state, so where the forward runs does not matter to it.
+batched policy forward over the first ``batch_size`` of them through one interface (``stepping.Inference``:
+``LocalPolicy`` in this process, or the shared server's ``InferenceClient``), hands the actions back and turns what
+the envs answer into fragments of ``fragment_length`` steps (columns: ``fragment.py``; one builder per env,
+``fragbuild.py``). The pool never waits on a late env, so a batch may be partial. The recurrent states stay where
+inference runs; the collector asks for an env's states only at its fragment's first step (``STATE_IN``).
 
 Episode ends, the three ways (DESIGN §5.2, §5.5):
 
 * ``terminated``: a true terminal; nothing to bootstrap.
 * ``truncated`` by the env (time limit) or by ``restart_interval``: the value of the final
   observation, under the env's recurrent state at that point, is computed as an extra value-only
-  row of the next batched forward and stored in ``bootstrap``.
+  row of the next batched forward (from the state the env reached, kept where inference runs) and stored in
+  ``bootstrap``.
 * the env raised, hung past ``step_timeout``, its process died or it answered a NaN or infinite reward or
   observation (the pool's ``lost`` answer): the in-flight step is closed as truncated with ``bootstrap = vpred``
   of that step (the last value we have) and the episode is reported as truncated; the pool rebuilds or resets
   the env. When the step itself succeeded and ended the episode and only the automatic reset after it
   failed, the step is kept as it happened (its reward, ``terminated`` and final observation).
 
-After any episode end the env's recurrent state is replaced by ``policy.initial_state(1)`` and the
-next step carries ``first=True`` (the policy resets there too, so training reproduces rollout).
+After any episode end the next step carries ``first=True``: inference runs it from ``policy.initial_state(1)``
+(the policy resets there too, so training reproduces rollout).
 
 With a KL reference policy (``set_reference``), every batch also runs the reference over the same
 observations with its own recurrent state, reset at the same episode ends; each fragment records
 that state at its start as ``ref_state_in``, so training can run the reference over a chunk exactly
 as it would have run through the whole episode (DESIGN §5.4).
 
-With ``inference`` (an ``InferenceClient``, ``rollout_config.inference: shared``) the forward runs
-in the shared inference server instead: the collector still owns every recurrent state, sends the
-selected rows with the batch and writes back what the server returns, and records the version
-the server reports for the weights that chose the actions (``mineonline_core.rollout.inference``).
+Each step records the version the reply names for the weights that chose its actions. When a restarted
+shared server answers that it lost this worker's states, every env's memory restarts: its next step carries
+``first`` (mid-episode; the env goes on, and GAE does not read ``first``), and the bootstrap values owed are
+the truncated steps' own values, as for a lost env.
 """
 
 from __future__ import annotations
@@ -41,16 +43,18 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from mineonline_core.config.precision import PrecisionChoice
 from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.contracts.fragment import stream_name
-from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map, tree_stack
+from mineonline_core.contracts.tree import tree_map, tree_stack
 from mineonline_core.errors import RunFailedError
 from mineonline_core.rollout.envpool import Answer, EnvPool
 from mineonline_core.rollout.fragbuild import FragmentBuilder, Timers, VideoRecorder
 from mineonline_core.rollout.localpolicy import LocalPolicy
+from mineonline_core.rollout.stepping import Inference, StepRequest
 
 log = logging.getLogger(__name__)
 
@@ -91,42 +95,42 @@ class FragmentCollector:
         backoff_base: float = 0.1,
         backoff_max: float = 10.0,
         precision: PrecisionChoice = PrecisionChoice(),
-        inference: Any = None,
+        inference: Inference | None = None,
     ) -> None:
         """``config`` is the run's ``rollout_config`` (its ``worker_config`` but ``num_envs``, which
         ``env_fns`` gives, plus ``fragment_length`` and ``restart_window``); ``discount`` only
         weighs the episodes' discounted returns in the statistics. ``precision`` (from
         ``train_config``) makes the policy and reference forwards compute as the training forwards do.
-        With ``inference`` (an ``InferenceClient``) ``policy`` is None: the server holds it and gives
-        the initial states."""
+        With ``inference`` (an ``InferenceClient``) ``policy`` is None: the server holds it."""
         wc = config.worker_config
         batch_size = wc.batch_size
         if batch_size > len(env_fns):
             raise ValueError(f"batch_size={batch_size} exceeds the number of envs ({len(env_fns)})")
-        self._inference = inference
         device = "cuda" if config.num_gpus_per_worker > 0 and inference is None else "cpu"
         self.precision = precision.on(device)
         self.precision.apply_tf32()
         self.device = torch.device(device)
         self.local = (
-            None if inference is not None else LocalPolicy(policy=policy, device=self.device, precision=self.precision)
+            None
+            if inference is not None
+            else LocalPolicy(
+                policy=policy, device=self.device, precision=self.precision, num_envs=len(env_fns), version=version
+            )
         )
-        self.ref_state: Any = None
+        self.inference: Inference = self.local if inference is None else inference
+        self._server_id: str | None = None  # the shared server holding our envs' states (StepReply.server_id)
+        self.memory_losses = 0
         self.fragment_length, self.batch_size, self.discount = config.fragment_length, batch_size, discount
         self.worker_id, self.incarnation = worker_id, incarnation
         self.version = version
         self._slots = [_Track(i) for i in range(len(env_fns))]
-        self._value_rows: list[tuple[FragmentBuilder, int, Any, Any]] = []
+        self._value_rows: list[tuple[FragmentBuilder, int, Any]] = []  # bootstrap values owed: builder, t, obs
         self._fragments: deque[dict] = deque()
         self._lock = threading.Lock()
         self._records: list[dict] = []
         self.timers = Timers()
         self.video = VideoRecorder()
         self.env_steps = self.fragments_done = 0
-        initial_state = inference.initial_state if inference is not None else policy.initial_state
-        with torch.no_grad():
-            self._init_row = to_torch(initial_state(1), self.device)
-            self.state = to_torch(initial_state(len(env_fns)), self.device)
         self.pool = EnvPool(
             env_fns=env_fns,
             config=config,
@@ -148,14 +152,8 @@ class FragmentCollector:
         running it. A reference that replaces another keeps the recurrent states reached so far."""
         self.local.set_reference(state_dict)
 
-    def start_shared_reference(self, initial_state: Any) -> None:
-        """Shared inference with a KL reference (the server has it): keep its recurrent states from
-        ``initial_state`` (every env's, from the server) on. Called before the first step."""
-        self.ref_state = to_torch(initial_state, self.device)
-
     def step(self) -> int:
         """Wait for ready envs, run one batched forward, send the actions. Returns the batch size."""
-        self._swap_weights()
         ready = self._gather()
         if not ready and not self._value_rows:
             return 0
@@ -198,6 +196,7 @@ class FragmentCollector:
             **self.pool.metrics(),
             "rollout/fragments": float(self.fragments_done),
             "rollout/model_version": float(self.version),
+            "rollout/inference_memory_losses": float(self.memory_losses),
             **self.timers.drain(),
         }
 
@@ -256,10 +255,9 @@ class FragmentCollector:
         b.complete(t, reward=reward, terminated=terminated, truncated=trunc)
         if terminated or trunc:
             end_obs = final_obs if final_obs is not None else obs
-            if trunc:  # bootstrap from the final observation with the state the env had reached
-                row = tree_map(lambda s: s[slot.env_id : slot.env_id + 1].clone(), self.state)
+            if trunc:  # bootstrap from the final observation with the state the env reached (kept by inference)
                 b.pending_bootstraps += 1
-                self._value_rows.append((b, t, end_obs, row))
+                self._value_rows.append((b, t, end_obs))
             self._end_episode(slot, truncated=trunc, final_obs=end_obs, info=info)
         elif t == self.fragment_length - 1:
             b.set_next_obs(obs)
@@ -292,13 +290,7 @@ class FragmentCollector:
         slot.ep_return = slot.ep_disc_return = 0.0
         slot.ep_discount, slot.ep_len = 1.0, 0
         slot.episode_id += 1
-        slot.first = True
-        if self._init_row is not None:
-            tree_map(lambda full, init: full[slot.env_id : slot.env_id + 1].copy_(init), self.state, self._init_row)
-            if self.ref_state is not None:
-                tree_map(
-                    lambda full, init: full[slot.env_id : slot.env_id + 1].copy_(init), self.ref_state, self._init_row
-                )
+        slot.first = True  # inference runs the next step from the initial states
 
     # -- inference ----------------------------------------------------------------------------
 
@@ -311,66 +303,41 @@ class FragmentCollector:
             f"Check that the env's observations match the observation space the policy was built for."
         )
 
-    @torch.no_grad()
     def _infer(self, ready: list[tuple[int, Any]]) -> None:
         t0 = time.perf_counter()
-        rows = [i for i, _ in ready]
-        n, values = len(rows), self._value_rows
+        n, values = len(ready), self._value_rows
         self._value_rows = []
-        obs_list = [obs for _, obs in ready] + [v[2] for v in values]
         try:
-            obs = to_torch(tree_map(lambda x: x[:, None], tree_stack(obs_list)), self.device)
+            obs = tree_map(lambda x: x[:, None], tree_stack([obs for _, obs in ready] + [v[2] for v in values]))
         except Exception as exc:  # envs whose observations cannot be stacked: name them
             raise RunFailedError(self._batch_failure("stacking the observations", ready, exc)) from exc
-        idx = torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        state_sel = None
-        if self.state is not None:
-            state_sel = tree_map(lambda s: s.index_select(0, idx), self.state)
-            if values:
-                state_sel = tree_map(lambda s, *vs: torch.cat([s, *vs]), state_sel, *[v[3] for v in values])
-        first = torch.tensor([[self._slots[i].first] for i in rows] + [[False]] * len(values), device=self.device)
-        ref_sel = (
-            tree_map(lambda s: s.index_select(0, idx), self.ref_state) if self.ref_state is not None and n else None
-        )
         try:
-            if self._inference is None:
-                action_np, logprob_np, vpred_np, state_out, ref_out = self.local.forward(
-                    obs, state_sel, first, n, ref_sel
-                )
-            else:
-                reply = self._inference.infer(
-                    {
-                        "obs": to_numpy(obs),
-                        "state": to_numpy(state_sel),
-                        "first": to_numpy(first),
-                        "n": n,
-                        "ref_state": to_numpy(ref_sel),
-                    }
-                )
-                action_np, logprob_np, vpred_np = reply["action"], reply["logprob"], reply["vpred"]
-                state_out, ref_out = (
-                    to_torch(reply["state_out"], self.device),
-                    to_torch(reply["ref_state_out"], self.device),
-                )
-                self.version = int(reply["version"])  # the weights that chose these actions
+            reply = self.inference.step(self._request(ready, values, obs))
+            while reply.lost:  # a restarted server: the value rows' states are gone with the rest
+                if self._server_id is None:
+                    raise RunFailedError(
+                        f"rollout worker {self.worker_id}: the inference server serves a later life of this "
+                        f"worker than this one (incarnation {self.incarnation}); this life stops"
+                    )
+                self._memory_lost(values)
+                values, obs = [], tree_map(lambda x: x[:n], obs)
+                reply = self.inference.step(self._request(ready, values, obs))
+        except RunFailedError:
+            raise
         except Exception as exc:  # a wrong observation shape fails deep in the policy: name the envs
             raise RunFailedError(self._batch_failure("the policy's forward", ready, exc)) from exc
-        if self.state is not None and n:
-            tree_map(lambda full, new: full.index_copy_(0, idx, new[:n].to(full.dtype)), self.state, state_out)
-        if ref_sel is not None:
-            tree_map(lambda full, new: full.index_copy_(0, idx, new.to(full.dtype)), self.ref_state, ref_out)
-        ref_np = to_numpy(ref_sel)
-        state_np = to_numpy(state_sel) if state_sel is not None else None
+        self._server_id, self.version = reply.server_id, int(reply.version)  # the weights that chose the actions
         t1 = time.perf_counter()
         self.timers.add("perf/inference_ms", (t1 - t0) * 1e3)
         self.timers.add("perf/inference_batch", float(n))
-        for j, (b, t, _, _) in enumerate(values):
-            b.bootstrap[t] = vpred_np[n + j]
+        for j, (b, t, _) in enumerate(values):
+            b.bootstrap[t] = reply.vpred[n + j]
             b.pending_bootstraps -= 1
             self._maybe_emit(self._slots[b.env_id], b)
+        k = 0  # the wanted rows' index in reply.states
         for j, (i, env_obs) in enumerate(ready):
             slot = self._slots[i]
-            if slot.builder is None:
+            if self._starts_fragment(slot):
                 slot.builder = FragmentBuilder(
                     length=self.fragment_length,
                     stream=self._stream(slot),
@@ -379,24 +346,58 @@ class FragmentCollector:
                     env_id=i,
                 )
                 slot.next_index += 1
-            act = tree_map(lambda a: a[j, 0], action_np)
-            if slot.builder.n == 0:
-                slot.builder.state_in = tree_map(lambda s: s[j : j + 1].copy(), state_np)
-                if ref_np is not None:
-                    slot.builder.ref_state_in = tree_map(lambda s: s[j : j + 1].copy(), ref_np)
+                slot.builder.state_in = tree_map(lambda s: s[k : k + 1].copy(), reply.states)
+                slot.builder.ref_state_in = tree_map(lambda s: s[k : k + 1].copy(), reply.ref_states)
+                k += 1
+            act = tree_map(lambda a: a[j, 0], reply.action)
             slot.pending_t = slot.builder.record(
                 obs=env_obs,
                 action=act,
-                logprob=logprob_np[j],
-                vpred=vpred_np[j],
+                logprob=reply.logprob[j],
+                vpred=reply.vpred[j],
                 first=slot.first,
                 version=self.version,
                 episode_id=slot.episode_id,
             )
-            self.video.step(i, env_obs, float(vpred_np[j]), slot.first)
+            self.video.step(i, env_obs, float(reply.vpred[j]), slot.first)
             slot.first = False
             self._on_answers(self.pool.send_action(i, act))
         self.timers.add("perf/record_ms", (time.perf_counter() - t1) * 1e3)
+
+    def _starts_fragment(self, slot: _Track) -> bool:
+        # A builder still full here waits only for a bootstrap value of this batch, and is emitted before its
+        # env's next step is recorded.
+        return slot.builder is None or slot.builder.n >= self.fragment_length
+
+    def _request(
+        self, ready: list[tuple[int, Any]], values: list[tuple[FragmentBuilder, int, Any]], obs: Any
+    ) -> StepRequest:
+        rows = [i for i, _ in ready]
+        return StepRequest(
+            obs=obs,
+            first=np.array([self._slots[i].first for i in rows] + [False] * len(values), bool),
+            env_ids=np.array(rows + [b.env_id for b, _, _ in values], np.int64),
+            n=len(rows),
+            want=np.array([self._starts_fragment(self._slots[i]) for i in rows], bool),
+            worker_id=self.worker_id,
+            incarnation=self.incarnation,
+            server_id=self._server_id,
+        )
+
+    def _memory_lost(self, values: list[tuple[FragmentBuilder, int, Any]]) -> None:
+        log.warning(
+            "rollout worker %d: the inference server restarted and lost its envs' recurrent states; "
+            "each env's memory restarts at its next step",
+            self.worker_id,
+        )
+        self.memory_losses += 1
+        self._server_id = None
+        for slot in self._slots:
+            slot.first = True
+        for b, t, _ in values:  # the last value we have stands in, as for a lost env
+            b.bootstrap[t] = b.vpred[t]
+            b.pending_bootstraps -= 1
+            self._maybe_emit(self._slots[b.env_id], b)
 
     def _maybe_emit(self, slot: _Track, b: FragmentBuilder) -> None:
         if not b.complete_fragment():
@@ -407,14 +408,6 @@ class FragmentCollector:
         if slot.builder is b:
             slot.builder = None
         self.timers.add("perf/fragment_ms", (time.perf_counter() - t0) * 1e3)
-
-    def _swap_weights(self) -> None:
-        reference, version = self.local.swap() if self.local is not None else (None, None)
-        if reference is not None and self.ref_state is None:
-            with torch.no_grad():
-                self.ref_state = to_torch(reference.initial_state(len(self._slots)), self.device)
-        if version is not None:
-            self.version = version
 
     def _stream(self, slot: _Track) -> str:
         return stream_name(self.worker_id, self.incarnation, slot.env_id)

@@ -5,13 +5,15 @@ Four workers time-sharing one GPU each run small batches with the GPU idle betwe
 process that batches every worker's envs keeps it busy. On a machine without a GPU the server runs
 on the CPU (the fallback the tests exercise).
 
-* **Requests carry the recurrent states.** The server keeps no per-env state: a worker's
-  ``FragmentCollector`` holds its envs' states (and the KL reference's) exactly as with local
-  inference, sends the rows it selected and writes back the states the server returns. So the
-  ``state_in`` a fragment stores is the tensor the server ran, episode resets and bootstrap rows
-  work unchanged, a restarted worker starts from initial states, and a restarted server (Ray
-  restarts it) loses only its weights, which it asks the manager for again; the calls in flight
-  are retried. The price: states cross the object store at every step.
+* **The server keeps the recurrent states.** Each worker's envs have their slots here (``StateSlots``, the
+  policy's and the KL reference's, on the server's device), keyed by worker id and refilled with initial
+  states when a worker's new life (incarnation) first calls. A request (``stepping.StepRequest``, the same the
+  in-process ``LocalPolicy`` runs) carries observations, ``first`` flags and env ids; a reply carries actions,
+  log-probs and values, and states only for the rows that start a fragment. At VPT-2x one env's states weigh
+  16 MiB: sending them with every step cost more than the forward.
+* **A restarted server** (Ray restarts it) asks the manager for the latest weights again, and has lost every
+  env's states: a request naming the server id of the old life is answered ``lost`` without running, and the
+  collector restarts its envs' memory (``first`` on each env's next step, as the training forward will see it).
 * **Coalescing.** Each call waits on its own actor thread; one batch thread runs, as soon as it is
   free, every request queued, concatenated into one forward, and splits the results. Workers
   served together return together, so a free server would otherwise run alternating halves of the
@@ -31,9 +33,10 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from mineonline_core.config.rollout import RolloutConfig
-from mineonline_core.contracts.tree import to_numpy, to_torch, tree_cat, tree_map
 from mineonline_core.errors import RunFailedError
+from mineonline_core.rollout.stepping import StateSlots, StepReply, StepRequest, policy_step, run_batch
 from mineonline_core.services.runlog import setup_actor_logging
+from mineonline_core.services.weights import WeightReceiver
 from mineonline_core.config.precision import PrecisionChoice
 
 if TYPE_CHECKING:
@@ -42,23 +45,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def policy_step(policy: Any, obs: Any, state: Any, first: Any) -> tuple[Any, Any, Any, Any]:
-    """One batched rollout forward (call under ``torch.no_grad``): sampled action, its log-prob,
-    the denormalised value and the state after the step. Local and shared inference both run this."""
-    latents, state_out = policy(input=obs, state_in=state, context={"first": first})
-    pi_logits, rows = latents["pi_logits"], first.shape[0]
-    action = policy.pi_head.sample(pi_logits)
-    logprob = policy.pi_head.logprob(action, pi_logits).reshape(rows)
-    vpred = policy.value_head.denormalize(latents["vpred"]).reshape(rows)
-    return action, logprob, vpred, state_out
+__all__ = ["InferenceClient", "InferenceServer", "policy_step"]
 
 
 class _Request:
-    def __init__(self, worker_id: int, batch: dict) -> None:
-        self.worker_id, self.batch = worker_id, batch
-        self.rows = len(batch["first"])
+    def __init__(self, request: StepRequest) -> None:
+        self.worker_id, self.request = request.worker_id, request
+        self.rows = len(request.first)
         self.done = threading.Event()
-        self.reply: dict | None = None
+        self.reply: StepReply | None = None
         self.error: BaseException | None = None
 
 
@@ -73,9 +68,14 @@ class InferenceServer:
         manager: RolloutManagerHandle | None = None,
         precision: PrecisionChoice = PrecisionChoice(),
     ) -> None:
+        import uuid
+
         import torch
 
         setup_actor_logging()
+        self.server_id = uuid.uuid4().hex  # a restarted server has another: requests naming the old one lost states
+        self._num_envs = config.worker_config.num_envs
+        self._slots: dict[int, tuple[int, StateSlots]] = {}  # worker id -> (incarnation, its envs' states)
         self.device = torch.device("cuda" if config.num_gpus_per_worker > 0 else "cpu")
         # The same numerics as a local worker's forwards and the training forwards (config/precision.py).
         self.precision = precision.on(self.device.type)
@@ -83,6 +83,7 @@ class InferenceServer:
         self.policy = policy_generator().to(self.device).eval().requires_grad_(False)
         self._standby = copy.deepcopy(self.policy)
         self._standby_version: int | None = None
+        self._receiver = WeightReceiver(device=self.device)  # the fetch thread's alone: it reuses pinned buffers
         self.reference: Any = None
         self._pending_reference: Any = None  # loaded by the fetch thread, swapped in by the batch thread
         self.version: int | None = None
@@ -112,29 +113,18 @@ class InferenceServer:
                 self._latest = (weights, int(version))
             self._cv.notify_all()
 
-    def initial_state(self, batch_size: int) -> Any:
-        """The policy's initial recurrent state for ``batch_size`` envs (numpy; None when stateless)."""
-        return to_numpy(self.policy.initial_state(batch_size))
-
-    def wait_weights(self, timeout: float, batch_size: int) -> tuple[bool, Any]:
-        """``(True, the reference's initial state for ``batch_size`` envs, or None without a reference)``
-        once the first weights are loaded; ``(False, None)`` if they are not within ``timeout`` seconds."""
+    def wait_weights(self, timeout: float) -> bool:
+        """True once the first weights are loaded; False if they are not within ``timeout`` seconds."""
         self.health()
-        if not self._loaded.wait(timeout):
-            return False, None
-        with self._cv:
-            reference = self._pending_reference or self.reference
-        return True, None if reference is None else to_numpy(reference.initial_state(batch_size))
+        return self._loaded.wait(timeout)
 
-    def infer(self, worker_id: int, batch: dict) -> dict:
-        """Run ``batch`` (numpy: ``obs`` (B,1,...), ``state`` (B,...), ``first`` (B,1), ``n``: the rows
-        that choose actions, the rest being value-only rows; ``ref_state`` for the first ``n`` rows
-        or None) in the next forward. Returns numpy ``action``, ``logprob``, ``vpred`` and
-        ``state_out`` for every row, ``ref_state_out`` and the ``version`` of the weights used."""
+    def step(self, request: StepRequest) -> StepReply:
+        """Run ``request`` in the next forward, with the rows of the other workers queued meanwhile; the reply
+        carries the ``version`` of the weights that chose its actions."""
         self.health()
         while not self._loaded.wait(0.5):
             self.health()
-        request = _Request(worker_id, batch)
+        request = _Request(request)
         with self._cv:
             self._queue.append(request)
             self._cv.notify_all()
@@ -203,7 +193,7 @@ class InferenceServer:
                 while not self._stop.is_set() and (self._latest is None or self._latest is loaded):
                     self._cv.wait(timeout=0.5)
                 loaded = self._latest
-            if loaded is None:
+            if loaded is None or self._stop.is_set():  # stopped: the weights last loaded are not fetched again
                 return
             refs, version = loaded
             try:
@@ -213,13 +203,13 @@ class InferenceServer:
                 continue
             if len(refs) > 1 and refs[1].hex() != reference_loaded:
                 reference = copy.deepcopy(self.policy).requires_grad_(False)
-                reference.load_state_dict(_tensors(ray.get(refs[1])))
+                self._receiver.load(reference, ray.get(refs[1]), what="the inference server's KL reference")
                 with self._cv:  # before the weights: no forward runs the new weights without it
                     self._pending_reference = reference
                 reference_loaded = refs[1].hex()
             with self._cv:
                 standby, self._standby_version = self._standby, None
-            standby.load_state_dict(_tensors(state_dict))
+            self._receiver.load(standby, state_dict, version=version, what="the inference server's policy")
             with self._cv:
                 self._standby_version = version
                 if self.version is None:
@@ -255,9 +245,20 @@ class InferenceServer:
         import torch
 
         t0 = time.perf_counter()
+        live = []
+        for r in requests:
+            slots = self._slots_for(r.request)
+            if slots is None:
+                r.reply = StepReply(lost=True, server_id=self.server_id)
+                r.done.set()
+            else:
+                live.append((slots, r))
+        if not live:
+            return
+        requests = [r for _, r in live]
         try:
             with torch.no_grad():
-                replies = self._forward([r.batch for r in requests])
+                replies = self._forward([(slots, r.request) for slots, r in live])
         except Exception as exc:  # noqa: BLE001 - each worker raises it with the envs it concerns
             for r in requests:
                 r.error = exc
@@ -276,58 +277,26 @@ class InferenceServer:
             r.reply = reply
             r.done.set()
 
-    def _forward(self, batches: list[dict]) -> list[dict]:
-        dev = self.device
-        obs = tree_cat([to_torch(b["obs"], dev) for b in batches])
-        state = tree_cat([to_torch(b["state"], dev) for b in batches])
-        first = tree_cat([to_torch(b["first"], dev) for b in batches])
-        with self.precision.autocast():
-            action, logprob, vpred, state_out = policy_step(self.policy, obs, state, first)
-        action, logprob, vpred = to_numpy(action), logprob.float().cpu().numpy(), vpred.float().cpu().numpy()
-        state_out = to_numpy(state_out)
-        ref = [b for b in batches if b["ref_state"] is not None]
-        ref_out = None
-        if ref:
-            if self.reference is None:
-                raise RunFailedError(
-                    "a rollout worker sent KL-reference states, but the inference server has no reference policy"
-                )
-            ref_obs = tree_cat([to_torch(tree_map(lambda x: x[: b["n"]], b["obs"]), dev) for b in ref])
-            ref_first = tree_cat([to_torch(b["first"][: b["n"]], dev) for b in ref])
-            with self.precision.autocast():
-                _, ref_out = self.reference(
-                    input=ref_obs,
-                    state_in=tree_cat([to_torch(b["ref_state"], dev) for b in ref]),
-                    context={"first": ref_first},
-                )
-            ref_out = to_numpy(ref_out)
-        replies, row, ref_row = [], 0, 0
-        for b in batches:
-            own, ref_own = slice(row, row + len(b["first"])), slice(ref_row, ref_row + b["n"])
-            reply = {
-                "action": tree_map(lambda x: x[own], action),
-                "logprob": logprob[own],
-                "vpred": vpred[own],
-                "state_out": tree_map(lambda x: x[own], state_out),
-                "ref_state_out": None,
-                "version": self.version,
-            }
-            if b["ref_state"] is not None:
-                reply["ref_state_out"] = tree_map(lambda x: x[ref_own], ref_out)
-                ref_row += b["n"]
-            replies.append(reply)
-            row += len(b["first"])
+    def _slots_for(self, request: StepRequest) -> StateSlots | None:
+        """The slots of the request's worker (the batch thread's alone), fresh for a new life; None when they
+        were lost: the request names an earlier server, or comes from a life of the worker that was replaced."""
+        if request.server_id is not None and request.server_id != self.server_id:
+            return None
+        incarnation, slots = self._slots.get(request.worker_id, (-1, None))
+        if request.incarnation < incarnation:
+            return None
+        if slots is None or request.incarnation > incarnation:
+            slots = StateSlots(initial_state=self.policy.initial_state, num_envs=self._num_envs, device=self.device)
+            self._slots[request.worker_id] = (request.incarnation, slots)
+        return slots
+
+    def _forward(self, parts: list[tuple[StateSlots, StepRequest]]) -> list[StepReply]:
+        replies = run_batch(
+            policy=self.policy, reference=self.reference, precision=self.precision, device=self.device, parts=parts
+        )
+        for reply in replies:
+            reply.version, reply.server_id = self.version, self.server_id
         return replies
-
-
-def _tensors(state_dict: dict[str, Any]) -> dict[str, Any]:
-    import warnings
-
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
-        return {k: torch.as_tensor(v) for k, v in state_dict.items()}
 
 
 class InferenceClient:
@@ -336,17 +305,13 @@ class InferenceClient:
     def __init__(self, *, server: InferenceServerHandle, worker_id: int) -> None:
         self.server, self.worker_id = server, worker_id
 
-    def initial_state(self, batch_size: int) -> Any:
+    def wait_weights(self, timeout: float) -> bool:
         import ray
 
-        return ray.get(self.server.initial_state.remote(batch_size))
+        return ray.get(self.server.wait_weights.remote(timeout))
 
-    def wait_weights(self, timeout: float, batch_size: int) -> tuple[bool, Any]:
+    def step(self, request: StepRequest) -> StepReply:
         import ray
 
-        return ray.get(self.server.wait_weights.remote(timeout, batch_size))
-
-    def infer(self, batch: dict) -> dict:
-        import ray
-
-        return ray.get(self.server.infer.remote(self.worker_id, batch))
+        request.worker_id = self.worker_id
+        return ray.get(self.server.step.remote(request))

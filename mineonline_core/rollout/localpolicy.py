@@ -5,63 +5,69 @@ Weights are double-buffered: ``set_weights`` (another thread) copies them into a
 policy while the stepping thread keeps running the current one, and ``swap`` (the stepping thread,
 between batches) exchanges the two. A broadcast therefore stalls rollout for a reference swap, not for a
 ``load_state_dict`` of the whole model, at the price of one more copy of the parameters. The KL reference
-(``set_reference``) is loaded the same way and swapped in with the weights. ``forward`` runs one batched
-step of the policy and the reference with the training forwards' numerics (``config/precision.py``); the
-``FragmentCollector`` owns the recurrent states it passes in and gets back.
+(``set_reference``) is loaded the same way and swapped in with the weights. ``step`` (the collector's
+``Inference`` interface, ``stepping.py``) swaps, then runs one batched step of the policy and the reference with
+the training forwards' numerics (``config/precision.py``) over the envs' recurrent states, which stay in
+``StateSlots`` on the policy's device.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-import warnings
 from typing import Any
 
 import torch
 
 from mineonline_core.config.precision import PrecisionChoice
-from mineonline_core.contracts.tree import to_numpy, tree_map
-from mineonline_core.rollout.inference import policy_step
+from mineonline_core.rollout.stepping import StateSlots, StepReply, StepRequest, run_batch
+from mineonline_core.services.weights import WeightReceiver
 
 
 class LocalPolicy:
-    """``set_weights`` and ``set_reference`` may be called from other threads; ``swap`` and ``forward``
+    """``set_weights`` and ``set_reference`` may be called from other threads; ``swap`` and ``step``
     from the stepping thread only."""
 
-    def __init__(self, *, policy: torch.nn.Module, device: torch.device, precision: PrecisionChoice) -> None:
-        """``precision`` is already decided for ``device`` (``PrecisionChoice.on``)."""
-        self.precision = precision
+    def __init__(
+        self,
+        *,
+        policy: torch.nn.Module,
+        device: torch.device,
+        precision: PrecisionChoice,
+        num_envs: int = 1,
+        version: int = 0,
+    ) -> None:
+        """``precision`` is already decided for ``device`` (``PrecisionChoice.on``); ``num_envs`` slots of
+        recurrent state; ``version`` names the weights ``policy`` holds."""
+        self.precision, self.device, self.version = precision, device, version
         self.policy = policy.to(device).eval()
+        with torch.no_grad():
+            self.slots = StateSlots(initial_state=self.policy.initial_state, num_envs=num_envs, device=device)
         self._standby = copy.deepcopy(self.policy)  # loaded by set_weights, swapped in by swap
         self._standby_version: int | None = None  # set once the standby holds complete weights
         self.reference: torch.nn.Module | None = None
         self._pending_reference: torch.nn.Module | None = None  # loaded by set_reference, swapped in by swap
         self._lock = threading.Lock()  # the hand-over between a loader and the stepping thread
         self._load_lock = threading.Lock()  # one loader at a time
+        self._receiver = WeightReceiver(device=device)  # under _load_lock: its pinned buffers are reused
 
     def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load new weights into the standby policy (on the caller's thread, while stepping goes on);
         the next ``swap`` brings them in."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
-            tensors = {k: torch.as_tensor(v) for k, v in state_dict.items()}
         with self._load_lock:
             with self._lock:
                 # Not swappable while half-loaded. The stepping thread never touches the standby
                 # between swaps, so loading into it needs no lock of the stepping thread's.
                 standby, self._standby_version = self._standby, None
-            standby.load_state_dict(tensors)
+            self._receiver.load(standby, state_dict, version=version, what="the rollout policy")
             with self._lock:
                 self._standby_version = int(version)
 
     def set_reference(self, state_dict: dict[str, Any]) -> None:
         """Load the KL reference policy's weights (on the caller's thread); the next ``swap`` brings it in."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only numpy from the object store
-            tensors = {k: torch.as_tensor(v) for k, v in state_dict.items()}
         with self._load_lock:
             reference = copy.deepcopy(self._standby).eval().requires_grad_(False)
-            reference.load_state_dict(tensors)
+            self._receiver.load(reference, state_dict, what="the rollout's KL reference")
             with self._lock:
                 self._pending_reference = reference
 
@@ -79,15 +85,18 @@ class LocalPolicy:
             self.policy, self._standby = self._standby, self.policy
         return reference, version
 
-    def forward(self, obs: Any, state: Any, first: torch.Tensor, n: int, ref_state: Any) -> tuple:
-        """One batched step (call under ``torch.no_grad``) over ``obs`` (B, 1, ...); the first ``n`` rows
-        choose actions and, with ``ref_state``, run the reference too. Returns numpy actions, log-probs and
-        values, and the policy's and the reference's states after the step (tensors)."""
-        with self.precision.autocast():
-            action, logprob, vpred, state_out = policy_step(self.policy, obs, state, first)
-            ref_out = None
-            if ref_state is not None:
-                _, ref_out = self.reference(
-                    input=tree_map(lambda x: x[:n], obs), state_in=ref_state, context={"first": first[:n]}
-                )
-        return to_numpy(action), logprob.float().cpu().numpy(), vpred.float().cpu().numpy(), state_out, ref_out
+    @torch.no_grad()
+    def step(self, request: StepRequest) -> StepReply:
+        """Bring in what ``set_weights``/``set_reference`` loaded, then run ``request`` (``stepping.run_batch``)."""
+        _, version = self.swap()
+        if version is not None:
+            self.version = version
+        (reply,) = run_batch(
+            policy=self.policy,
+            reference=self.reference,
+            precision=self.precision,
+            device=self.device,
+            parts=[(self.slots, request)],
+        )
+        reply.version = self.version
+        return reply

@@ -14,8 +14,8 @@
   episodes to the statistics actor, and encodes recorded videos.
 
 With ``rollout_config.inference: shared`` the worker gets the run's ``InferenceServer`` instead of
-weights: there is no **fetch** thread, the collector sends its batches to the server, and collection
-starts once the server has its first weights.
+weights: there is no **fetch** thread, the collector sends its batches to the server (which keeps the envs'
+recurrent states, keyed by worker id and incarnation), and collection starts once the server has its first weights.
 
 A thread that fails stores its exception; every later actor call re-raises it (``health``), so the
 manager, and through it the driver, sees the cause instead of a silent stall.
@@ -278,14 +278,10 @@ class RolloutWorker:
         self._built.set()
         self.collector.warmup(timeout=self.collector.pool.startup_timeout * 2)
         self._ready.set()
-        if client is not None:  # the server has the weights: wait for its first (and its reference)
-            loaded, ref_state = False, None
-            while not loaded:
+        if client is not None:  # the server has the weights: wait for its first
+            while not client.wait_weights(0.5):
                 if self._stop.is_set():
                     return
-                loaded, ref_state = client.wait_weights(0.5, num_envs)
-            if ref_state is not None:
-                self.collector.start_shared_reference(ref_state)
             self._has_weights.set()
         while not self._has_weights.wait(timeout=0.5):
             if self._stop.is_set():

@@ -27,6 +27,7 @@ import torch
 
 from mineonline_core.services.episodes import EVAL_SEED_OFFSET, LoadedPolicy, run_episode, summarize
 from mineonline_core.services.runlog import setup_actor_logging
+from mineonline_core.services.weights import WeightReceiver
 
 if TYPE_CHECKING:
     from mineonline_core.services.handles import EvaluatorHandle, LoggerHubHandle
@@ -74,15 +75,14 @@ class Evaluator:
         self.policy = LoadedPolicy(
             policy=policy, config=config, checkpoint=None, iteration=0, version=0, env_generator=env_generator
         )
+        self.receiver = WeightReceiver(device=device)  # as rollout loads a version: bf16 and fp16 included
         self.env: Any = None  # built at the first evaluation, rebuilt after one that failed
 
     def evaluate(self, weights: dict[str, Any], *, iteration: int, version: int, env_steps: int) -> dict[str, float]:
         """Load ``weights`` (iteration ``iteration``'s state dict), play the episodes, log ``eval/*``
         at ``env_steps`` and return them. An env that raises fails this evaluation only."""
         started = time.perf_counter()
-        with torch.no_grad():
-            tensors = {k: torch.as_tensor(v) for k, v in weights.items()}
-            self.policy.policy.load_state_dict(tensors)
+        self.receiver.load(self.policy.policy, weights, version=version, what="the evaluator's policy")
         torch.manual_seed(self.seed)  # sampled actions are drawn alike at every evaluation
         records = []
         try:

@@ -31,6 +31,7 @@ import ray
 
 from mineonline_core.errors import RunFailedError, last_line
 from mineonline_core.services.names import EVALUATOR, NAMESPACE, actor_name
+from mineonline_core.services.weights import pack_state
 from mineonline_core.trainer.goals import BEST_DIR, replace_best
 from mineonline_core.trainer.sequence import unwrap
 
@@ -199,9 +200,7 @@ class Evaluating:
         if self.iteration % self.train_config.eval_interval:
             return
         weights = (
-            None
-            if published
-            else ray.put({k: v.detach().cpu().numpy() for k, v in unwrap(self.model).state_dict().items()})
+            None if published else ray.put(pack_state(unwrap(self.model).state_dict()))  # bf16 and fp16 parameters too
         )
         if client.request(iteration=self.iteration, version=self.version, env_steps=self.env_steps, weights=weights):
             if self.goals.judges_by_eval:

@@ -1,11 +1,12 @@
 """What a rank publishes: weights to the rollout workers, metrics to the logger hub, checkpoints.
 
-Weights leave the trainer's critical path in two halves. On the trainer's thread: a snapshot of
-the state dict on the rank's device (``_Snapshot``: a device-memory copy into buffers allocated
-once, which the next optimiser step cannot change) and the finite check, one sum per buffer on the
-device (``surely_finite``; only a failed check scans per parameter, for ``require_finite``'s
-message). On one long-lived broadcast thread: the copy to host numpy (one transfer per buffer;
-none on a CPU rank, whose snapshot is host memory already), ``ray.put`` and the ``update_weights``
+Weights leave the trainer's critical path in two halves (``snapshot.py`` has the device side). On the
+trainer's thread: a snapshot of the state dict into buffers allocated once (``WeightSnapshot``: a
+device-memory copy the next optimiser step cannot change), the finite check, one sum per buffer on the
+device (``surely_finite``; only a failed check scans per parameter, for ``require_finite``'s message),
+and, on a CUDA rank, the start of the copy to pinned host buffers on a side stream. On one long-lived
+broadcast thread: the wait for that copy, ``ray.put`` of the packed weights (``PackedWeights``: raw
+bytes per dtype, so bfloat16 and float16 parameters travel bit-exactly) and the ``update_weights``
 calls. At most one broadcast is in flight: the next one first waits for it, so broadcasts leave in
 version order and the snapshot's buffers are free again when they are reused. A broadcast that
 failed is logged on its thread and raised on the trainer's thread with its cause, at the start of
@@ -18,13 +19,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import ray
-import torch
 import yaml
 
 from mineonline_core.contracts import fragment as F
@@ -34,11 +32,13 @@ from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.fetch import OrderedWorker
 from mineonline_core.trainer.goals import BEST_DIR, replace_best
 from mineonline_core.trainer.sequence import unwrap
+from mineonline_core.trainer.snapshot import WeightSnapshot
 
 if TYPE_CHECKING:
     from ray import ObjectRef
 
     from mineonline_core.services.handles import LoggerHubHandle, RolloutManagerHandle, WeightReceiverHandle
+    from mineonline_core.services.weights import PackedWeights
 
 log = logging.getLogger(__name__)
 
@@ -76,23 +76,27 @@ class Publishing:
 
     def _publish_weights(self) -> None:
         """Snapshot and check the weights here; the broadcast thread sends them (see the module doc)."""
-        self.flush_broadcast()  # one in flight at most: versions leave in order, the buffers are free
+        # One in flight at most: versions leave in order, and the snapshot's buffers (the device ones the
+        # side stream reads, the pinned ones ``ray.put`` reads) are free again before they are overwritten.
+        self.flush_broadcast()
         state = unwrap(self.model).state_dict()
         if self._snapshot is None or not self._snapshot.holds(state):
-            self._snapshot = _Snapshot(state)
+            self._snapshot = WeightSnapshot(state)
         weights = self._snapshot.copy_from(state)
         if not surely_finite(weights.flats):
             require_finite(weights.views, what="broadcast to the rollout workers")
+        weights.start_host_copy()
         reference = None
         if self.reference is not None and self._reference_stale:  # rare: its own buffers, not kept
             ref_state = self.reference.state_dict()
-            reference, self._reference_stale = _Snapshot(ref_state).copy_from(ref_state), False
+            reference, self._reference_stale = WeightSnapshot(ref_state).copy_from(ref_state), False
+            reference.start_host_copy()
         if self._broadcaster is None:
             self._broadcaster = OrderedWorker(name="mineonline-broadcast")
         self._broadcast = (self.version, self._broadcaster.submit(self._send_weights, self.version, weights, reference))
 
-    def _send_weights(self, version: int, weights: _Snapshot, reference: _Snapshot | None) -> float:
-        """The broadcast thread's half: host copy, ``ray.put``, ``update_weights``. Returns its ms."""
+    def _send_weights(self, version: int, weights: WeightSnapshot, reference: WeightSnapshot | None) -> float:
+        """The broadcast thread's half: the host copy's end, ``ray.put``, ``update_weights``. Returns its ms."""
         start = time.perf_counter()
         try:
             if reference is not None:  # the reference's put is kept until it changes (``_reference_ref``)
@@ -130,7 +134,7 @@ class Publishing:
                 f"Broadcasting model version {version} to the rollout workers failed: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _put_weights(self, weights: dict[str, np.ndarray]) -> ObjectRef[dict[str, np.ndarray]]:
+    def _put_weights(self, weights: PackedWeights) -> ObjectRef[PackedWeights]:
         # Owned by this rank (Ray >= 2.56 has no ``_owner``): workers fetch it while training runs.
         return ray.put(weights)
 
@@ -174,34 +178,3 @@ class Publishing:
             source_text=self.whole_config,
             keep_interval=keep_interval,
         )
-
-
-class _Snapshot:
-    """A state dict's copy on its own device, in one flat buffer per (device, dtype) whose views are
-    the tensors: a copy into memory already touched, a finite check of one sum per buffer, a host
-    copy of one transfer per buffer."""
-
-    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.layout = [(k, v.shape, v.dtype, v.device) for k, v in state.items()]
-        sizes: dict[tuple[torch.device, torch.dtype], int] = {}
-        self.places: dict[str, tuple[int, int, torch.Size]] = {}  # key -> (buffer, offset, shape)
-        for k, v in state.items():
-            group = (v.device, v.dtype)
-            offset = sizes.setdefault(group, 0)
-            self.places[k] = (list(sizes).index(group), offset, v.shape)
-            sizes[group] = offset + v.numel()
-        self.flats = [torch.empty(n, dtype=dtype, device=device) for (device, dtype), n in sizes.items()]
-        self.views = {k: self.flats[i][o : o + shape.numel()].view(shape) for k, (i, o, shape) in self.places.items()}
-
-    def holds(self, state: Mapping[str, torch.Tensor]) -> bool:
-        return self.layout == [(k, v.shape, v.dtype, v.device) for k, v in state.items()]
-
-    def copy_from(self, state: Mapping[str, torch.Tensor]) -> _Snapshot:
-        with torch.no_grad():
-            torch._foreach_copy_(list(self.views.values()), [v.detach() for v in state.values()])
-        return self
-
-    def host(self) -> dict[str, np.ndarray]:
-        """Numpy views of host copies of the buffers (a CPU buffer is shared: ``ray.put`` copies it once)."""
-        hosts = [flat.cpu().numpy() for flat in self.flats]
-        return {k: hosts[i][o : o + shape.numel()].reshape(shape) for k, (i, o, shape) in self.places.items()}
