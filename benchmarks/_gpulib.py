@@ -13,6 +13,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import _benchlib as bl
@@ -365,4 +366,63 @@ def train_config_row(
         "skipped_updates": trainer.update_guard.skipped_total - skipped,
         "first_clipfrac": rows[0]["clipfrac"],
         "kl_ref_last": rows[-1]["kl_ref"],
+    }
+
+
+# -- the run part's figures, from its metrics.jsonl and nvidia-smi's samples --------------------------------
+
+
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def run_figures(records: list[dict], t_start: float) -> dict:
+    """The issue's rows from a run's ``metrics.jsonl`` records (``time`` is wall time)."""
+    iters = [r for r in records if r.get("trainer/iteration") is not None]
+    out: dict[str, Any] = {"iterations": len(iters)}
+    if not iters:
+        return out
+    first, last = iters[0], iters[-1]
+    later = iters[1:] or iters
+    out["first_iteration_s"] = first["time"] - t_start
+    end = max(records, key=lambda r: r["time"])
+    out["rollout_env_frames_per_s_whole_run"] = max(r.get("step", 0) for r in records) / max(
+        end["time"] - t_start, 1e-9
+    )
+    out["samples_per_s_median"] = _median([r.get("trainer/samples_per_s") for r in later])
+    if len(iters) > 1:
+        span = last["time"] - first["time"]
+        # Frames trained in an iteration: its samples/s x its train time (both logged with it).
+        trained = sum(r["trainer/samples_per_s"] * r["perf/train_ms"] / 1e3 for r in later)
+        out["trained_frames_per_wall_s_steady"] = trained / max(span, 1e-9)
+        out["rollout_env_frames_per_s_steady"] = (last.get("step", 0) - first.get("step", 0)) / max(span, 1e-9)
+        out["iteration_period_s_median"] = _median([b["time"] - a["time"] for a, b in zip(iters, iters[1:])])
+    perf = sorted({k for r in iters for k in r if k.startswith("perf/")})
+    out["trainer_perf_ms_median"] = {k: _median([r.get(k) for r in later]) for k in perf}
+    # The manager's records carry the env-step rate, the workers' records their perf/ timers.
+    for key in ("rollout/env_steps_per_s", "perf/inference_ms", "perf/inference_batch", "perf/env_step_ms"):
+        out[key.replace("perf/", "rollout_").replace("rollout/", "rollout_") + "_median"] = _median(
+            [r.get(key) for r in records]
+        )
+    return out
+
+
+def gpu_figures(path: Path) -> dict | None:
+    util, mem = [], []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            u, m = (float(x) for x in line.split(",")[-2:])
+        except ValueError:
+            continue
+        util.append(u)
+        mem.append(m)
+    if not util:
+        return None
+    busy = util[len(util) // 3 :]  # past start-up
+    return {
+        "samples": len(util),
+        "util_mean_pct": statistics.mean(util),
+        "util_mean_last_two_thirds_pct": statistics.mean(busy),
+        "memory_used_max_mib": max(mem),
     }

@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,9 @@ sys.path.insert(0, str(HERE))
 
 import _benchlib as bl  # noqa: E402
 import torch  # noqa: E402
+from mineonline_core.trainer.device import indexed_device  # noqa: E402
+
+from _gpusource import source_line  # noqa: E402
 
 # The in-process pieces (the trainer, version-0 chunks, the precision and trainer-config rows) and the
 # one JSON line each part prints live in _gpulib.py, beside this script.
@@ -64,19 +66,33 @@ from _gpulib import (  # noqa: E402
     TRAIN_CONFIGS,
     build_trainer,
     emit,
+    gpu_figures,
     log,
     make_chunks,
     precision_rows,
+    run_figures,
     set_precision,
     train_config_row,
 )
 
-PARTS = ("machine", "inprocess", "network", "run")  # inprocess prints the precision and trainer lines
-# Caps in seconds (what a part may take, not what it takes: on an H200 the machine part takes ~5 s,
-# inprocess ~95, network ~50, so the run gets ~240 s). --quick: generous, for a loaded CI machine.
-CAPS = {"machine": 30, "inprocess": 150, "network": 80, "run": 400}
-QUICK_CAPS = {"machine": 60, "inprocess": 240, "run": 240}
-RUN_GRACE_S = 40  # after SIGTERM the trainer finishes its iteration, checkpoints and stops the actors
+PARTS = ("machine", "inprocess", "network", "run", "run_bf16", "run_fp16")  # inprocess: precision and trainer lines
+# The whole device call fits 8 minutes: bench_gpu.sh's wheel install (~15 s) and this parent's start-up
+# (~5 s), then each part under its own cap, in its own process (on an H200 the machine part takes ~5 s,
+# inprocess ~95, network ~50). The caps sum to BUDGET_S, so no part can eat a later one's time.
+CAPS = {"machine": 15, "inprocess": 110, "network": 55, "run": 130, "run_bf16": 65, "run_fp16": 65}
+BUDGET_S = 440.0
+assert sum(CAPS.values()) <= BUDGET_S <= 480 - 30
+QUICK_CAPS = {"machine": 60, "inprocess": 240, "run": 240}  # generous, for a loaded CI machine
+RUN_GRACE_S = {"run": 40, "run_bf16": 25, "run_fp16": 25}  # after SIGTERM: the iteration ends, checkpoint, stop
+# The use_amp rows of the end-to-end run: the same run, autocast to bfloat16 / float16 (with its GradScaler).
+AMP_RUNS = {
+    "run": [],
+    "run_bf16": ["train_config.use_amp=true", "train_config.amp_dtype=bfloat16"],
+    "run_fp16": ["train_config.use_amp=true", "train_config.amp_dtype=float16"],
+}
+AMP_RUN_ITERATIONS = 5
+# Parts the orchestration test selects by name (never run by default): one crashes, one hangs.
+SELFTEST_PARTS = ("selftest_crash", "selftest_hang")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,7 +130,7 @@ def part_machine(args: argparse.Namespace) -> None:
 
 
 def part_inprocess(args: argparse.Namespace) -> None:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = indexed_device("cuda" if torch.cuda.is_available() else "cpu")
     overrides = QUICK_OVERRIDES if args.quick else []
     base: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     start = time.perf_counter()
@@ -211,69 +227,15 @@ def part_network(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _median(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
-def run_figures(records: list[dict], t_start: float) -> dict:
-    """The issue's rows from a run's ``metrics.jsonl`` records (``time`` is wall time)."""
-    iters = [r for r in records if r.get("trainer/iteration") is not None]
-    out: dict[str, Any] = {"iterations": len(iters)}
-    if not iters:
-        return out
-    first, last = iters[0], iters[-1]
-    later = iters[1:] or iters
-    out["first_iteration_s"] = first["time"] - t_start
-    end = max(records, key=lambda r: r["time"])
-    out["rollout_env_frames_per_s_whole_run"] = max(r.get("step", 0) for r in records) / max(
-        end["time"] - t_start, 1e-9
-    )
-    out["samples_per_s_median"] = _median([r.get("trainer/samples_per_s") for r in later])
-    if len(iters) > 1:
-        span = last["time"] - first["time"]
-        # Frames trained in an iteration: its samples/s x its train time (both logged with it).
-        trained = sum(r["trainer/samples_per_s"] * r["perf/train_ms"] / 1e3 for r in later)
-        out["trained_frames_per_wall_s_steady"] = trained / max(span, 1e-9)
-        out["rollout_env_frames_per_s_steady"] = (last.get("step", 0) - first.get("step", 0)) / max(span, 1e-9)
-        out["iteration_period_s_median"] = _median([b["time"] - a["time"] for a, b in zip(iters, iters[1:])])
-    perf = sorted({k for r in iters for k in r if k.startswith("perf/")})
-    out["trainer_perf_ms_median"] = {k: _median([r.get(k) for r in later]) for k in perf}
-    # The manager's records carry the env-step rate, the workers' records their perf/ timers.
-    for key in ("rollout/env_steps_per_s", "perf/inference_ms", "perf/inference_batch", "perf/env_step_ms"):
-        out[key.replace("perf/", "rollout_").replace("rollout/", "rollout_") + "_median"] = _median(
-            [r.get(key) for r in records]
-        )
-    return out
-
-
-def gpu_figures(path: Path) -> dict | None:
-    util, mem = [], []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            u, m = (float(x) for x in line.split(",")[-2:])
-        except ValueError:
-            continue
-        util.append(u)
-        mem.append(m)
-    if not util:
-        return None
-    busy = util[len(util) // 3 :]  # past start-up
-    return {
-        "samples": len(util),
-        "util_mean_pct": statistics.mean(util),
-        "util_mean_last_two_thirds_pct": statistics.mean(busy),
-        "memory_used_max_mib": max(mem),
-    }
-
-
 def part_run(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_gpu_run_"))
+    iterations = args.run_iterations if args.part == "run" else min(args.run_iterations, AMP_RUN_ITERATIONS)
     overrides = [
         *(QUICK_OVERRIDES if args.quick else []),
         f"output_dir={work}",
         "run_name=flagship",
-        f"train_config.num_iterations={args.run_iterations}",
+        f"train_config.num_iterations={iterations}",
+        *AMP_RUNS[args.part],
         *args.run_overrides,
     ]
     smi = None
@@ -289,7 +251,7 @@ def part_run(args: argparse.Namespace) -> None:
     t_start = time.time()
     with (work / "console.log").open("w") as console:
         proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, cwd=work)
-    stop_at = args.deadline - RUN_GRACE_S
+    stop_at = args.deadline - RUN_GRACE_S[args.part]
     out: dict[str, Any] = {"overrides": overrides, "stopped_early": False}
     try:
         proc.wait(timeout=max(stop_at - time.monotonic(), 1))
@@ -317,15 +279,30 @@ def part_run(args: argparse.Namespace) -> None:
     out.update(run_figures(records, t_start))
     if not out["iterations"]:
         out["console_tail"] = (work / "console.log").read_text(errors="replace").splitlines()[-30:]
-    emit("run", out, args.quick)
+    emit(args.part, out, args.quick)
 
 
 # ---------------------------------------------------------------------------------------------
 # the parent: one child per part, each capped by what is left
 # ---------------------------------------------------------------------------------------------
 
-PART_FUNCS = {"machine": part_machine, "inprocess": part_inprocess, "network": part_network, "run": part_run}
-GPU_ONLY = ("network",)  # the network alone at 2x: minutes on a CPU, and no figure the issue asks of one
+
+def part_selftest(args: argparse.Namespace) -> None:
+    if args.part == "selftest_crash":
+        raise RuntimeError("selftest_crash: a part that crashes")
+    time.sleep(3600)  # selftest_hang: a part past its cap
+
+
+PART_FUNCS = {
+    "machine": part_machine,
+    "inprocess": part_inprocess,
+    "network": part_network,
+    **{name: part_run for name in AMP_RUNS},
+    **{name: part_selftest for name in SELFTEST_PARTS},
+}
+# The network alone at 2x: minutes on a CPU, and no figure the issue asks of one; the use_amp runs: the
+# fp32 run's code path, whose CPU smoke run is enough.
+GPU_ONLY = ("network", "run_bf16", "run_fp16")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -333,44 +310,61 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick", "--smoke", action="store_true", help="tiny shapes on the CPU, GPU-only parts skipped"
     )
-    parser.add_argument("--budget-s", type=float, default=None, help="stop by then (default 390; --quick 540)")
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help=f"stop by then (default {BUDGET_S:g}; --quick 540)"
+    )
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
     parser.add_argument(
         "--run-iterations", type=int, default=None, help="iterations of the run part (default 12; --quick 2)"
     )
     parser.add_argument("--run-overrides", nargs="*", default=[], help="more key=value overrides of the run part")
     parser.add_argument("--out", help="also append the JSON lines to this file")
-    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a child: run this part
+    parser.add_argument("--cap", action="append", default=[], metavar="PART=S", help="a part's cap in seconds")
+    parser.add_argument("--wheels", default=os.environ.get("GPU_WHL", ".gpu/whl"), help="the carried wheels' folder")
+    parser.add_argument("--part", choices=[*PARTS, *SELFTEST_PARTS], help=argparse.SUPPRESS)  # a child: this part
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)  # the child's time.monotonic() budget
     args = parser.parse_args(argv)
     args.run_iterations = args.run_iterations or (2 if args.quick else 12)
     if args.part:
         PART_FUNCS[args.part](args)
         return
-    budget = args.budget_s or (540.0 if args.quick else 390.0)
-    caps = QUICK_CAPS if args.quick else CAPS
+    budget = args.budget_s or (540.0 if args.quick else BUDGET_S)
+    caps = {**(QUICK_CAPS if args.quick else CAPS), **{p: 10.0 for p in SELFTEST_PARTS}}
+    for item in args.cap:
+        name, _, seconds = item.partition("=")
+        caps[name] = float(seconds)
     start = time.monotonic()
     cuda = torch.cuda.is_available()
     parts = [p for p in args.parts.split(",") if p]
-    if set(parts) - set(PARTS):
+    if set(parts) - set(PARTS) - set(SELFTEST_PARTS):
         parser.error(f"--parts: unknown {sorted(set(parts) - set(PARTS))}; the parts are {', '.join(PARTS)}")
+    source = source_line(wheels=Path(args.wheels), root=bl.ROOT, quick=args.quick)
+    _print(source, args.out)
+    if not json.loads(source)["ok"]:
+        # Minutes of a lent GPU spent on code that is not the checkout's would measure nothing asked for.
+        print("bench_gpu.py: the installed project is not this checkout; rebuild the wheels", file=sys.stderr)
+        sys.exit(3)
     for part in parts:
         left = budget - (time.monotonic() - start)
         cap = min(caps.get(part, 0), left - 5)
         if part in GPU_ONLY and (args.quick or not cuda):
             reason = "no CUDA" if not cuda else "--quick (it measures the 2x network only)"
             lines = [json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "skipped": reason})]
-        elif cap < 10:
+        elif cap < 5:
             lines = [
                 json.dumps({"bench": "gpu", "part": part, "quick": args.quick, "skipped": f"budget: {left:.0f} s left"})
             ]
         else:
             lines = run_child(part, cap, args)
         for line in lines:
-            print(line, flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(line + "\n")
+            _print(line, args.out)
+
+
+def _print(line: str, out: str | None) -> None:
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
 
 
 def run_child(part: str, cap: float, args: argparse.Namespace) -> list[str]:

@@ -141,6 +141,7 @@ class MemoryEstimate:
     fragment_length: int = 0
     step_bytes: int = 0  # bytes of all parts together per step of fragment_length
     env_fragment_bytes: int = 0  # one env's fragment being filled: one process holds it whole
+    gpu: Any = None  # gpu_budget.GpuEstimate of a trainer rank's card, when training runs on a GPU
 
     @property
     def total(self) -> int:
@@ -176,7 +177,10 @@ class MemoryEstimate:
             )
 
     def check(self, available: int, where: str) -> None:
-        """Refuse a run whose estimate exceeds ``available`` bytes."""
+        """Refuse a run whose estimate exceeds ``available`` bytes, or whose trainer's GPU part exceeds
+        the memory of the GPUs this machine has (``gpu_budget.py``)."""
+        if self.gpu is not None:
+            self.gpu.check()
         if self.total <= available:
             return
         rest = self.total - self.step_bytes * self.fragment_length
@@ -257,7 +261,19 @@ def estimate_memory(
         + envs * builder_step
         + fragments * step_bytes
     )
+    from mineonline_core.driver.gpu_budget import estimate_gpu
+
+    gpu = estimate_gpu(
+        cfg,
+        policy,
+        policy_bytes=policy_bytes,
+        state_bytes=state_bytes,
+        step_bytes=step_bytes + ESTIMATE_COLUMNS_BYTES,
+        observation_space=observation_space,
+        reference=reference,
+    )
     return MemoryEstimate(
+        gpu=gpu,
         policy=policy,
         parameters=parameters,
         policy_bytes=policy_bytes,

@@ -244,9 +244,10 @@ def resolve_generators(
         memory.check_policy_fits()  # measured on the meta device: a huge network is refused, not allocated
         from mineonline_core.config.precision import PrecisionChoice, float16_problem
 
-        problem = float16_problem(
-            PrecisionChoice.from_config(cfg.train_config), _call(policy_generator, "policy_generator()")
-        )
+        # The meta build answers what the checks here ask (the class, its flags); a real build, seconds for
+        # VPT-2x, only when the generator cannot build on the meta device, so that its error shows before Ray.
+        policy = memory.policy if memory.policy is not None else _call(policy_generator, "policy_generator()")
+        problem = float16_problem(PrecisionChoice.from_config(cfg.train_config), policy)
         if problem:  # before Ray: a float16 overflow would otherwise surface at the first training step
             raise ConfigError(problem)
 

@@ -47,6 +47,8 @@ from mineonline_core.config.precision import PrecisionChoice, float16_problem
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.services.runlog import setup_actor_logging
 from mineonline_core.trainer import recovery
+from mineonline_core.trainer.build import PolicyBuilding
+from mineonline_core.trainer.device import fused_adamw, indexed_device
 from mineonline_core.trainer.driver import DriverSide
 from mineonline_core.trainer.evaluation import Evaluating
 from mineonline_core.trainer.fetch import ChunkFetching, OrderedWorker
@@ -81,6 +83,8 @@ _LIVE = (
     "_broadcast",
     "_snapshot",
     "_evaluation",
+    "_built",
+    "_pristine",
 )
 
 
@@ -89,7 +93,7 @@ class TrainerOptions(Section):
     Unknown keys are errors and NaN/inf are never valid numbers, as in the core's sections."""
 
 
-class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating):
+class BaseTrainer(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishing, Evaluating):
     """Subclass, set ``name`` and ``Config``, implement ``compute_loss``; see the module doc."""
 
     name: ClassVar[str] = ""
@@ -154,6 +158,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         self.last_metrics: dict[str, float] = {}
         self.goals = Goals(config)  # max_env_steps, stop_at_return, keep_best (rank 0 judges)
         self._goal_reached: str | None = None
+        self._built = self._pristine = None  # trainer/build.py
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -171,7 +176,9 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         ``weight_decay``."""
         tc = self.train_config
         trainable = [p for p in policy.parameters() if p.requires_grad]
-        return policy, torch.optim.AdamW(trainable, lr=tc.learning_rate, eps=tc.adam_eps, weight_decay=tc.weight_decay)
+        return policy, torch.optim.AdamW(
+            trainable, lr=tc.learning_rate, eps=tc.adam_eps, weight_decay=tc.weight_decay, fused=fused_adamw(trainable)
+        )
 
     def init_policy(self, policy: nn.Module) -> None:
         """Change the freshly built policy before a checkpoint's weights are loaded into it (PPO's
@@ -204,13 +211,6 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         """Whether a run with these options keeps a KL reference policy (``make_reference``): the
         pre-Ray memory estimate counts its weights and its recurrent state in every fragment."""
         return False
-
-    def make_reference(self) -> nn.Module:
-        """A frozen copy of the initial policy (``policy_generator()`` at the run's seed) on this
-        rank's device: assign it to ``self.reference`` in ``setup_model_and_optimizer`` and the
-        core runs it beside the policy in rollout and in the update loop (``ref_logits``)."""
-        torch.manual_seed(self.config.seed)  # same weights as the initial policy
-        return self.policy_generator().to(self.device).eval().requires_grad_(False)
 
     def trainer_state(self) -> dict[str, Any]:
         """Extra state to checkpoint (tensors, numbers, lists, dicts only)."""
@@ -250,7 +250,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         for message in ignored_key_warnings(self.options):
             log.warning(message)
         ckpt.check_writable(self.save_dir)
-        policy = self.policy_generator()
+        policy = self.preflight_policy()
         self.check_policy(policy)  # on the driver, before any Ray Train worker starts
         if self.train_config.resume:
             state = ckpt.load_checkpoint(self.train_config.resume)
@@ -265,20 +265,20 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         ``device``: the CPU by default; ``fit`` passes the GPU the driver leased (``trainer/device.py``).
         """
         if local:
-            self.rank, self.world_size, self.device = 0, 1, device or torch.device("cpu")
+            self.rank, self.world_size, self.device = 0, 1, indexed_device(device or "cpu")
             if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)  # what a bare "cuda" means here, as Ray Train sets for its ranks
+                torch.cuda.set_device(self.device)  # as Ray Train sets for its ranks: a bare "cuda" is this one
         else:
             import ray.train
             import ray.train.torch
 
             ctx = ray.train.get_context()
             self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
-            self.device = ray.train.torch.get_device()
+            self.device = indexed_device(ray.train.torch.get_device())
         tc, seed = self.train_config, self.config.seed
         torch.manual_seed(seed)  # the same initial weights (and KL reference) on every rank
         self._reference_stale = True  # a rebuilt reference is sent with the first broadcast
-        policy = self.policy_generator()
+        policy = self._initial_policy(local)
         self.check_policy(policy)
         self.init_policy(policy)
         own = recovery.own_checkpoint(self.save_dir, self._fit_started)  # this run's progress, after a restart
@@ -298,6 +298,7 @@ class BaseTrainer(DriverSide, ChunkFetching, UpdateLoop, Publishing, Evaluating)
         precision.apply_tf32()  # explicit on every rank, as on every rollout worker
         self.scaler = precision.make_scaler()  # float16 on CUDA only
         self.update_guard = UpdateGuard(max_consecutive=tc.max_skipped_updates)
+        self._pristine = None  # a trainer whose setup took no reference leaves no copy behind
         _seed_everything(seed + 1000 * self.rank + 1)
         if resume is not None:
             self._restore(resume)

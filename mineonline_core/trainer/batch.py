@@ -21,7 +21,7 @@ from torch import nn
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.trainer.gae import compute_gae
-from mineonline_core.trainer.sequence import detach_state, iter_windows, squeeze_value, unwrap
+from mineonline_core.trainer.sequence import detach_state, slice_time, squeeze_value, unwrap, windows
 from mineonline_core.contracts.tree import to_torch, tree_cat, tree_index, tree_map, tree_stack
 
 
@@ -91,19 +91,26 @@ def _slice_outputs(
 ) -> dict[str, torch.Tensor]:
     obs, state_in, first = (tree_index(batch[c], rows) for c in (F.OBS, F.STATE_IN, F.FIRST))
     # Gradients recorded as in the update, because some kernels compute otherwise without them (VPT's
-    # attention in bf16 on CPU differs by 1e-4 in log-prob); each window's graph is dropped with
-    # its detached outputs, so this holds no more than one window of the update's forward.
+    # attention in bf16 on CPU differs by 1e-4 in log-prob). So each window's graph (its activations)
+    # must be gone before the next window runs: only detached outputs and state leave the window, and
+    # its own references are dropped (a generator's or loop's locals would keep the last one alive).
+    pieces, state = [], state_in
     with torch.enable_grad(), autocast():
-        pieces, state = [], state_in
-        for _, latents, state in iter_windows(policy, obs, state_in, first, context_length=context_length):
+        for window in windows(first.shape[1], context_length):
+            latents, state_out = policy(
+                input=slice_time(obs, window), state_in=state, context={"first": first[:, window]}
+            )
             pieces.append(detach_state({"pi_logits": latents["pi_logits"], "vpred": squeeze_value(latents["vpred"])}))
+            state = detach_state(state_out)
+            del latents, state_out
         done_last = (batch[F.TERMINATED][rows, -1:] | batch[F.TRUNCATED][rows, -1:]).bool()
         next_obs = tree_index(batch[F.NEXT_OBS], rows)
-        next_latents, _ = policy(input=next_obs, state_in=state, context={"first": done_last})
+        next_vpred = squeeze_value(policy(input=next_obs, state_in=state, context={"first": done_last})[0]["vpred"])
+        next_vpred = next_vpred.detach().float()[:, 0]
     latents = {key: tree_cat([piece[key] for piece in pieces], axis=1) for key in pieces[0]}
     # Scored as the update scores them: float32 logits, outside autocast.
     logits = tree_map(lambda x: x.float(), latents["pi_logits"])
-    vpred, next_vpred = latents["vpred"].float(), squeeze_value(next_latents["vpred"]).detach().float()[:, 0]
+    vpred = latents["vpred"].float()
     return {
         "logprob": policy.pi_head.logprob(tree_index(batch[F.ACTION], rows), logits).float(),
         "vpred": vpred,

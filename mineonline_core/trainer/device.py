@@ -41,3 +41,21 @@ def rank_device(
             f"Ray's GPU {gpu} is not one of the driver's CUDA devices (CUDA_VISIBLE_DEVICES={visible_devices!r})",
         )
     return torch.device("cuda", names.index(gpu)), f"Ray's GPU {gpu}"
+
+
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` with an index: a bare ``"cuda"`` becomes this process's current CUDA device.
+
+    ``torch.cuda.set_device`` refuses a device without an index, and two tensors on ``cuda`` and
+    ``cuda:0`` compare as different devices; the trainer picks its device through this helper so that
+    what it stores, sets and moves tensors to is always one concrete GPU."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def fused_adamw(params: list[torch.Tensor]) -> bool | None:
+    """True when every parameter is a CUDA float: AdamW's fused kernel steps them all in a few launches
+    (and takes the GradScaler's inf check on the device). None (torch's default) elsewhere."""
+    return True if params and all(p.is_cuda and p.is_floating_point() for p in params) else None

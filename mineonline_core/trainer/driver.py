@@ -61,6 +61,7 @@ class DriverSide:
                 finally:
                     if lease is not None:
                         ray.kill(lease)
+        self._built = None  # Ray Train's ranks build their own policy in their processes
         tc = self.train_config
         use_gpu = tc.num_gpus_per_worker > 0
         resources = {"CPU": tc.num_cpus_per_worker, **({"GPU": tc.num_gpus_per_worker} if use_gpu else {})}

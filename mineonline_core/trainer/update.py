@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -81,8 +80,10 @@ class UpdateLoop:
         batch = self.prepare_batch(batch=self._with_value_targets(batch))
         n, per_batch, accum = batch[F.REWARD].shape[0], tc.batch_size_per_gpu, tc.gradient_accumulation
         num_batches = math.ceil(n / per_batch)
-        totals: dict[str, float] = defaultdict(float)
-        group_terms: dict[str, float] = defaultdict(float)  # loss terms since the last optimiser step
+        # Stats stay on the device (float64: the same sums as Python floats) and are read once at the
+        # iteration's end: a float() per window or step would wait for the GPU each time.
+        totals: dict[str, torch.Tensor] = {}
+        group_terms: dict[str, torch.Tensor] = {}  # loss terms since the last optimiser step
         grad_norms: list[float] = []
         device = batch[F.REWARD].device
         for _ in range(tc.epochs_per_iteration):
@@ -92,15 +93,14 @@ class UpdateLoop:
                 group_start = (b // accum) * accum
                 step_now = (b + 1) % accum == 0 or b == num_batches - 1
                 stats = self._backward(batch, rows, sync=step_now, scale=1.0 / min(accum, num_batches - group_start))
-                for k, v in stats.items():
-                    totals[k] += v
-                    group_terms[k] += v
+                _accumulate(totals, stats)
+                _accumulate(group_terms, stats)
                 if step_now:
-                    grad_norm = self._optimizer_step(dict(group_terms))
+                    grad_norm = self._optimizer_step(group_terms)
                     grad_norms += [] if grad_norm is None else [grad_norm]
-                    group_terms = defaultdict(float)
+                    group_terms = {}
         count = tc.epochs_per_iteration * num_batches
-        metrics = {f"trainer/{k}": v / count for k, v in totals.items()}
+        metrics = {f"trainer/{k}": v / count for k, v in zip(totals, _read(totals.values()))}
         metrics["trainer/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         returns, values = batch[F.RETURN], batch[F.VALUE]
         metrics["trainer/explained_variance"] = float(1 - (returns - values).var() / returns.var().clamp(min=1e-8))
@@ -129,8 +129,11 @@ class UpdateLoop:
             batch[F.VALUE_TARGET] = normalize(batch[F.RETURN]).float()
         return batch
 
-    def _backward(self, batch: dict[str, Any], rows: torch.Tensor, *, sync: bool, scale: float) -> dict[str, float]:
-        """Forward/backward one micro-batch window by window; gradients accumulate in ``.grad``."""
+    def _backward(
+        self, batch: dict[str, Any], rows: torch.Tensor, *, sync: bool, scale: float
+    ) -> dict[str, torch.Tensor]:
+        """Forward/backward one micro-batch window by window; gradients accumulate in ``.grad``. Returns
+        the windows' stats weighted by length, float64 tensors on the batch's device (nothing read)."""
         tc = self.train_config
         n, length = batch[F.REWARD].shape[:2]
         steps = {k: tree_index(v, rows) for k, v in batch.items() if k not in _NOT_STEPS and _per_step(v, n, length)}
@@ -146,7 +149,7 @@ class UpdateLoop:
                 "kl_divergence_coef_rho: 0). Start with a fresh replay store (database_config.path)."
             )
         spans = windows(length, tc.context_length)
-        totals: dict[str, float] = defaultdict(float)
+        totals: dict[str, torch.Tensor] = {}
         for i, window in enumerate(spans):
             # DDP all-reduces only on the very last backward before an optimiser step.
             last = sync and i == len(spans) - 1
@@ -172,17 +175,18 @@ class UpdateLoop:
                 weight = (window.stop - window.start) / length
                 self.scaler.scale(loss * weight * scale).backward()
             state = detach_state(state_out)
-            for k, v in stats.items():
-                totals[k] += float(v) * weight
+            _accumulate(totals, {k: _on(v, rows.device) * weight for k, v in stats.items()})
         return totals
 
-    def _optimizer_step(self, loss_terms: dict[str, float]) -> float | None:
+    def _optimizer_step(self, loss_terms: dict[str, torch.Tensor]) -> float | None:
         """Clip and step; None when the step was skipped for non-finite loss terms or gradients."""
         self.scaler.unscale_(self.optimizer)
         self.filter_gradients()
         params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.train_config.max_grad_norm)
-        if not self.update_is_finite(grad_norm=float(grad_norm), loss_terms=loss_terms):
+        norm = torch.nn.utils.clip_grad_norm_(params, self.train_config.max_grad_norm)
+        # The finite check needs numbers on the host: the norm and the loss terms come in one read.
+        grad_norm, *terms = _read([norm, *loss_terms.values()])
+        if not self.update_is_finite(grad_norm=grad_norm, loss_terms=dict(zip(loss_terms, terms))):
             if self.scaler.is_enabled():
                 self.scaler.update()  # an fp16 overflow: the scaler lowers its scale, as its own skip would
             self.optimizer.zero_grad(set_to_none=True)
@@ -190,7 +194,7 @@ class UpdateLoop:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+        return grad_norm
 
     def update_is_finite(self, *, grad_norm: float, loss_terms: dict[str, float]) -> bool:
         """Call between ``clip_grad_norm_`` and ``optimizer.step``: False means skip this step (and
@@ -246,6 +250,27 @@ def _per_step(value: Any, n: int, length: int) -> bool:
     return bool(leaves) and all(
         isinstance(x, torch.Tensor) and x.dim() >= 2 and tuple(x.shape[:2]) == (n, length) for x in leaves
     )
+
+
+def _on(value: Any, device: torch.device) -> torch.Tensor:
+    """A stat as a float64 tensor on ``device`` (a trainer may return Python numbers); no host sync."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device, torch.float64)
+    return torch.full((), float(value), dtype=torch.float64, device=device)  # a fill, not a host copy
+
+
+def _accumulate(totals: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
+    for k, v in stats.items():
+        totals[k] = totals[k] + v if k in totals else v
+
+
+def _read(values: Any) -> list[float]:
+    """Scalar tensors as Python floats, in one device-to-host copy (one sync) instead of one each."""
+    values = list(values)
+    if not values:
+        return []
+    device = values[0].device
+    return torch.stack([v.detach().to(device, torch.float64).reshape(()) for v in values]).tolist()
 
 
 def _float(tree: Any) -> Any:

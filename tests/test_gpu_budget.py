@@ -1,0 +1,84 @@
+"""The pre-Ray memory estimate covers the trainer's GPU (issue 33 row 9, ``driver/gpu_budget.py``):
+weights, gradients, AdamW, the reference, the batch and one window's activations at the configured
+precision. Checked on a fake 80 GB card (this machine has no GPU): the flagship in float32 fits (one
+window: 8 x 64 frames), a micro-batch twice as large does not and is refused with its figures before
+Ray starts, and MineStudio's cow settings (examples/minestudio_cow.py) fit in bfloat16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mineonline_core.config import load_config
+from mineonline_core.driver import gpu_budget
+from mineonline_core.driver.resolve import resolve
+from mineonline_core.errors import ConfigError
+from mineonline_core.registry import get_plugin_manager
+
+FLAGSHIP = Path(__file__).resolve().parents[1] / "examples" / "flagship_vpt2x.yaml"
+CARD = (80 * 10**9, "fake 80 GB card")
+# MineStudio's cow example's train_config and GPU placement, on the flagship's VPT-2x (the cow's
+# foundation-model-2x architecture; its weights files are not needed for shapes).
+COW = [
+    "train_config.num_workers=2",
+    "train_config.num_gpus_per_worker=1.0",
+    "train_config.batch_size_per_gpu=1",
+    "train_config.batches_per_iteration=200",
+    "train_config.gradient_accumulation=10",
+    "train_config.context_length=64",
+    "train_config.prefetch_batches=2",
+    "rollout_config.num_rollout_workers=2",
+    "rollout_config.num_gpus_per_worker=1.0",
+    "rollout_config.fragment_length=256",
+    "rollout_config.worker_config.num_envs=12",
+    "rollout_config.worker_config.batch_size=6",
+    "train_config.use_amp=true",
+]
+
+
+@pytest.fixture
+def fake_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_budget, "gpu_memory", lambda: CARD)
+
+
+def _memory(*overrides: str):  # type: ignore[no-untyped-def]
+    return resolve(load_config(str(FLAGSHIP), list(overrides)), get_plugin_manager()).memory
+
+
+def _window(gpu) -> int:  # type: ignore[no-untyped-def]
+    return next(v for k, v in gpu.parts.items() if k.startswith("one window's activations"))
+
+
+def test_the_flagship_fits_an_80_gb_card_in_float32_and_a_larger_micro_batch_is_refused(fake_card) -> None:
+    fp32 = _memory()
+    assert fp32.gpu.activations_known
+    assert fp32.gpu.parts["weights, gradients and AdamW's two moments"] == 4 * fp32.policy_bytes
+    assert fp32.gpu.parts["KL reference"] == fp32.policy_bytes
+    # One window of 8 chunks x 64 steps, whatever the estimate pass holds besides (nothing, row 3).
+    assert _window(fp32.gpu) == 8 * 64 * fp32.gpu.frame_bytes
+    assert 40 * 2**30 < fp32.gpu.total < CARD[0]
+    fp32.gpu.check()
+    bf16 = _memory("train_config.use_amp=true")
+    assert 2 * _window(bf16.gpu) == pytest.approx(_window(fp32.gpu), rel=1e-6)
+
+    larger = _memory("train_config.batch_size_per_gpu=16")
+    with pytest.raises(ConfigError) as refused:
+        larger.check(2**80, "the machine's memory")  # the host has room: the GPU is what does not fit
+    message = str(refused.value)
+    assert "fake 80 GB card" in message and "74.5 GiB" in message
+    assert "one window's activations (16 x 64 steps, float32)" in message
+    for key in ("batch_size_per_gpu", "context_length", "use_amp"):
+        assert key in message
+
+
+def test_minestudios_cow_settings_fit_an_80_gb_card_in_bfloat16(fake_card) -> None:
+    cow = _memory(*COW)
+    assert cow.gpu.activations_known
+    assert not any("rollout workers" in k for k in cow.gpu.parts)  # each on a GPU of its own
+    assert cow.gpu.total < CARD[0]
+    cow.check(2**80, "the machine's memory")
+
+
+def test_a_cpu_trainer_has_no_gpu_part() -> None:
+    assert _memory("train_config.num_gpus_per_worker=0").gpu is None
