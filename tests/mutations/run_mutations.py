@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-COPY = ("mineonline_core", "plugins", "tests", "examples", "conftest.py", "pyproject.toml")
+COPY = ("mineonline_core", "plugins", "tests", "examples", "benchmarks", "conftest.py", "pyproject.toml")
 
 
 @dataclass(frozen=True)
