@@ -34,6 +34,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         address=args.address,
         resume=args.resume,
         progress=not args.no_progress,
+        quiet=args.quiet,
         force=args.force,
         verbose=args.verbose,
     )
@@ -216,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--address", help="the Ray cluster to join (default: start a local one)")
     run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
+    run.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress lines and no summary table: warnings, errors, the last line",
+    )
     run.add_argument(
         "-v",
         "--verbose",

@@ -219,3 +219,12 @@ def test_the_exit_status_tells_a_stopped_run_from_a_finished_one(monkeypatch, st
 
     monkeypatch.setattr(api, "run", lambda *args, **kwargs: {"status": status})
     assert cli.main(["run", "config.yaml", "--no-progress"]) == code
+
+
+def test_quiet_prints_the_last_line_alone(tmp_path) -> None:
+    """`--quiet`: no progress lines, no summary table; a healthy run says one line (its end)."""
+    config = tmp_path / "cartpole.yaml"
+    config.write_text(CARTPOLE.format(name="hush", out=tmp_path / "runs"))
+    proc = _mineonline(str(config), "--quiet", cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert (proc.stdout + proc.stderr).strip().splitlines() == [f"run hush completed: {tmp_path / 'runs' / 'hush'}"]

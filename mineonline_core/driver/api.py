@@ -224,6 +224,7 @@ def run(
     address: str | None = None,
     resume: str | None = None,
     progress: bool = True,
+    quiet: bool = False,
     force: bool = False,
     verbose: bool = False,
     pm: PluginManager | None = None,
@@ -235,7 +236,8 @@ def run(
     store) locked for this process, and for a resume the checkpoint verified and the config compared
     with the one it was trained with (``resume``; ``force`` accepts continuity-breaking changes).
     The console shows mineonline's own output; Ray's and the libraries' go to ``run.log`` in the run
-    directory (``verbose``: to the console as well).
+    directory (``verbose``: to the console as well). ``progress=False``: plain progress lines instead of
+    the live panel; ``quiet``: neither, and no summary table: warnings, errors and the final line only.
 
     Inside a Ray worker (a Tune trial, ``driver/tune.py``) the run joins that Ray and leaves it running.
     ``monitor`` is called on this thread with the logging actor's latest metrics about once a second;
@@ -275,6 +277,7 @@ def run(
                 overrides=plan.recorded if plan else list(overrides),
                 address=address,
                 progress=progress,
+                quiet=quiet,
                 verbose=verbose,
                 monitor=monitor,
             )
@@ -291,6 +294,7 @@ def _run_owned(
     overrides: list[str],
     address: str | None,
     progress: bool,
+    quiet: bool,
     verbose: bool,
     monitor: Callable[[dict], bool] | None = None,
 ) -> dict:
@@ -304,10 +308,16 @@ def _run_owned(
     pm.hook.mineonline_run_start(config=cfg, run_dir=str(run_dir))
     with RunLog(run_dir, verbose=verbose) as run_log:
         status, result = _launch(
-            resolved, pm, run_dir, address=address, progress=progress, run_log=run_log, monitor=monitor
+            resolved,
+            pm,
+            run_dir,
+            address=address,
+            progress=None if quiet else progress,
+            run_log=run_log,
+            monitor=monitor,
         )
     result["status"], result["run_dir"] = status, str(run_dir)
-    if result["summary"] and monitor is None:  # a Tune trial's summary is its row of the results table
+    if result["summary"] and monitor is None and not quiet:  # a Tune trial's summary is its table row
         from mineonline_core.driver.progress import print_summary
 
         # The table is printed here, on the driver, not in the logging actor whose output Ray prefixes.
@@ -324,7 +334,7 @@ def _launch(
     run_dir: Path,
     *,
     address: str | None,
-    progress: bool,
+    progress: bool | None,
     run_log: RunLog,
     monitor: Callable[[dict], bool] | None = None,
 ) -> tuple[str, dict]:

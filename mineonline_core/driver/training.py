@@ -35,10 +35,11 @@ def train_with_progress(
     manager: RolloutManagerHandle,
     hub: LoggerHubHandle,
     cfg: OnlineConfig,
-    progress: bool,
+    progress: bool | None,
     monitor: Callable[[dict], bool] | None = None,
 ) -> dict:
-    """Run ``trainer.fit()`` in a thread; the main thread shows progress and turns Ctrl-C into a stop."""
+    """Run ``trainer.fit()`` in a thread; the main thread shows progress (the live panel; plain lines when
+    ``progress`` is False; nothing when None) and turns Ctrl-C into a stop."""
 
     from mineonline_core.driver.progress import Progress
     from mineonline_core.driver.placement import PendingWatch
@@ -58,10 +59,11 @@ def train_with_progress(
             done.set()
 
     trainer_thread = threading.Thread(target=fit, name="mineonline-trainer", daemon=True)
-    # --no-progress: plain log lines (what its help promises), never the live panel.
+    # --no-progress: plain log lines (what its help promises), never the live panel; --quiet: neither.
     display = Progress(
         cfg.train_config.num_iterations,
         max_env_steps=cfg.train_config.max_env_steps,
+        enabled=progress is not None,
         force_terminal=None if progress else False,
     )
     watchdog = ProgressWatchdog(timeout=cfg.progress_timeout)

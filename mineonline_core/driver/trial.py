@@ -132,6 +132,7 @@ class TrialRun(Trainable):
                     resume=str(self.run_dir),
                     force=True,
                     progress=False,
+                    quiet=True,
                     monitor=self._on_latest,
                 )
             elif self._restore_from:
@@ -139,12 +140,15 @@ class TrialRun(Trainable):
                     spec.source,
                     [*spec.fixed, *own, *plumbing, f"train_config.resume={self._restore_from}"],
                     progress=False,
+                    quiet=True,
                     monitor=self._on_latest,
                 )
             elif has_checkpoint:  # `mineonline tune --resume`: the trial continues where its run stopped
-                result = run(None, [], resume=str(self.run_dir), progress=False, monitor=self._on_latest)
+                result = run(None, [], resume=str(self.run_dir), progress=False, quiet=True, monitor=self._on_latest)
             else:
-                result = run(spec.source, [*spec.fixed, *own, *plumbing], progress=False, monitor=self._on_latest)
+                result = run(
+                    spec.source, [*spec.fixed, *own, *plumbing], progress=False, quiet=True, monitor=self._on_latest
+                )
             if result.get("status") == "failed":
                 raise RunFailedError(f"run {self.name} failed: see {self.run_dir / 'run.log'}")
             self._events.put(("end", result))
