@@ -4,6 +4,7 @@ directory's ``run.log``); a failing run ends with the root cause from the proces
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -228,3 +229,6 @@ def test_quiet_prints_the_last_line_alone(tmp_path) -> None:
     proc = _mineonline(str(config), "--quiet", cwd=tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert (proc.stdout + proc.stderr).strip().splitlines() == [f"run hush completed: {tmp_path / 'runs' / 'hush'}"]
+    # A run shorter than a few report intervals still ends on its rollout rate, not 0.
+    summary = json.loads((tmp_path / "runs" / "hush" / "summary.json").read_text())
+    assert summary["rollout/env_steps_per_s"] > 0 and summary["rollout/env_steps"] > 0

@@ -90,6 +90,7 @@ class RolloutManager:
         if actors.error is not None:
             self._error = actors.error
             return
+        self._origin = (time.monotonic(), 0.0)  # (time, env steps) rollout started from: the run's mean rate
         self._monitor = threading.Thread(target=self._monitor_loop, name="rollout-monitor", daemon=True)
         self._monitor.start()
 
@@ -235,6 +236,11 @@ class RolloutManager:
             # Waited for: the driver finishes the hub next, and Ray orders calls per caller only.
             try:
                 metrics = {**self._aggregate(reports), **self._server_report()}
+                # The run's mean, so that a run shorter than a few report intervals (whose windows all
+                # fell before the first fragments) does not end on a rate of 0.
+                origin_time, origin_total = self._origin
+                rate = (metrics["rollout/env_steps"] - origin_total) / max(time.monotonic() - origin_time, 1e-9)
+                metrics["rollout/env_steps_per_s"] = max(rate, 0.0)
                 ray.get(self._hub.log_metrics.remote(metrics), timeout=30)  # stamped by the hub: never behind
             except Exception:  # noqa: BLE001 - a dead logging actor must not keep the workers running
                 log.warning("the final rollout report did not reach the logging actor", exc_info=True)
@@ -255,6 +261,7 @@ class RolloutManager:
     def _monitor_loop(self) -> None:
         # From the count the run starts at: a resumed run's first rate must not include the checkpoint's steps.
         last_time, last_total = time.monotonic(), self._read_env_steps()
+        self._origin = (last_time, last_total)
         while not self._stop.wait(self._report_interval):
             # Bookkeeping actors first: when one dies, workers fail too, and the root cause
             # should be the error the driver sees.
