@@ -295,6 +295,8 @@ TRAIN_CONFIGS = {
     "fp32": (dict(amp=False, tf32=False), 1),
     "tf32": (dict(amp=False, tf32=True), 1),
     "amp": (dict(amp=True, tf32=False), 1),
+    # float16 with its GradScaler (and fused AdamW on CUDA): before amp_2x, which the part's budget may skip.
+    "amp_fp16": (dict(amp=True, tf32=False, amp_dtype="float16"), 1),
     "amp_2x": (dict(amp=True, tf32=False), 2),
 }
 

@@ -160,21 +160,43 @@ def part_inprocess(args: argparse.Namespace) -> None:
     settings = precision_rows(trainer, chunks, raw, device)
     emit("precision", {**base, "chunks": min(PRECISION_CHUNKS, n_chunks), "settings": settings}, args.quick)
     del raw
-    configs = {}
-    for name, (setting, micro) in TRAIN_CONFIGS.items():
-        if time.monotonic() > args.deadline:
-            configs[name] = {"skipped": "the part's budget is spent"}
-            continue
+
+    def row(name: str) -> dict:
+        setting, micro = TRAIN_CONFIGS[name]
         try:
-            configs[name] = train_config_row(
+            return train_config_row(
                 trainer, chunks, setting=setting, micro=micro, iterations=0 if args.quick else 2, device=device
             )
-        except Exception as exc:  # noqa: BLE001 - use_amp crashing on CUDA is one of the issue's rows
-            configs[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-        log(f"trainer config {name}: {configs[name]}")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    configs = rows_within(list(TRAIN_CONFIGS), row, deadline=args.deadline)
     emit("trainer", {**base, "configs": configs}, args.quick)
+
+
+def rows_within(
+    names: list[str], row: Any, *, deadline: float, clock: Any = time.monotonic
+) -> dict[str, dict[str, Any]]:
+    """``row(name)`` for each name, skipping a row that would end past ``deadline`` if it took as long as
+    the row before it: the part prints its line after the last row, so one row cut by the part's cap
+    would lose every row already measured."""
+    rows: dict[str, dict[str, Any]] = {}
+    previous = 0.0
+    for name in names:
+        start = clock()
+        if start + previous > deadline:
+            rows[name] = {
+                "skipped": f"the part's budget is spent ({deadline - start:.0f} s left, {previous:.0f} s a row)"
+            }
+            continue
+        try:
+            rows[name] = row(name)
+        except Exception as exc:  # noqa: BLE001 - use_amp crashing on CUDA is one of the issue's rows
+            rows[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        previous = clock() - start
+        log(f"trainer config {name}: {rows[name]}")
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------

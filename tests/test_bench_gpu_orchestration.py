@@ -27,6 +27,12 @@ def test_a_crashed_and_a_hung_part_leave_the_others_their_lines() -> None:
             "selftest_crash,selftest_hang,machine",
             "--cap",
             "selftest_hang=6",
+            # A child's start (torch and the project imported) takes 15 s on this 2-core machine under load:
+            # the crash and the machine part get room for it, so that only the hang runs out of time.
+            "--cap",
+            "selftest_crash=120",
+            "--cap",
+            "machine=120",
         ],
         capture_output=True,
         text=True,
@@ -83,3 +89,23 @@ def test_the_parts_caps_fit_eight_minutes_with_the_wheel_install() -> None:
     assert sum(bench_gpu.CAPS.values()) <= bench_gpu.BUDGET_S <= 8 * 60 - 30
     assert {"run", "run_bf16", "run_fp16"} <= set(bench_gpu.PARTS)
     assert bench_gpu.AMP_RUNS["run_fp16"] == ["train_config.use_amp=true", "train_config.amp_dtype=float16"]
+
+
+def test_a_trainer_row_that_would_pass_the_parts_deadline_is_skipped_not_cut() -> None:
+    # The trainer line is printed after its last row: a row cut by the cap would lose every row before it.
+    import bench_gpu
+
+    now = [0.0]
+    ran = []
+
+    def row(name: str) -> dict:
+        ran.append(name)
+        now[0] += {"fp32": 40.0, "tf32": 30.0, "amp": 20.0, "amp_2x": 20.0}[name]
+        if name == "tf32":
+            raise RuntimeError("CUDA error")  # a row that fails is a figure, and still times the next
+        return {"frames": 1}
+
+    rows = bench_gpu.rows_within(["fp32", "tf32", "amp", "amp_2x"], row, deadline=100.0, clock=lambda: now[0])
+    assert ran == ["fp32", "tf32", "amp"]  # amp: 70 s + tf32's 30 fits 100; amp_2x: 90 s + 20 does not
+    assert rows["fp32"] == {"frames": 1} and rows["tf32"]["error"] == "RuntimeError: CUDA error"
+    assert "skipped" in rows["amp_2x"] and now[0] == 90.0

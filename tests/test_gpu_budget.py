@@ -82,3 +82,14 @@ def test_minestudios_cow_settings_fit_an_80_gb_card_in_bfloat16(fake_card) -> No
 
 def test_a_cpu_trainer_has_no_gpu_part() -> None:
     assert _memory("train_config.num_gpus_per_worker=0").gpu is None
+
+
+def test_the_batches_the_prefetch_thread_puts_on_the_card_are_counted() -> None:
+    # trainer/fetch.py assembles the next prefetch_batches iterations on the device while one trains.
+    cfg = load_config(str(FLAGSHIP), ["train_config.prefetch_batches=2"]).config
+    gpu = gpu_budget.estimate_gpu(
+        cfg, None, policy_bytes=0, state_bytes=0, step_bytes=1000, observation_space=None, reference=False
+    )
+    assert gpu is not None
+    one_batch = 4 * 8 * 128 * 1000  # 4 x 8 chunks of 128 steps
+    assert gpu.parts["the iteration's batch and 2 prefetched"] == 3 * one_batch

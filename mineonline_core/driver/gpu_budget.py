@@ -6,7 +6,8 @@ built on the ``meta`` device (shapes only, nothing allocated):
 * the weights, their gradients, AdamW's two moments (each the parameters' own dtype, float32 as built),
   the KL reference when the trainer keeps one, and the broadcast snapshot (``trainer/publish.py`` keeps
   a copy of the weights on the device for each broadcast);
-* the iteration's batch (``assemble_chunks`` puts every chunk of the iteration on the device);
+* the iteration's batch and the ``prefetch_batches`` batches fetched ahead while it trains (``assemble_chunks``
+  puts every chunk of an iteration on the device, the prefetch thread too: ``trainer/fetch.py``);
 * one window's activations: ``batch_size_per_gpu`` chunks of ``context_length`` steps. They are
   measured by running the meta policy over one chunk's window with ``saved_tensors_hooks`` counting the
   bytes autograd saves for backward (the activations a window keeps until its backward), halved under
@@ -150,11 +151,12 @@ def estimate_gpu(
         frame_bytes = int(window * (AMP_ACTIVATION_FACTOR if amp else 1.0)) // tc.context_length
     chunks = tc.batches_per_iteration * tc.batch_size_per_gpu
     steps = rc.replay_buffer_config.fragments_per_chunk * rc.fragment_length
+    batches = (1 + tc.prefetch_batches) * chunks * steps * step_bytes  # one training, the rest fetched ahead
     parts = {
         "weights, gradients and AdamW's two moments": 4 * policy_bytes,
         "KL reference": policy_bytes if reference else 0,
         "broadcast snapshot": policy_bytes,
-        "the iteration's batch": chunks * steps * step_bytes,
+        f"the iteration's batch and {tc.prefetch_batches} prefetched": batches,
         f"one window's activations ({tc.batch_size_per_gpu} x {tc.context_length} steps"
         f"{', use_amp' if amp else ', float32'})": tc.batch_size_per_gpu * tc.context_length * frame_bytes,
         "CUDA context": CUDA_CONTEXT_BYTES,
