@@ -96,3 +96,11 @@ def test_env_answer_problems_name_the_key() -> None:
     assert "observation key 'inventory.wood' (1 of 2 values)" in env_answer_problem(0.0, obs, None)
     assert "final observation" in env_answer_problem(0.0, {"a": np.ones(1)}, [np.array([np.nan])])
     assert nonfinite_leaves([torch.tensor([1.0, float("nan")]), None, 3]) == [("[0]", 1, 2)]
+
+
+def test_half_precision_weights_of_large_finite_sums_are_finite() -> None:
+    """100k fp16 ones sum to inf in fp16: the quick check must not call such weights "maybe not finite"."""
+    from mineonline_core.services.finite import surely_finite
+
+    assert surely_finite([torch.ones(100_000, dtype=torch.float16), torch.ones(100_000, dtype=torch.bfloat16)])
+    assert not surely_finite([torch.tensor([1.0, float("nan")], dtype=torch.float16)])

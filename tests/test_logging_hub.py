@@ -260,8 +260,37 @@ def _trainer_records_never_go_back(ray, run_dir):
     trainer = SimpleNamespace(logger_hub=hub, env_steps=737)
     batch = {c: torch.ones(2, 3) for c in (F.ADVANTAGE, F.VALUE, F.STALENESS)}
     Publishing._log(trainer, {"trainer/iteration": 3.0}, batch)
+    assert trainer.env_steps == 1038  # what this iteration's checkpoint records
+    Publishing._log(trainer, {"trainer/iteration": 4.0}, batch)
+    # A rank dies after iteration 4; rank 0 of the next attempt resumes from iteration 3's checkpoint.
+    for rank, restarts in ((0, 0), (1, 1)):  # a first attempt's rank 0, another rank: nothing to drop
+        Publishing.rewind_logs(SimpleNamespace(rank=rank, restarts=restarts, logger_hub=hub, iteration=3))
+    assert ray.get(hub.flush.remote(30))
+    assert '"trainer/iteration": 4.0' in (run_dir / "metrics.jsonl").read_text()
+    Publishing.rewind_logs(SimpleNamespace(rank=0, restarts=1, logger_hub=hub, iteration=3))
     ray.get(hub.finish.remote())
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records]
-    assert steps == sorted(steps) and steps[-1] == 1038
-    assert trainer.env_steps == 1038  # what this iteration's checkpoint records
+    assert steps == sorted(steps) and steps[-1] == 1339
+    assert [r["trainer/iteration"] for r in records if "trainer/iteration" in r] == [3]
+
+
+def test_a_restarted_trainer_leaves_one_record_per_iteration(tmp_path):
+    """A rank died after logging iterations 3 and 4 (checkpoint at 2): its replacement resumes from 2 and
+    the loggers drop what the dead attempt logged of 3 and 4; rollout's records stay."""
+    hub = make_hub(tmp_path, [ConsoleLogger])
+
+    def iteration(i: int, step: int) -> None:
+        hub.log_batch({"trainer/iteration": float(i), "trainer/restarts": float(i > 4)}, {"trainer/values": [i]}, step)
+        hub.log_metrics({"rollout/env_steps_per_s": float(i)}, step + 1)
+
+    for i in range(1, 5):
+        iteration(i, 10 * i)
+    hub.rewind(2)
+    for i in range(3, 6):
+        iteration(i, 100 + 10 * i)
+    hub.finish()
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["trainer/iteration"] for r in records if "trainer/iteration" in r] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in records if "trainer/values/mean" in r] == [10, 20, 130, 140, 150]
+    assert len([r for r in records if "rollout/env_steps_per_s" in r]) == 4 + 3  # rollout's points all stay

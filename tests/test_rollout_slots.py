@@ -16,29 +16,43 @@ from torch.overrides import TorchFunctionMode
 
 from mineonline_core.config.precision import PrecisionChoice
 from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.policy import CategoricalHead
 from mineonline_core.rollout.collector import FragmentCollector
 from mineonline_core.rollout.inference import InferenceServer
 from mineonline_core.rollout.localpolicy import LocalPolicy
 from mineonline_core.rollout.stepping import StateSlots, StepReply, StepRequest
 from mineonline_core.testing import kit as tk
 
+#: Tensor methods that, on a GPU, make the host wait for the device (besides ``cpu``, counted apart).
+_SYNCS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "nonzero", "__array__"}
+
 
 class HostCopies(TorchFunctionMode):
-    """Every ``Tensor.numpy`` call (where a tensor's data reaches numpy on the host), with its shape."""
+    """Every ``Tensor.numpy`` call (where a tensor's data reaches numpy on the host) and every ``Tensor.cpu``,
+    with their shapes, and every other call that would wait for a GPU (``syncs``): on the CPU these cost nothing,
+    so only counting them shows a sync that a GPU would pay at every step."""
 
     def __init__(self) -> None:
         super().__init__()
         self.shapes: list[tuple[int, ...]] = []
+        self.cpu_shapes: list[tuple[int, ...]] = []
+        self.syncs: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = getattr(func, "__name__", "")
         if func is torch.Tensor.numpy:
             self.shapes.append(tuple(args[0].shape))
+        elif func is torch.Tensor.cpu:
+            self.cpu_shapes.append(tuple(args[0].shape))
+        elif name in _SYNCS and args and isinstance(args[0], torch.Tensor):
+            self.syncs.append(name)
         return func(*args, **(kwargs or {}))
 
 
 def test_states_reach_the_host_only_at_fragment_starts_and_outputs_in_one_copy() -> None:
     """Row 2: per step one host copy of the outputs; the policy's and the reference's states (width 8) only
-    for the envs whose fragment starts at that step, one row each."""
+    for the envs whose fragment starts at that step, one row each; no other host sync (``.item()``,
+    ``bool(t)``, ``float(t)``, ``.tolist()``, ``nonzero``...) in a step."""
     torch.manual_seed(0)
     policy, reference = tk.TinyGRUPolicy(), tk.TinyGRUPolicy()
     c = tk.collector(
@@ -59,6 +73,8 @@ def test_states_reach_the_host_only_at_fragment_starts_and_outputs_in_one_copy()
             starts = sum(slot.next_index for slot in c._slots) - before
             state_rows = [shape[0] for shape in copies.shapes if shape[1:] == (8,)]
             assert len(copies.shapes) - len(state_rows) == 1  # actions, log-probs and values together
+            # Each copy reaches numpy through one .cpu() (a device tensor has no .numpy()), and nothing else waits.
+            assert copies.cpu_shapes == copies.shapes and copies.syncs == []
             assert state_rows == ([starts, starts] if starts else [])  # the policy's and the reference's
             starts_seen += starts
             steps_with_start += bool(starts)
@@ -247,3 +263,26 @@ def test_a_server_that_lost_the_states_restarts_each_envs_memory_and_rollout_sti
 
 def chain(frags: list[dict], column: str) -> np.ndarray:
     return np.concatenate([f[column]["obs"] if column == F.OBS else f[column] for f in frags])
+
+
+class HalfActionHead(CategoricalHead):
+    """Samples its actions as bfloat16 floats, as a continuous head computing under bfloat16 autocast does."""
+
+    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        return super().sample(logits, deterministic).to(torch.bfloat16)
+
+
+def test_bfloat16_actions_reach_the_env_as_float32() -> None:
+    """numpy has no bfloat16: an action sampled in it is sent (and stored) as float32, every value kept."""
+    torch.manual_seed(0)
+    policy = tk.TinyGRUPolicy()
+    policy.pi_head = HalfActionHead(8, 2)
+    local = LocalPolicy(policy=policy, device=torch.device("cpu"), precision=PrecisionChoice().on("cpu"), num_envs=3)
+    reply = local.step(_request(0, [0, 1, 2], [True] * 3, [True] * 3, seed=3))
+    assert reply.action.dtype == np.float32 and reply.action.shape == (3, 1)
+    assert set(np.unique(reply.action)) <= {0.0, 1.0}
+    np.testing.assert_allclose(
+        reply.logprob,
+        _plain(policy, _request(0, [0, 1, 2], [True] * 3, [], 3), torch.zeros(3, 8), reply.action)[0],
+        atol=1e-6,
+    )

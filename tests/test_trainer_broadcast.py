@@ -240,6 +240,8 @@ def test_on_cuda_the_snapshot_reaches_pinned_buffers_on_a_side_stream_and_only_t
         if version > 1:  # the training stream overwrites the device buffers only after the last host copy
             assert log[0][:2] == ("wait_event", "default")
         assert ("device_sync",) not in log
+        assert fake.async_unpinned == 0  # the host side of every asynchronous copy is a pinned buffer
+        assert {e.id: e for e in fake.events}[log[synced][1]].blocking  # the broadcast thread sleeps, not spins
     assert fake.pinned == [(numel, dtype, True) for _, dtype, numel in groups]  # once, for three versions
     assert [v for v, _ in manager.sent] == [1, 2, 3]
     for version, state in manager.sent:

@@ -158,6 +158,9 @@ def test_on_cuda_the_receiver_copies_each_tensor_once_asynchronously_from_pinned
         (sync,) = [i for i, e in enumerate(log) if e[0] == "event_sync"]
         assert wait < loads[0] and loads[-1] < done < sync and log[sync][1] == log[done][1]  # one wait, at the end
         assert ("device_sync",) not in log
+        assert fake.async_unpinned == 0  # every asynchronous copy reads a pinned buffer, never the sender's memory
+        # The loading thread sleeps in its wait instead of spinning a core the env processes need for the copy.
+        assert {e.id: e for e in fake.events}[log[sync][1]].blocking
         assert_bit_equal(model, source)
         assert receiver.version == version
     groups, _ = W.layout(model.state_dict())

@@ -76,6 +76,30 @@ class ConsoleLogger(Logger):
         # A non-numeric record: the report reads only numbers, people and scripts find the videos.
         self._write({"step": step, "time": time.time(), "video": key, "path": rel})
 
+    def rewind(self, iteration: int) -> None:
+        """Drop the training records logged after iteration ``iteration``'s: its later iterations'
+        records and the histograms logged with them (``trainer/`` keys past that iteration's step)."""
+        if self._file is None:
+            return
+        self._file.close()
+        with open(self.path, encoding="utf-8") as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        steps = [r["step"] for r in records if r.get("trainer/iteration") == iteration]
+        last_step = steps[-1] if steps else -1
+
+        def later(record: dict[str, Any]) -> bool:
+            if not any(k.startswith("trainer/") for k in record):
+                return False
+            done = record.get("trainer/iteration")
+            return done > iteration if done is not None else record.get("step", 0) > last_step
+
+        kept = [r for r in records if not later(r)]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in kept)
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
+
     def finish(self) -> None:
         if self._file is None:
             return

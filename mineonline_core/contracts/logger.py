@@ -56,6 +56,12 @@ class Logger(ABC):
         step is about to be logged again. Called before any new point. Optional: a logger whose
         storage can drop later points (TensorBoard's purge step) does so here."""
 
+    def rewind(self, iteration: int) -> None:
+        """A trainer rank died and its replacement restarted from the checkpoint of ``iteration``: the
+        iterations after it are trained and logged again. Optional: a logger that can drop what it
+        recorded of them does so (the console logger does: ``metrics.jsonl`` keeps one record per
+        iteration); rollout's own points stay, they happened."""
+
     def finish(self) -> None:
         """Flush and close; called once at the end of the run."""
 

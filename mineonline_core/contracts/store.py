@@ -4,7 +4,10 @@ A store keeps fragment payloads by key. A payload is a tree (``mineonline_core.c
 arrays, Python scalars, strings and None: dicts with string keys, lists and tuples. Stores must
 round-trip it exactly: dtype, shape, bit pattern, and the container types (a tuple stays a tuple).
 The replay buffer keeps only keys and small metadata; trainers and rollout workers reach payloads
-through the store, never through the buffer actor.
+through the store, never through the buffer actor. A store returns what it holds without judging it:
+a fragment carries the checksums of its columns (``contracts.fragment.seal``, written by the rollout
+worker with the payload) and its reader verifies them (``contracts.fragment.verify_fragment``, at the
+trainer's fetch), so a record garbled at rest, in any store, is refused there.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ built on the ``meta`` device (shapes only, nothing allocated):
   measured by running the meta policy over one chunk's window with ``saved_tensors_hooks`` counting the
   bytes autograd saves for backward (the activations a window keeps until its backward), halved under
   ``use_amp`` (bfloat16 and float16 store them in 2 bytes). The estimate pass and the update each hold
-  one window at a time and never at once (issue 33 row 3), so one window is counted, not two;
+  one window at a time and never at once, so one window is counted, not two;
 * a CUDA context per process (kernels and cuBLAS/cuDNN workspaces, measured 0.4-0.6 GiB);
 * the rollout inference Ray may place on the same card (``rollout_config.num_gpus_per_worker`` fractions
   that fit beside the trainer's): the shared inference server (``inference: shared``) holds the weights,

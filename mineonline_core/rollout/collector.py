@@ -27,7 +27,8 @@ After any episode end the next step carries ``first=True``: inference runs it fr
 With a KL reference policy (``set_reference``), every batch also runs the reference over the same
 observations with its own recurrent state, reset at the same episode ends; each fragment records
 that state at its start as ``ref_state_in``, so training can run the reference over a chunk exactly
-as it would have run through the whole episode (DESIGN §5.4).
+as it would have run through the whole episode (DESIGN §5.4), and its logits at every step as ``ref_logits``,
+so that training need not run it again.
 
 Each step records the version the reply names for the weights that chose its actions. When a restarted
 shared server answers that it lost this worker's states, every env's memory restarts: its next step carries
@@ -350,6 +351,7 @@ class FragmentCollector:
                 slot.builder.ref_state_in = tree_map(lambda s: s[k : k + 1].copy(), reply.ref_states)
                 k += 1
             act = tree_map(lambda a: a[j, 0], reply.action)
+            ref_logits = None if reply.ref_logits is None else tree_map(lambda x: x[j, 0], reply.ref_logits)
             slot.pending_t = slot.builder.record(
                 obs=env_obs,
                 action=act,
@@ -358,6 +360,7 @@ class FragmentCollector:
                 first=slot.first,
                 version=self.version,
                 episode_id=slot.episode_id,
+                ref_logits=ref_logits,
             )
             self.video.step(i, env_obs, float(reply.vpred[j]), slot.first)
             slot.first = False

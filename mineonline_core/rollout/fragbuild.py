@@ -31,8 +31,10 @@ class FragmentBuilder:
         self.pending_bootstraps = 0
         self.obs: Any = None
         self.action: Any = None
+        self.ref_logits: Any = None  # allocated at the first step that brings the reference's logits
         self.state_in: Any = None
         self.ref_state_in: Any = None
+        self.ref_from = 0  # the first step whose reference logits were recorded
         self.next_obs: Any = None
         self.reward = np.zeros(length, np.float32)
         self.logprob = np.zeros(length, np.float32)
@@ -48,14 +50,29 @@ class FragmentBuilder:
         return tree_map(lambda x: np.empty((self.length, *np.shape(x)), np.asarray(x).dtype), tree)
 
     def record(
-        self, *, obs: Any, action: Any, logprob: float, vpred: float, first: bool, version: int, episode_id: int
+        self,
+        *,
+        obs: Any,
+        action: Any,
+        logprob: float,
+        vpred: float,
+        first: bool,
+        version: int,
+        episode_id: int,
+        ref_logits: Any = None,
     ) -> int:
-        """Write the policy's half of a step; returns its index."""
+        """Write the policy's half of a step (and the KL reference's logits, when one ran); returns its index."""
         t = self.n
         if t == 0:
             self.obs, self.action = self._alloc(obs), self._alloc(action)
         tree_map(lambda buf, x: buf.__setitem__(t, x), self.obs, obs)
         tree_map(lambda buf, x: buf.__setitem__(t, x), self.action, action)
+        if ref_logits is not None:
+            if self.ref_logits is None:
+                # Zeros before a reference arrived mid-fragment; ``build`` then leaves the column out.
+                self.ref_logits = tree_map(lambda x: np.zeros((self.length, *np.shape(x)), np.float32), ref_logits)
+                self.ref_from = t
+            tree_map(lambda buf, x: buf.__setitem__(t, x), self.ref_logits, ref_logits)
         self.logprob[t], self.vpred[t], self.first[t] = logprob, vpred, first
         self.version[t], self.episode_id[t] = version, episode_id
         self.n += 1
@@ -76,7 +93,7 @@ class FragmentBuilder:
         return self.done == self.length and self.pending_bootstraps == 0
 
     def build(self) -> dict[str, Any]:
-        return {
+        fragment = {
             F.OBS: self.obs,
             F.NEXT_OBS: self.next_obs,
             F.ACTION: self.action,
@@ -96,6 +113,10 @@ class FragmentBuilder:
             F.WORKER_ID: self.worker_id,
             F.ENV_ID: self.env_id,
         }
+        # Only a column the reference filled from step 0 on: training runs the reference for the others.
+        if self.ref_logits is not None and self.ref_from == 0:
+            fragment[F.REF_LOGITS] = self.ref_logits
+        return fragment
 
 
 class Timers:

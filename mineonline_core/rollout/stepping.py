@@ -49,6 +49,7 @@ class StepReply:
     vpred: np.ndarray | None = None  # float32 (B,), value rows included
     states: Any = None  # the policy's states before the step of the wanted rows, (k, ...), or None
     ref_states: Any = None  # the reference's, or None without a reference
+    ref_logits: Any = None  # numpy tree, leaves float32 (n, 1, ...): the reference's logits, or None without one
     version: int | None = None  # the weights that chose the actions
     lost: bool = False  # the server no longer holds this worker's states (it was restarted): nothing ran
     server_id: str | None = None
@@ -100,7 +101,7 @@ def _gather(full: Any, init: Any, idx: torch.Tensor, reset: torch.Tensor) -> Any
 
 
 def _scatter(full: Any, idx: torch.Tensor, new: Any) -> None:
-    # Autocast may give the state in a lower precision; the slot keeps initial_state's dtype (issue 33 row 6).
+    # Autocast may give the state in a lower precision; the slot keeps initial_state's dtype.
     tree_map(lambda s, x: s.index_copy_(0, idx, x.to(s.dtype)), full, new)
 
 
@@ -117,13 +118,19 @@ def _host(tree: Any) -> Any:
     return tree_map(lambda s: s.cpu().numpy(), tree)
 
 
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    # numpy has no bfloat16: a continuous action sampled under bfloat16 autocast goes to the env (and the
+    # fragment) as float32, which holds its every value exactly.
+    return np.dtype(np.float32) if dtype == torch.bfloat16 else np.dtype(str(dtype).removeprefix("torch."))
+
+
 def _pack(action: Any, logprob: torch.Tensor, vpred: torch.Tensor) -> tuple[torch.Tensor, list]:
     """One (B, k) float64 tensor, so a step brings its outputs to the host in one copy (float64 holds float32
     values and integer actions below 2**53 exactly)."""
     rows = logprob.shape[0]
     leaves = tree_leaves(action)
     cols = [logprob.reshape(rows, 1), vpred.reshape(rows, 1), *(a.reshape(rows, -1) for a in leaves)]
-    spec = [(a.shape[1:], np.dtype(str(a.dtype).removeprefix("torch."))) for a in leaves]
+    spec = [(a.shape[1:], _numpy_dtype(a.dtype)) for a in leaves]
     return torch.cat([c.to(torch.float64) for c in cols], 1), spec
 
 
@@ -139,6 +146,32 @@ def _unpack(host: np.ndarray, spec: list, action: Any) -> tuple[Any, np.ndarray,
         return out
 
     return tree_map(rebuild, action), host[:, 0].astype(np.float32), host[:, 1].astype(np.float32)
+
+
+def _pack_ref(logits: Any, rows: torch.Tensor, total: int) -> tuple[torch.Tensor, list]:
+    """The reference's float32 logits (one row per action row) as float64 columns of ``total`` rows, bit for bit
+    (two float32 values in one float64's bits), so they ride in the step's one host copy at float32's size."""
+    leaves = [x.float().reshape(x.shape[0], -1) for x in tree_leaves(logits)]
+    spec = [tuple(x.shape[1:]) for x in tree_leaves(logits)]
+    flat = torch.cat(leaves, 1)
+    if flat.shape[1] % 2:
+        flat = torch.cat([flat, flat.new_zeros(flat.shape[0], 1)], 1)
+    block = flat.new_zeros(int(total), flat.shape[1]).index_copy_(0, rows, flat)
+    return block.view(torch.float64), spec
+
+
+def _unpack_ref(block: np.ndarray, spec: list, like: Any) -> Any:
+    flat, col, leaf = np.ascontiguousarray(block).view(np.float32), 0, iter(spec)
+
+    def rebuild(_: Any) -> np.ndarray:
+        nonlocal col
+        shape = next(leaf)
+        width = int(np.prod(shape, dtype=np.int64))
+        out = flat[:, col : col + width].reshape(flat.shape[0], *shape)
+        col += width
+        return out
+
+    return tree_map(rebuild, like)
 
 
 def run_batch(
@@ -165,13 +198,20 @@ def run_batch(
     packed, spec = _pack(action, logprob, vpred)
     starts = np.cumsum([0] + [len(req.first) for _, req in parts])
     ref_parts = [(j, req.n) for j, (_, req) in enumerate(parts) if reference is not None and req.n]
-    ref_out = None
+    ref_out = ref_logits = None
     if ref_parts:
         ref_obs = tree_cat([tree_map(lambda x: x[starts[j] : starts[j] + n], obs) for j, n in ref_parts])
         ref_first = torch.cat([gathered[j][1][:n] for j, n in ref_parts])[:, None]
         ref_in = tree_cat([gathered[j][3] for j, _ in ref_parts])
         with precision.autocast():
-            _, ref_out = reference(input=ref_obs, state_in=ref_in, context={"first": ref_first})
+            ref_latents, ref_out = reference(input=ref_obs, state_in=ref_in, context={"first": ref_first})
+        # Kept with the fragment so that training need not run the reference again; float32
+        # holds an autocast forward's bfloat16 or float16 logits exactly.
+        ref_logits = ref_latents["pi_logits"]
+        pos = np.concatenate([np.arange(starts[j], starts[j] + n) for j, n in ref_parts])
+        ref_block, ref_spec = _pack_ref(ref_logits, torch.as_tensor(pos).to(device, non_blocking=True), starts[-1])
+        width = packed.shape[1]
+        packed = torch.cat([packed, ref_block], 1)
     ref_row = 0
     for j, (slots, req) in enumerate(parts):
         if not req.n:
@@ -183,10 +223,13 @@ def run_batch(
             _scatter(slots.ref, idx, tree_map(lambda x: x[own], ref_out))
             ref_row += req.n
     # The step's one wait on the device: every output in one copy.
-    action_np, logprob_np, vpred_np = _unpack(packed.cpu().numpy(), spec, action)
+    host = packed.cpu().numpy()
+    action_np, logprob_np, vpred_np = _unpack(host, spec, action)
+    ref_np = None if ref_logits is None else _unpack_ref(host[:, width:], ref_spec, ref_logits)
     replies = []
     for j, (_, req) in enumerate(parts):
         lo, (states, ref_states) = starts[j], gathered[j][4]
+        own_logits = None if ref_np is None or not req.n else tree_map(lambda x: x[lo : lo + req.n], ref_np)
         replies.append(
             StepReply(
                 action=tree_map(lambda x: x[lo : lo + req.n], action_np),
@@ -194,6 +237,7 @@ def run_batch(
                 vpred=vpred_np[lo : starts[j + 1]],
                 states=_host(states),
                 ref_states=_host(ref_states),
+                ref_logits=own_logits,
             )
         )
     return replies

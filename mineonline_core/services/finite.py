@@ -85,7 +85,11 @@ def surely_finite(tensors: Iterable[torch.Tensor]) -> bool:
     values does too, so False means "maybe not": the caller then scans for the culprits."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
-        if t.is_floating_point() or t.is_complex():
+        if t.is_floating_point():
+            # Summed in at least float32: an fp16 or bf16 sum of finite weights overflows (100k ones in fp16)
+            wide = torch.promote_types(t.dtype, torch.float32)
+            groups.setdefault((t.device, wide), []).append(t.detach().sum(dtype=wide))
+        elif t.is_complex():
             groups.setdefault((t.device, t.dtype), []).append(t.detach().sum())
     flags = [torch.isfinite(torch.stack(sums)).all().cpu() for sums in groups.values()]
     return bool(torch.stack(flags).all()) if flags else True

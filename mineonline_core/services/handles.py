@@ -83,6 +83,9 @@ class LoggerHubHandle(Protocol):
     def set_env_steps(self, n: int) -> None: ...
 
     @remote_method
+    def rewind(self, iteration: int) -> None: ...
+
+    @remote_method
     def env_steps(self) -> int: ...
 
     @remote_method

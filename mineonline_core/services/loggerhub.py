@@ -167,6 +167,13 @@ class LoggerHub:
             if not self._finished:
                 self._queue.put(("resume", int(n)))
 
+    def rewind(self, iteration: int) -> None:
+        """A restarted trainer resumes after iteration ``iteration``: loggers drop what they recorded of the
+        iterations after it (``Logger.rewind``), in order with every record queued before."""
+        with self._lock:
+            if not self._finished:
+                self._queue.put(("rewind", int(iteration)))
+
     @ray.method(concurrency_group=CONTROL)
     def env_steps(self) -> int:
         with self._lock:
@@ -236,9 +243,9 @@ class LoggerHub:
         kind = item[0]
         if kind == "flush":
             item[1].set()
-        elif kind == "resume":
+        elif kind in ("resume", "rewind"):
             for logger in self._active():
-                self._call(logger, "resume", item[1])
+                self._call(logger, kind, item[1])
         elif kind == "metrics":
             _, metrics, step = item
             for logger in self._active():

@@ -191,7 +191,8 @@ class WeightReceiver:
         # The module may be one whose last forward is still queued on the forwards' stream: write it
         # only after that (a wait on the GPU, not here).
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        done = torch.cuda.Event()
+        # blocking: the wait below sleeps; a default event spins this thread's core for the whole copy.
+        done = torch.cuda.Event(blocking=True)
         with torch.cuda.stream(self._stream):
             for key, target in targets.items():
                 target.copy_(staged[key], non_blocking=True)

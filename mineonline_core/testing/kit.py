@@ -244,18 +244,26 @@ def rollout_fragments(
     fragments_per_env: int = 4,
     version: int = 0,
     seed: int = 0,
+    reference: torch.nn.Module | None = None,
 ) -> dict[str, list[dict]]:
-    """Step ``num_envs`` envs (``env_fn(i)``) one step at a time; return fragments per stream, in order."""
+    """Step ``num_envs`` envs (``env_fn(i)``) one step at a time; return fragments per stream, in order. With a KL
+    ``reference``, it runs beside the policy with its own state, recorded as ``ref_state_in`` and ``ref_logits``."""
     envs = [env_fn(i) for i in range(num_envs)]
     obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
     first = np.ones(num_envs, dtype=bool)
     state = policy.initial_state(num_envs)
+    ref_state = reference.initial_state(num_envs) if reference is not None else None
     episode = np.zeros(num_envs, dtype=np.int64)
     streams: dict[str, list[dict]] = {F.stream_name(0, 0, i): [] for i in range(num_envs)}
     for index in range(fragments_per_env):
-        state_before = state
-        cols: dict[str, list] = {c: [] for c in F.STEP_COLUMNS}
+        state_before, ref_before = state, ref_state
+        cols: dict[str, list] = {c: [] for c in (*F.STEP_COLUMNS, F.REF_LOGITS)}
         for _ in range(fragment_length):
+            if reference is not None:
+                ref_latents, ref_state = reference(
+                    input=_batch_obs(obs), state_in=ref_state, context={"first": torch.as_tensor(first)[:, None]}
+                )
+                cols[F.REF_LOGITS].append(tree_map(lambda x: x[:, 0].float().numpy(), ref_latents["pi_logits"]))
             latents, state = policy(
                 input=_batch_obs(obs), state_in=state, context={"first": torch.as_tensor(first)[:, None]}
             )
@@ -297,6 +305,9 @@ def rollout_fragments(
             frag = {c: tree_index(stacked[c], i) for c in F.STEP_COLUMNS}
             frag[F.NEXT_OBS] = {k: v[None] for k, v in obs[i].items()}
             frag[F.STATE_IN] = tree_map(lambda x: x[i : i + 1].numpy().copy(), state_before)
+            if reference is not None:
+                frag[F.REF_STATE_IN] = tree_map(lambda x: x[i : i + 1].numpy().copy(), ref_before)
+                frag[F.REF_LOGITS] = tree_map(lambda x: x[i].copy(), tree_stack(cols[F.REF_LOGITS], axis=1))
             frag.update({F.STREAM: F.stream_name(0, 0, i), F.INDEX: index, F.WORKER_ID: 0, F.ENV_ID: i})
             streams[F.stream_name(0, 0, i)].append(frag)
     for env in envs:

@@ -325,6 +325,7 @@ class BaseTrainer(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publish
         self._start_beat()  # a Ray Train rank's heartbeat, from before its setup (trainer/driver.py)
         self.setup_rank(local=self.in_process, device=self.device if self.in_process else None)
         self._connect()
+        self.rewind_logs()
         self.version = recovery.rejoin_version(self.rollout_manager, self.version)
         if self.rank == 0:
             self._publish_weights()  # rollout waits for the first weights

@@ -26,15 +26,19 @@ from mineonline_core.contracts.tree import to_torch, tree_cat, tree_index, tree_
 
 
 def assemble_chunks(chunks: list[list[dict]], *, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Stack chunks (each a list of consecutive fragments of one stream) into a (N, L) batch."""
+    """Stack chunks (each a list of consecutive fragments of one stream) into a (N, L) batch. An optional
+    column (``ref_logits``) is in the batch only when every fragment has it: the update falls back to running
+    the reference for a batch without it (a store written before the column, or a fragment the reference joined
+    mid-way)."""
+    optional = [c for c in F.OPTIONAL_STEP_COLUMNS if all(f.get(c) is not None for fs in chunks for f in fs)]
     sequences = []
     for fragments in chunks:
-        seq = {c: tree_cat([f[c] for f in fragments], axis=0) for c in F.STEP_COLUMNS}
+        seq = {c: tree_cat([f[c] for f in fragments], axis=0) for c in (*F.STEP_COLUMNS, *optional)}
         seq[F.NEXT_OBS] = fragments[-1][F.NEXT_OBS]
         seq[F.STATE_IN] = fragments[0][F.STATE_IN]
         seq[F.REF_STATE_IN] = fragments[0].get(F.REF_STATE_IN)
         sequences.append(seq)
-    batch = {c: tree_stack([s[c] for s in sequences], axis=0) for c in (*F.STEP_COLUMNS,)}
+    batch = {c: tree_stack([s[c] for s in sequences], axis=0) for c in (*F.STEP_COLUMNS, *optional)}
     # Each fragment's next_obs leaves are (1, ...): stacked they are (N, 1, ...), one time step.
     batch[F.NEXT_OBS] = tree_stack([s[F.NEXT_OBS] for s in sequences], axis=0)
     for column in (F.STATE_IN, F.REF_STATE_IN):

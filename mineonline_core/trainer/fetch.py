@@ -20,7 +20,6 @@ import ray
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import RunFailedError, SampleStopped, SampleTimeout
-from mineonline_core.contracts.fragment import fragment_checksum
 from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs, estimate_advantages
 
 if TYPE_CHECKING:
@@ -28,6 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SAMPLE_WAIT_S = 30.0  # how often a trainer waiting for chunks says why
+# Refused fragments named one by one; after these, every 100th (a resume past the checkpoint refuses many).
+REFUSALS_NAMED = 20
 
 
 class ChunkFetching:
@@ -106,10 +107,15 @@ class ChunkFetching:
         """Sample chunks fresh enough for ``for_version`` and read their payloads straight from the
         store. ``for_iteration`` (default: the current one) is the iteration they are trained in: the
         other ranks' fetches for it get other chunks while enough are eligible. A chunk with a
-        fragment whose checksum does not match is dropped (counted in ``trainer/corrupt_fragments``,
-        logged) and another is sampled in its place."""
+        fragment that ``contracts.fragment.verify_fragment`` refuses (a column that differs from the
+        checksum written with it, another key's payload, a column outside its domain at the version
+        the chunk is trained at) is dropped, never trained on, and another is sampled in its place;
+        each refused fragment is named once in a warning with what differed (the first
+        ``REFUSALS_NAMED``, then every 100th) and counted once in ``trainer/corrupt_fragments``,
+        however often the buffer serves its chunk again."""
         start = time.perf_counter()
         round_id = self.iteration if for_iteration is None else for_iteration
+        at = self.version if for_version is None else for_version  # the version these chunks train at
         grouped: list[list[dict]] = []
         while len(grouped) < num_chunks:
             chunks = self._sample(num_chunks - len(grouped), for_version, round_id)
@@ -120,20 +126,35 @@ class ChunkFetching:
             for chunk in chunks:
                 fragments = payloads[offset : offset + len(chunk["keys"])]
                 offset += len(chunk["keys"])
-                bad = [
-                    key
+                bad = {
+                    key: problems
                     for key, frag, crc in zip(chunk["keys"], fragments, chunk["checksums"])
-                    if fragment_checksum(key, frag) != crc
-                ]
+                    if (problems := F.verify_fragment(key, frag, checksum=crc, version=at))
+                }
                 if bad:
-                    self.corrupt_fragments += len(bad)
-                    log.warning("dropped chunk %s: fragments %s do not match their checksums", chunk["chunk_id"], bad)
+                    self._refuse(chunk["chunk_id"], bad)
                     continue
                 grouped.append(fragments)
         batch = assemble_chunks(grouped, device=self.device)
         self.perf["perf/fetch_chunks_ms"] = 1e3 * (time.perf_counter() - start)
         self.perf["trainer/corrupt_fragments"] = float(self.corrupt_fragments)
         return batch
+
+    def _refuse(self, chunk_id: str, bad: dict[str, list[str]]) -> None:
+        # A refused chunk stays in the buffer until used up: count and name each fragment once only.
+        seen = self.__dict__.setdefault("_refused_keys", set())
+        for key, problems in bad.items():
+            if key not in seen:
+                seen.add(key)
+                self.corrupt_fragments += 1
+                if self.corrupt_fragments <= REFUSALS_NAMED or self.corrupt_fragments % 100 == 0:
+                    log.warning(
+                        "refused fragment %s (chunk %s is not trained on; %d so far, trainer/corrupt_fragments): %s",
+                        key,
+                        chunk_id,
+                        self.corrupt_fragments,
+                        "; ".join(problems),
+                    )
 
     def _sample(self, num_chunks: int, for_version: int | None, round_id: int) -> list[dict]:
         """``buffer.sample`` in slices of ``SAMPLE_WAIT_S``: between slices the wait is logged with

@@ -71,8 +71,10 @@ class Publishing:
             self._publish_weights()
 
     def reference_changed(self) -> None:
-        """The reference's weights changed: the next broadcast sends them to the rollout workers."""
+        """The reference's weights changed: the next broadcast sends them to the rollout workers, and the logits
+        rollout stored of steps older than that broadcast's version are no longer the reference's (``update.py``)."""
         self._reference_stale = True
+        self.reference_since = self.version + 1
 
     def _publish_weights(self) -> None:
         """Snapshot and check the weights here; the broadcast thread sends them (see the module doc)."""
@@ -137,6 +139,12 @@ class Publishing:
     def _put_weights(self, weights: PackedWeights) -> ObjectRef[PackedWeights]:
         # Owned by this rank (Ray >= 2.56 has no ``_owner``): workers fetch it while training runs.
         return ray.put(weights)
+
+    def rewind_logs(self) -> None:
+        """Rank 0 of an attempt that replaced a dead rank: what the dead attempt logged after the checkpoint
+        this one resumed from is trained again, so the loggers drop it (one record per iteration)."""
+        if self.rank == 0 and self.restarts and self.logger_hub is not None:
+            ray.get(self.logger_hub.rewind.remote(self.iteration))
 
     def _log(self, metrics: dict[str, float], batch: dict) -> None:
         if self.logger_hub is None:

@@ -69,7 +69,7 @@ class WeightSnapshot:
         written = torch.cuda.Event()
         written.record(torch.cuda.current_stream(device))
         self._stream.wait_event(written)
-        copied = torch.cuda.Event()
+        copied = torch.cuda.Event(blocking=True)  # ``host`` sleeps in its wait instead of spinning a core
         with torch.cuda.stream(self._stream):
             for host, flat in zip(self._hosts, self.flats):
                 host.copy_(flat, non_blocking=True)

@@ -14,7 +14,8 @@ gradients are not finite is skipped on every rank (``update_is_finite``).
 per-step column sliced to it (the estimate's ``logprob_prox`` among them; plus, in the value head's
 normalised units, ``value_target`` and ``old_vpred``, the head's output at the start of the
 update), ``outputs`` the policy's forward outputs for it (``pi_logits``, ``vpred`` (B, W)) and
-``ref_logits``, the KL reference's logits when ``uses_reference()``, else None. Its metrics are
+``ref_logits``, the KL reference's logits when ``uses_reference()`` (those rollout stored with the chunks
+when they are the current reference's, else the reference run here), else None. Its metrics are
 averaged over windows (weighted by length) and micro-batches and logged as ``trainer/<name>``.
 """
 
@@ -39,6 +40,9 @@ _NOT_STEPS = (F.STATE_IN, F.REF_STATE_IN, F.NEXT_OBS)
 
 class UpdateLoop:
     """``BaseTrainer``'s update loop and the hooks a trainer may override (see the module doc)."""
+
+    # The first model version whose rollout steps ran the current KL reference (``_stored_reference_logits``).
+    reference_since: int = 0
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -142,7 +146,8 @@ class UpdateLoop:
         # The reference carries its own recurrent state, recorded by rollout at each fragment start (§5.4).
         ref_state = tree_index(batch[F.REF_STATE_IN], rows) if batch.get(F.REF_STATE_IN) is not None else None
         use_reference = self.uses_reference()
-        if use_reference and ref_state is None and state is not None:
+        stored_ref = use_reference and self._stored_reference_logits(batch, rows)
+        if use_reference and not stored_ref and ref_state is None and state is not None:
             raise RunFailedError(
                 "The KL reference policy is recurrent but these chunks carry no reference state (ref_state_in): "
                 "they were collected without the reference (a replay store from a run with "
@@ -165,7 +170,9 @@ class UpdateLoop:
                         "vpred": squeeze_value(latents["vpred"]).float(),
                         "ref_logits": None,
                     }
-                    if use_reference:
+                    if stored_ref:
+                        outputs["ref_logits"] = _float(part[F.REF_LOGITS])
+                    elif use_reference:
                         with torch.no_grad():
                             ref_latents, ref_state = self.reference(
                                 input=part[F.OBS], state_in=ref_state, context=context
@@ -177,6 +184,18 @@ class UpdateLoop:
             state = detach_state(state_out)
             _accumulate(totals, {k: _on(v, rows.device) * weight for k, v in stats.items()})
         return totals
+
+    def _stored_reference_logits(self, batch: dict[str, Any], rows: torch.Tensor) -> bool:
+        """Whether the KL term of these chunks takes the reference's logits rollout stored (``ref_logits``)
+        instead of running the reference again. They are the current reference's only from the first
+        version published after its last change: ``reference_changed`` sets ``reference_since`` to one past the
+        version at the change (a reference loaded at a resume included), and a worker loads a reference before
+        the weights it came with, so every step of that version or later ran it. Older chunks (collected before
+        a ``ref_update_at_checkpoint`` refresh) and a batch without the column (a store written before it) run
+        the reference as before. Only after a change does this read the versions (one host read a micro-batch)."""
+        if batch.get(F.REF_LOGITS) is None:
+            return False
+        return self.reference_since <= 0 or bool((batch[F.VERSION][rows] >= self.reference_since).all())
 
     def _optimizer_step(self, loss_terms: dict[str, torch.Tensor]) -> float | None:
         """Clip and step; None when the step was skipped for non-finite loss terms or gradients."""

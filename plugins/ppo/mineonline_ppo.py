@@ -342,6 +342,7 @@ class PPOTrainer(BaseTrainer):
     def load_trainer_state(self, state: dict[str, Any]) -> None:
         if self.reference is not None and self.options.ref_update_at_checkpoint:
             self.reference.load_state_dict(self.policy.state_dict())
+            self.reference_changed()  # the store may hold logits of the reference before the resume
 
     def on_checkpoint(self, path: Any) -> None:
         if self.reference is not None and self.options.ref_update_at_checkpoint:

@@ -186,7 +186,14 @@ def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Pat
     continues at the iteration after it (trainer/restarts 1); the run then stops cleanly on Ctrl-C."""
     data = {**CONFIG, "run_name": "kill-rank", "output_dir": str(tmp_path / "runs")}
     # Ray Train ranks: a single rank otherwise trains inside the driver, where it cannot die alone.
-    data["train_config"] = {**CONFIG["train_config"], "max_trainer_restarts": 1, "use_ray_train": True}
+    # Every second iteration checkpointed: the rank is killed with an iteration logged past the latest one.
+    data["train_config"] = {
+        **CONFIG["train_config"],
+        "max_trainer_restarts": 1,
+        "use_ray_train": True,
+        "save_interval": 2,
+        "keep_interval": 2,
+    }
     run_dir = tmp_path / "runs" / "kill-rank"
     driver, log = _start_run(tmp_path, data, "driver.log")
 
@@ -203,7 +210,21 @@ def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Pat
 
     try:
         wait_for(lambda: any(i >= 2 for i, _ in list_checkpoints(run_dir / "checkpoints")), "checkpoint 2")
+
+        def past_checkpoint() -> bool:  # an iteration logged that the next attempt will train again
+            logged = [int(r["trainer/iteration"]) for r in _records(run_dir) if "trainer/iteration" in r]
+            return max(logged) > max(i for i, _ in list_checkpoints(run_dir / "checkpoints"))
+
         (rank,) = [pid for pid, cmd in descendants(driver.pid).items() if "RayTrainWorker" in cmd]
+
+        def frozen_past_checkpoint() -> bool:  # judged while the rank cannot write a checkpoint
+            os.kill(rank, signal.SIGSTOP)
+            if past_checkpoint():
+                return True
+            os.kill(rank, signal.SIGCONT)
+            return False
+
+        wait_for(frozen_past_checkpoint, "an iteration past the latest checkpoint")
         os.kill(rank, signal.SIGKILL)
         killed_at = time.monotonic()
         recovered_s = wait_for(lambda: restarted_iterations(), "an iteration after the restart") - killed_at
@@ -223,7 +244,9 @@ def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Pat
     resumed_from = after[0] - 1
     assert after == list(range(after[0], after[0] + len(after)))  # no iteration skipped or repeated
     assert resumed_from >= 2 and resumed_from in [i for i, _ in list_checkpoints(run_dir / "checkpoints")]
-    assert 0 <= max(before) - resumed_from <= 1  # at most save_interval iterations were lost
+    # The dead attempt's iterations after the checkpoint (at most save_interval) were trained again: the
+    # file keeps their new records only, one per iteration.
+    assert max(before) == resumed_from and before + after == list(range(1, after[-1] + 1))
     versions = [int(r["trainer/version"]) for r in iterations if r.get("trainer/restarts") == 1]
     # Versions go on past what the dead rank published: the workers never see a version twice.
     assert versions == sorted(versions) and versions[0] > max(

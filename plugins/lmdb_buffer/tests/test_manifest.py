@@ -5,10 +5,11 @@ payload does on its way back to the trainer.
   rolled back to an older transaction than its manifest's, and a shard whose data file is gone while its
   manifest vouches for records are each refused with ``StoreDamagedError`` naming the shard and what was
   found. (Truncations and garbled pages: ``test_damage.py``.)
-* 4 XORed bytes inside a stored fragment's reward column read back, and the fragment checksum the trainer
-  checks at fetch (``contracts.fragment.fragment_checksum``, ``trainer/fetch.py``) tells them apart.
-  The same 4 bytes in a column the checksum does not cover (``version``) read back silently: strict
-  xfail, the record checksum of issue 36, item 4 (it turns this test into a pass).
+* 4 XORed bytes inside a stored fragment's column (reward, log-prob, version) read back different, and
+  the checksums written with the record (``contracts.fragment.seal``, through ``fragment_meta`` as the
+  rollout worker writes) refuse it at read (``contracts.fragment.verify_fragment``, which the trainer
+  runs at fetch, ``trainer/fetch.py``), naming the column. A record of a store written before records
+  carried checksums is still read and checked by the old rule (key, rewards, log-probs).
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ from mineonline_core.testing import kit as tk
 SHARDS = 1
 
 
-def _fragments() -> list[dict]:
+def _fragments(*, sealed: bool = True) -> list[dict]:
     streams = tk.rollout_fragments(
         tk.TinyMLPPolicy(), lambda i: tk.time_limited_counting(i, limit=5), num_envs=2, fragment_length=8
     )
     fragments = [frag for frags in streams.values() for frag in frags]
     for n, frag in enumerate(fragments):  # versions whose bytes occur once in a record, so they can be found
         frag[F.VERSION] = 1_000_003 + 7919 * np.arange(len(frag[F.VERSION]), dtype=np.int64) + 100_000 * n
+        if sealed:
+            F.seal(frag)  # as ``fragment_meta`` seals what a rollout worker writes
     return fragments
 
 
@@ -127,9 +130,9 @@ def _xor_inside(path: str, key: str, column: np.ndarray) -> None:
     raise AssertionError(f"the bytes of the column were not found once in {key}'s record")
 
 
-def _garble(tmp_path, column: str) -> tuple[str, str, dict]:
+def _garble(tmp_path, column: str, *, sealed: bool = True) -> tuple[str, str, dict]:
     path = str(tmp_path / "replay")
-    kept = _populate(path, _fragments())
+    kept = _populate(path, _fragments(sealed=sealed))
     key, frag = next(iter(kept.items()))
     _xor_inside(path, key, frag[column])
     return path, key, frag
@@ -145,23 +148,32 @@ def _read(path: str, key: str) -> dict:
 
 
 def test_garbled_reward_bytes_fail_the_fragment_checksum_the_trainer_checks(tmp_path):
-    path, key, frag = _garble(tmp_path, F.REWARD)
+    # Unsealed, as a store written before record checksums: the old rule (key, rewards, log-probs) still holds.
+    path, key, frag = _garble(tmp_path, F.REWARD, sealed=False)
     got = _read(path, key)
     assert not np.array_equal(got[F.REWARD], frag[F.REWARD])  # the garbling reached the payload
     assert fragment_checksum(key, got) != fragment_checksum(key, frag)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 36 item 4: no per-record checksum; the fragment checksum covers only the key, reward and logprob",
-)
-def test_garbled_version_bytes_are_refused_at_read(tmp_path):
-    """A record read back must be the record written, or be refused."""
-    path, key, frag = _garble(tmp_path, F.VERSION)
-    try:
-        got = _read(path, key)
-    except Exception:  # noqa: BLE001 - refused at read: what this test asks for
-        return
-    assert np.array_equal(got[F.VERSION], frag[F.VERSION]) or fragment_checksum(key, got) != fragment_checksum(
-        key, frag
-    )
+@pytest.mark.parametrize("column", [F.VERSION, F.REWARD, F.LOGPROB])
+def test_garbled_version_bytes_are_refused_at_read(tmp_path, column):
+    """A record read back must be the record written, or be refused (the name is the issue's, for version)."""
+    path, key, frag = _garble(tmp_path, column)
+    got = _read(path, key)
+    assert not np.array_equal(got[column], frag[column])  # the garbling reached the payload
+    problems = F.verify_fragment(key, got, checksum=fragment_checksum(key, frag))
+    assert problems and f"column(s) {column} differ from the checksums written with them" in problems[0], problems
+
+
+def test_a_record_written_before_record_checksums_is_read_and_checked_by_the_old_rule(tmp_path):
+    """Resuming a store written by an older version: its records have no checksum column, and still read back
+    and pass; a garbled reward in one is still refused (the old rule: key, rewards, log-probs)."""
+    path = str(tmp_path / "replay")
+    kept = _populate(path, _fragments(sealed=False))
+    (key, frag), (other, _) = list(kept.items())[:2]
+    got = _read(path, other)
+    assert F.CHECKSUM not in got and F.verify_fragment(other, got, checksum=fragment_checksum(other, got)) == []
+    expected = fragment_checksum(key, frag)
+    _xor_inside(path, key, frag[F.REWARD])
+    problems = F.verify_fragment(key, _read(path, key), checksum=expected)
+    assert problems == ["its checksum differs from the one its writer reported"], problems
