@@ -103,7 +103,7 @@ def test_exceptions_at_a_rate(tmp_path) -> None:
     checksum its worker computed, and no stream has a gap."""
     from mineonline_lmdb import LMDBStore
 
-    from mineonline_core.contracts.fragment import fragment_checksum, fragment_meta
+    from mineonline_core.contracts.fragment import fragment_meta, verify_fragment
 
     faulty = FaultyEnvFactory(counting(0.0), step_error_rate=0.01, seed=2, state_dir=str(tmp_path / "faults"))
     collector, frags, records, _ = run(faulty, fragments=120, faulty_fragments=60, step_timeout=30.0)
@@ -129,7 +129,7 @@ def test_exceptions_at_a_rate(tmp_path) -> None:
         back = store.get_many([m["key"] for m in metas])
     finally:
         store.close()
-    corrupt = sum(fragment_checksum(m["key"], b) != m["checksum"] for m, b in zip(metas, back))
+    corrupt = sum(bool(verify_fragment(m["key"], b, checksum=m["checksum"])) for m, b in zip(metas, back))
     assert corrupt == 0 and all(r["missing"] == [] for r in report.values())
     print(
         f"FIGURE env exceptions at 1%: {injected} injected, {collector.pool.env_failures} failures, "
