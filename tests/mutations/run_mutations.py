@@ -61,6 +61,28 @@ def copy_checkout(dest: Path) -> None:
         (shutil.copytree(src, dest / name, ignore=ignore) if src.is_dir() else shutil.copy2(src, dest / name))
 
 
+def shadowing_env(dest: Path) -> dict[str, str]:
+    """The environment in which ``dest``'s copy of the core and plugins is imported before the installed ones."""
+    paths = [dest, *(p for p in (dest / "plugins").iterdir() if p.is_dir())]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths)), "WANDB_MODE": "disabled"}
+
+
+def check_shadowing() -> str | None:
+    """Why a copy would not shadow the installed packages (None when it does). Every copy is made alike,
+    so one check stands for all: it costs an interpreter start with torch, per mutation a few seconds."""
+    with tempfile.TemporaryDirectory(prefix="mutation-shadow-") as tmp:
+        dest = Path(tmp)
+        copy_checkout(dest)
+        check = (
+            "import mineonline_core, mineonline_ppo; "
+            f"assert all(m.__file__.startswith({str(dest)!r}) for m in (mineonline_core, mineonline_ppo))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", check], cwd=dest, env=shadowing_env(dest), capture_output=True, text=True
+        )
+        return done.stderr[-2000:] if done.returncode else None
+
+
 def run(mutation: Mutation, timeout: float) -> tuple[Mutation, str, float, str]:
     """Returns (mutation, "caught" | "MISSED" | "ERROR", seconds, output tail)."""
     start = time.monotonic()
@@ -77,16 +99,8 @@ def run(mutation: Mutation, timeout: float) -> tuple[Mutation, str, float, str]:
                 f"{mutation.path}: the snippet occurs {source.count(mutation.old)} times, not once",
             )
         target.write_text(source.replace(mutation.old, mutation.new))
-        paths = [dest, *(p for p in (dest / "plugins").iterdir() if p.is_dir())]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths)), "WANDB_MODE": "disabled"}
-        check = (
-            "import mineonline_core, mineonline_ppo; "
-            f"assert all(m.__file__.startswith({str(dest)!r}) for m in (mineonline_core, mineonline_ppo))"
-        )
-        shadow = subprocess.run([sys.executable, "-c", check], cwd=dest, env=env, capture_output=True, text=True)
-        if shadow.returncode:
-            return mutation, "ERROR", 0.0, "the copy does not shadow the installed packages:\n" + shadow.stderr[-2000:]
-        cmd = [sys.executable, "-m", "pytest", "-q", "-x", *mutation.tests]
+        env = shadowing_env(dest)
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutation.tests]
         try:
             proc = subprocess.run(cmd, cwd=dest, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -111,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown mutations {unknown}; known: {sorted(known)}")
     chosen = [known[n] for n in args.names] or list(MUTATIONS)
     start = time.monotonic()
+    problem = check_shadowing()
+    if problem is not None:
+        print(f"ERROR   a copy of the checkout does not shadow the installed packages:\n{problem}")
+        return 1
     failed = 0
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for mutation, verdict, seconds, output in pool.map(lambda m: run(m, args.timeout), chosen):
