@@ -134,7 +134,13 @@ def interrupted_cartpole() -> object:
 def test_ctrl_c_belongs_to_the_driver_not_the_probe() -> None:
     """The probe child ignores SIGINT (the driver owns Ctrl-C and kills the probe on its way out): it
     neither reports a KeyboardInterrupt as the env's failure nor writes to a pipe nobody reads."""
-    observation_space, _ = probe_env(interrupted_cartpole, startup_timeout=60.0, step_timeout=10.0)
+    # As in a shell's foreground: a process started in the background inherits SIGINT ignored, and so
+    # would the probe, with or without the fix.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        observation_space, _ = probe_env(interrupted_cartpole, startup_timeout=60.0, step_timeout=10.0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert set(observation_space.spaces) == {"obs"}
 
 
