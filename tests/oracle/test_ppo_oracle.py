@@ -243,7 +243,7 @@ def test_two_gloo_ranks_with_different_data_equal_the_reference(tmp_path: Path) 
         "feeds": rank_feeds,
     }
     mp.start_processes(harness.ddp_rank, args=(2, job), nprocs=2, join=True, start_method="spawn")
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     oracle = _oracle(spec, settings, seed)
     initial = {k: v.clone() for k, v in oracle.policy.state_dict().items()}
     for k, iteration in enumerate(iterations):
