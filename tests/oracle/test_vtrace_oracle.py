@@ -259,3 +259,20 @@ def test_the_batches_exercise_every_term(tmp_path):
     assert 0.1 < float(ratio) < 0.9  # rho-bar truncates some steps, not all
     assert product[0][0]["trainer/grad_norm"] > SETTINGS["several_steps"]["max_grad_norm"]  # clipping happened
     assert float(product[0][1][F.STALENESS].std()) > 0
+
+
+def test_on_policy_data_is_truncated_nowhere(tmp_path):
+    """Behaviour log-probs that are the current model's own (on-policy data, fp32 on both sides) give
+    pi/mu exactly 1: at rho-bar 1 nothing is truncated, and the clip fraction users read says 0, not 1.
+    Random stale data never lands exactly on rho-bar, so this case is the one that sees the boundary."""
+    from mineonline_core.trainer.batch import current_policy_outputs
+
+    s = SETTINGS["one_step"]
+    assert s["rho_bar"] == 1.0
+    trainer = make_trainer(tmp_path, s)
+    batch = random_batch(7, n=6, length=12, version=trainer.version)
+    batch[F.VERSION] = torch.full_like(batch[F.VERSION], trainer.version)
+    batch[F.LOGPROB] = current_policy_outputs(trainer.policy, batch, context_length=s["context_length"])["logprob"]
+    trainer.fetch_chunks = lambda num, version=None, it=None: {k: v for k, v in batch.items()}
+    metrics = trainer.run_iteration(1)
+    assert metrics["trainer/vtrace_rho_clipfrac"] == 0.0 and metrics["trainer/vtrace_rho_mean"] == 1.0
