@@ -31,7 +31,12 @@ def env_generator():
     return sim
 
 
-policy_generator = _cow.policy_generator
+def policy_generator():
+    # Defined here, not re-exported: the example is loaded by file under a name no import finds, and a run's
+    # checkpoints must name their generators by import path.
+    return _cow.policy_generator()
+
+
 online_dict = _cow.online_dict
 
 # A run that fits a 2-core machine in a few minutes: the example's values scaled down, the same keys.
