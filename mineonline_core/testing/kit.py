@@ -115,7 +115,7 @@ class TinyMLPPolicy(Policy):
         self.value_head = ValueHead(hidden, normalize=False)
 
     def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
-        x = self.body(input["obs"].float())
+        x = self.body(input["obs"].to(self.body[0].weight.dtype))  # float32, or float64 after .double()
         return {"pi_logits": self.pi_head(x), "vpred": self.value_head(x)}, None
 
 
@@ -133,10 +133,10 @@ class TinyGRUPolicy(Policy):
         self.value_head = ValueHead(hidden, normalize=False)
 
     def initial_state(self, batch_size: int) -> list[torch.Tensor]:
-        return [torch.zeros(batch_size, self.hidden)]
+        return [torch.zeros(batch_size, self.hidden, dtype=self.inp.weight.dtype)]
 
     def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
-        x = torch.tanh(self.inp(input["obs"].float()))
+        x = torch.tanh(self.inp(input["obs"].to(self.inp.weight.dtype)))
         h, first = state_in[0], context["first"]
         outs = []
         for t in range(x.shape[1]):

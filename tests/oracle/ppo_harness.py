@@ -1,4 +1,4 @@
-"""The product's side of the PPO oracle test: float64 tiny policies, seeded random batches, and
+"""The product's side of the PPO oracle test: the kit's tiny policies in float64, seeded random batches, and
 ``PPOTrainer.run_iteration`` driven without Ray (one rank in-process, or a gloo rank in a spawned process).
 
 Only two things are stubbed: ``fetch_chunks`` hands out the test's batch, and the weight broadcast
@@ -23,36 +23,12 @@ from mineonline_core.testing.kit import TinyGRUPolicy, TinyMLPPolicy
 OBS_DIM, ACTIONS = 3, 4
 
 
-class MLP64(TinyMLPPolicy):
-    """TinyMLPPolicy whose input follows its weights' dtype, so that it runs in float64."""
-
-    def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:
-        x = self.body(input["obs"].to(self.body[0].weight.dtype))
-        return {"pi_logits": self.pi_head(x), "vpred": self.value_head(x)}, None
-
-
-class GRU64(TinyGRUPolicy):
-    """TinyGRUPolicy in float64 (its state too)."""
-
-    def initial_state(self, batch_size: int) -> list[torch.Tensor]:
-        return [torch.zeros(batch_size, self.hidden, dtype=self.inp.weight.dtype)]
-
-    def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:
-        x = torch.tanh(self.inp(input["obs"].to(self.inp.weight.dtype)))
-        h, first = state_in[0], context["first"]
-        outs = []
-        for t in range(x.shape[1]):
-            h = torch.where(first[:, t, None], torch.zeros_like(h), h)
-            h = self.cell(x[:, t], h)
-            outs.append(h)
-        y = torch.stack(outs, 1)
-        return {"pi_logits": self.pi_head(y), "vpred": self.value_head(y)}, [h]
-
-
 def make_policy(*, recurrent: bool, normalized: bool, prior: tuple[float, float, float] | None) -> torch.nn.Module:
     """A float64 policy; ``prior`` = (mean, std, updates) preloads the value normaliser's statistics
     as if it had seen ``updates`` batches, so that the iteration's update moves them part of the way."""
-    policy = (GRU64(OBS_DIM, ACTIONS, hidden=6) if recurrent else MLP64(OBS_DIM, ACTIONS, hidden=8)).double()
+    policy = (
+        TinyGRUPolicy(OBS_DIM, ACTIONS, hidden=6) if recurrent else TinyMLPPolicy(OBS_DIM, ACTIONS, hidden=8)
+    ).double()
     head = policy.value_head
     head.use_normalizer = normalized
     if prior is not None:
