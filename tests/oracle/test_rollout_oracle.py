@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import importlib.util
 import random
 import sys
 from pathlib import Path
@@ -34,18 +33,9 @@ from mineonline_core.rollout.stats import EpisodeStatistics
 from mineonline_core.testing import kit as tk
 from mineonline_core.testing.faults import InjectedFault
 
+sys.path.insert(0, str(Path(__file__).parent))  # the oracles beside this file, as test_ppo_oracle imports them
+import rollout_reference as ref
 
-def _load_reference():
-    name = "mineonline_oracle_rollout_reference"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("rollout_reference.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-ref = _load_reference()
 DISCOUNT = 0.9
 T = 5  # fragment_length: episodes of 3, 4, 5 and 7 steps cross fragment boundaries
 

@@ -11,7 +11,6 @@ Every value is compared relative to the scale of the quantity compared.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -24,18 +23,9 @@ from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.policy import ValueHead
 from mineonline_core.testing.kit import TinyGRUPolicy
 
+sys.path.insert(0, str(Path(__file__).parent))  # the oracles beside this file, as test_ppo_oracle imports them
+import vtrace_reference as ref
 
-def _load_reference():
-    name = "mineonline_oracle_vtrace_reference"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("vtrace_reference.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-ref = _load_reference()
 BETA = 0.9  # a fast normaliser, so that one iteration's targets move its statistics visibly
 HIDDEN = 8
 # Keys whose value is wall-clock or supervision bookkeeping, not arithmetic of the batch.
