@@ -134,18 +134,26 @@ def _pack(action: Any, logprob: torch.Tensor, vpred: torch.Tensor) -> tuple[torc
     return torch.cat([c.to(torch.float64) for c in cols], 1), spec
 
 
-def _unpack(host: np.ndarray, spec: list, action: Any) -> tuple[Any, np.ndarray, np.ndarray]:
-    rows, col, leaf = host.shape[0], 2, iter(spec)
+def _columns(flat: np.ndarray, like: Any, shapes: list, start: int = 0) -> Any:
+    """The leaves of ``like``'s tree rebuilt from consecutive column spans of ``flat`` (rows, columns),
+    one span per leaf shape, from column ``start``."""
+    rows, col, leaf = flat.shape[0], start, iter(shapes)
 
     def rebuild(_: Any) -> np.ndarray:
         nonlocal col
-        shape, dtype = next(leaf)
+        shape = next(leaf)
         width = int(np.prod(shape, dtype=np.int64))
-        out = host[:, col : col + width].astype(dtype).reshape(rows, *shape)
+        out = flat[:, col : col + width].reshape(rows, *shape)
         col += width
         return out
 
-    return tree_map(rebuild, action), host[:, 0].astype(np.float32), host[:, 1].astype(np.float32)
+    return tree_map(rebuild, like)
+
+
+def _unpack(host: np.ndarray, spec: list, action: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+    leaves = iter(dtype for _, dtype in spec)
+    action = tree_map(lambda a: a.astype(next(leaves)), _columns(host, action, [shape for shape, _ in spec], 2))
+    return action, host[:, 0].astype(np.float32), host[:, 1].astype(np.float32)
 
 
 def _pack_ref(logits: Any, rows: torch.Tensor, total: int) -> tuple[torch.Tensor, list]:
@@ -161,17 +169,7 @@ def _pack_ref(logits: Any, rows: torch.Tensor, total: int) -> tuple[torch.Tensor
 
 
 def _unpack_ref(block: np.ndarray, spec: list, like: Any) -> Any:
-    flat, col, leaf = np.ascontiguousarray(block).view(np.float32), 0, iter(spec)
-
-    def rebuild(_: Any) -> np.ndarray:
-        nonlocal col
-        shape = next(leaf)
-        width = int(np.prod(shape, dtype=np.int64))
-        out = flat[:, col : col + width].reshape(flat.shape[0], *shape)
-        col += width
-        return out
-
-    return tree_map(rebuild, like)
+    return _columns(np.ascontiguousarray(block).view(np.float32), like, spec)
 
 
 def run_batch(
