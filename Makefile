@@ -28,9 +28,14 @@ DEMO_OVERRIDES ?= train_config.num_iterations=4 train_config.record_video_interv
 demo: install
 	$(VENV)/bin/mineonline run examples/crafter.py $(DEMO_OVERRIDES)
 
+# Most tests wait on Ray start-ups, subprocesses and real runs rather than compute, so four pytest workers
+# and three mutation children keep two cores busy (benchmarks/RESULTS.md, issue 36: per-test durations).
+PYTEST_WORKERS ?= 4
+MUTATION_JOBS ?= 3
+
 test: install
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" --durations=25
-	$(PY) tests/mutations/run_mutations.py
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist worksteal --durations=40
+	$(PY) tests/mutations/run_mutations.py --jobs $(MUTATION_JOBS)
 
 # Reintroduce each known defect (tests/mutations/run_mutations.py) and check the tests catch it.
 mutations: install
@@ -44,3 +49,4 @@ bench: install
 
 docs: install
 	$(VENV)/bin/mineonline config docs > docs/configuration.md
+	$(VENV)/bin/mineonline plugins --table --output docs/plugins.md

@@ -21,10 +21,17 @@ EXIT_INTERRUPTED = 130
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from mineonline_core.driver.api import run
-
     if args.config is None and args.resume is None:
         raise MineOnlineError("mineonline run: give a CONFIG file, or --resume RUN_DIR to continue a run.")
+    if not args.quiet:
+        # Importing torch and Ray and starting a cold local cluster takes most of a minute before the run
+        # has anything to show: say at once that it is under way (issue 35).
+        where = f"joining the Ray cluster at {args.address}" if args.address else "starting a local Ray cluster"
+        print(
+            f"mineonline run: checking the config, then {where} (the first run on a machine takes longest)", flush=True
+        )
+    from mineonline_core.driver.api import run
+
     if args.resume is not None and args.config is not None and "=" in args.config and not Path(args.config).exists():
         # `run --resume DIR key=value`: argparse hands the first override to the CONFIG slot; it is an override.
         args.overrides, args.config = [args.config, *args.overrides], None
@@ -62,6 +69,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         perturbation_interval=args.perturbation_interval,
         address=args.address,
         resume=args.resume,
+        search=args.search,
     )
     if not rows or any(r["status"].startswith("failed") for r in rows):
         return 1
@@ -85,6 +93,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if "crafter" in result:
         line += f", Crafter score {result['crafter']['score']:.2f}%"
     print(f"{result['episodes']} episodes of {result['checkpoint']}: {line}; {Path(result['output']) / EVAL_FILE}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from mineonline_core.driver.export import export_policy
+
+    result = export_policy(args.path, fmt=args.format, output=args.output)
+    names = ", ".join(f"{io['name']} {io['dtype']} {tuple(io['shape'])}" for io in result["inputs"])
+    outs = ", ".join(f"{io['name']} {io['dtype']} {tuple(io['shape'])}" for io in result["outputs"])
+    print(f"exported {result['checkpoint']} ({args.format}) to {result['file']}: inputs {names}; outputs {outs}")
+    print(f"signature: {result['signature']}")
     return 0
 
 
@@ -120,11 +139,24 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
-    from mineonline_core.registry import TITLES, get_plugin_manager
+    from mineonline_core.registry import get_plugin_manager, kind_table, with_kind_table
 
+    if args.table:
+        if not args.output:
+            print(kind_table(), end="")
+            return 0
+        target = Path(args.output)
+        text = with_kind_table(target.read_text())
+        if args.check and target.read_text() != text:
+            raise MineOnlineError(
+                f"{target}'s kind table is out of date with the kinds. Fix: run `mineonline plugins --table "
+                f"--output {target}`."
+            )
+        target.write_text(text)
+        return 0
     pm = get_plugin_manager()
-    for kind, registry in pm.registries.items():
-        print(f"{TITLES[kind]}:")
+    for registry in pm.registries.values():
+        print(f"{registry.kind.plural}:")
         for name, cls, origin in registry.items():
             print(f"  {name:<18} {origin.distribution} {origin.version}  ({cls.__module__}.{cls.__qualname__})")
     if pm.load_failures:
@@ -245,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tn.add_argument("--scheduler", default="fifo", help="fifo (default), asha or pbt")
     tn.add_argument(
+        "--search",
+        default="random",
+        choices=["random", "optuna"],
+        help="random (default): grids and random draws; optuna: Optuna's TPE proposes each trial's values from "
+        "the trials before it (--num-samples trials, no grids)",
+    )
+    tn.add_argument(
         "--metric",
         default="episode/return_mean",
         help="a metric the runs log, for the scheduler and the table (default episode/return_mean)",
@@ -291,6 +330,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_cmd_eval)
 
+    ex = sub.add_parser(
+        "export", help="write a checkpoint's deterministic policy as TorchScript or ONNX, usable without mineonline"
+    )
+    ex.add_argument(
+        "path", metavar="RUN_DIR|CHECKPOINT", help="a run directory (its latest checkpoint) or a checkpoint directory"
+    )
+    ex.add_argument("--format", choices=["torchscript", "onnx"], default="torchscript", help="default torchscript")
+    ex.add_argument(
+        "--output",
+        help="the file to write (default: RUN_DIR/export/checkpoint_NNNNNN.pt or .onnx); its signature "
+        "(inputs, outputs, dtypes, shapes) goes beside it as FILE.json",
+    )
+    ex.set_defaults(func=_cmd_export)
+
     check = sub.add_parser(
         "check", help="validate and resolve a config, and build, reset and step its env once, without starting Ray"
     )
@@ -298,9 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("overrides", nargs="*")
     check.set_defaults(func=_cmd_check)
 
-    sub.add_parser("plugins", help="list registered components and plugin load failures").set_defaults(
-        func=_cmd_plugins
-    )
+    plugins = sub.add_parser("plugins", help="list registered components and plugin load failures")
+    plugins.add_argument("--table", action="store_true", help="print the markdown table of every hook instead")
+    plugins.add_argument("--output", help="with --table: put the table between the kind-table lines of this file")
+    plugins.add_argument("--check", action="store_true", help="with --output: fail if the file's table is stale")
+    plugins.set_defaults(func=_cmd_plugins)
 
     config = sub.add_parser("config", help="print the config template or the config reference")
     config.add_argument("what", choices=["template", "docs"])
@@ -379,7 +434,7 @@ def entry() -> None:
     code = main()
     if sys.argv[1:2] in (["run"], ["tune"]):
         # The run has stopped Ray and closed its files; unwinding the modules of torch and Ray would
-        # only add seconds to the wall clock of every run (issue 16).
+        # only add seconds to the wall clock of every run.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

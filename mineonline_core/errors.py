@@ -54,11 +54,41 @@ class RunFailedError(MineOnlineError):
 
 
 def closest(name: str, candidates: Iterable[str]) -> str | None:
-    """The candidate most similar to ``name`` (case-insensitive), or None when nothing is close."""
-    candidates = list(candidates)
+    """The candidate most similar to ``name`` (case-insensitive), or None when nothing is close.
+
+    Similar means a typo away: what differs, once the prefix and suffix the two share are set aside, is a
+    block one of them adds (``entropy_coef`` for ``entropy_bonus_coef``) or about one edit in three
+    characters (``PP0Trainer``, ``logunifrom``). A long shared part alone is not similarity: "SACTrainer"
+    and "A2CTrainer" share "Trainer", and SAC is not A2C."""
     lowered = {c.lower(): c for c in candidates}
-    match = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
-    return lowered[match[0]] if match else None
+    target = name.lower()
+    scored = [(difflib.SequenceMatcher(None, target, c).ratio(), c) for c in lowered if _typo_away(target, c)]
+    best = max((item for item in scored if item[0] >= 0.6), default=None)
+    return lowered[best[1]] if best else None
+
+
+def _typo_away(a: str, b: str) -> bool:
+    start = 0
+    while start < min(len(a), len(b)) and a[start] == b[start]:
+        start += 1
+    end = 0
+    while end < min(len(a), len(b)) - start and a[-1 - end] == b[-1 - end]:
+        end += 1
+    a, b = a[start : len(a) - end], b[start : len(b) - end]
+    return not a or not b or _edits(a, b) <= max(1, max(len(a), len(b)) // 3)
+
+
+def _edits(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of neighbours turning ``a`` into ``b``."""
+    rows = [list(range(len(b) + 1))]
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
 
 
 def find_user_error(exc: BaseException) -> MineOnlineError | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
+import inspect
 import sys
 import traceback
 from typing import Any
@@ -19,47 +19,8 @@ import importlib_metadata
 import pluggy
 
 from mineonline_core.contracts import hookspecs
+from mineonline_core.contracts.kinds import BY_NAME, KINDS, Kind
 from mineonline_core.errors import DuplicateComponentError, InvalidComponentError, UnknownComponentError, closest
-
-KINDS = ("trainer", "replay_store", "logger", "policy", "env")
-REGISTRATION_HOOKS = {
-    "trainer": "mineonline_register_trainers",
-    "replay_store": "mineonline_register_replay_stores",
-    "logger": "mineonline_register_loggers",
-    "policy": "mineonline_register_policies",
-    "env": "mineonline_register_envs",
-}
-
-# Which config key selects each kind, and which distribution ships the well-known names.
-CONFIG_KEYS = {
-    "trainer": "trainer_name",
-    "replay_store": "rollout_config.replay_buffer_config.database_config.backend",
-    "logger": "logger_config.loggers",
-    "policy": "policy_config.name",
-    "env": "env_config.name",
-}
-TITLES = {
-    "trainer": "trainers",
-    "replay_store": "replay stores",
-    "logger": "loggers",
-    "policy": "policies",
-    "env": "envs",
-}
-# The base class each kind's components subclass, as (module, class). Checked without importing the
-# module: a class that subclasses it has imported it already, and the trainer's pulls in torch.
-BASE_CLASSES = {
-    "trainer": ("mineonline_core.trainer.base", "BaseTrainer"),
-    "replay_store": ("mineonline_core.contracts.store", "FragmentStore"),
-    "logger": ("mineonline_core.contracts.logger", "Logger"),
-    "policy": ("mineonline_core.contracts.policy", "Policy"),
-    "env": ("mineonline_core.contracts.envs", "EnvFactory"),
-}
-KNOWN_DISTRIBUTIONS = {
-    "PPOTrainer": "mineonline-ppo",
-    "lmdb": "mineonline-lmdb-buffer",
-    "wandb": "mineonline-wandb-logger",
-    "vpt": "mineonline-vpt-policy",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,35 +51,43 @@ class LoadFailure:
 class Registry:
     """Components of one kind, keyed by each class's declared ``name``."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: Kind) -> None:
         self.kind = kind
-        self._classes: dict[str, type] = {}
-        self._origins: dict[str, Origin] = {}
+        self._entries: dict[str, tuple[type, Origin]] = {}
 
     def add(self, cls: type, origin: Origin) -> None:
-        check_component(self.kind, cls, origin)
+        check_component(self.kind.name, cls, origin)
         name = cls.name
-        if name in self._classes:
+        if name in self._entries:
+            other, other_origin = self._entries[name]
             raise DuplicateComponentError(
-                f"Two plugins register a {self.kind} named {name!r}: "
-                f"{self._classes[name].__module__}.{self._classes[name].__qualname__} from "
-                f"{self._origins[name]} and {cls.__module__}.{cls.__qualname__} from {origin}. "
+                f"Two plugins register a {self.kind.name} named {name!r}: "
+                f"{other.__module__}.{other.__qualname__} from {other_origin} and "
+                f"{cls.__module__}.{cls.__qualname__} from {origin}. "
                 f"Uninstall one of them, or rename one class's 'name'."
             )
-        self._classes[name] = cls
-        self._origins[name] = origin
+        self._entries[name] = (cls, origin)
 
-    def names(self) -> list[str]:
-        return sorted(self._classes)
+    def get(self, name: str) -> type:
+        """The class registered as ``name`` (a ``KeyError`` if none is)."""
+        return self._entries[name][0]
 
     def origin(self, name: str) -> Origin:
-        return self._origins[name]
+        return self._entries[name][1]
+
+    def remove_origin(self, origin: Origin) -> None:
+        """Drop every component ``origin`` registered."""
+        for name in [n for n, (_, o) in self._entries.items() if o == origin]:
+            del self._entries[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._classes
+        return name in self._entries
 
     def items(self) -> list[tuple[str, type, Origin]]:
-        return [(n, self._classes[n], self._origins[n]) for n in self.names()]
+        return [(n, *self._entries[n]) for n in self.names()]
 
 
 def check_component(kind: str, cls: Any, origin: Origin) -> None:
@@ -126,12 +95,13 @@ def check_component(kind: str, cls: Any, origin: Origin) -> None:
     a class, subclassing the kind's base class, a non-empty string ``name`` and a pydantic ``Config``."""
     from pydantic import BaseModel
 
-    module, base_name = BASE_CLASSES[kind]
+    record = BY_NAME[kind]
+    module, base_name = record.base_module, record.base_name
     base = getattr(sys.modules.get(module), base_name, None)
     what = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', repr(cls))}"
     if not isinstance(cls, type):
         raise InvalidComponentError(
-            f"{origin} registered {cls!r} as a {kind.replace('_', ' ')}, but it is not a class. "
+            f"{origin} registered {cls!r} as a {record.label}, but it is not a class. "
             f"Fix: register the class itself (a subclass of {module}.{base_name})."
         )
     missing = []
@@ -145,7 +115,7 @@ def check_component(kind: str, cls: Any, origin: Origin) -> None:
         missing.append("its 'Config' is not a pydantic model class (the options it accepts)")
     if missing:
         raise InvalidComponentError(
-            f"{origin} registered {what} as a {kind.replace('_', ' ')}, but "
+            f"{origin} registered {what} as a {record.label}, but "
             + "; ".join(missing)
             + f". Fix the class in module {cls.__module__}, or uninstall {origin.distribution}."
         )
@@ -157,7 +127,7 @@ class PluginManager(pluggy.PluginManager):
     def __init__(self) -> None:
         super().__init__("mineonline")
         self.add_hookspecs(hookspecs)
-        self.registries = {kind: Registry(kind) for kind in KINDS}
+        self.registries = {kind.name: Registry(kind) for kind in KINDS}
         self.load_failures: list[LoadFailure] = []
         self._origins: dict[int, Origin] = {}
 
@@ -176,41 +146,41 @@ class PluginManager(pluggy.PluginManager):
         origin = self._origins.pop(id(plugin))
         self.unregister(plugin)
         for registry in self.registries.values():
-            for name in [n for n, _, o in registry.items() if o == origin]:
-                del registry._classes[name], registry._origins[name]
+            registry.remove_origin(origin)
 
     def _collect(self, plugin: Any, origin: Origin) -> None:
         # Call only this plugin's registration hooks, so each component is attributed to its origin.
-        for kind, hook_name in REGISTRATION_HOOKS.items():
-            for impl in getattr(self.hook, hook_name).get_hookimpls():
+        for kind in KINDS:
+            for impl in getattr(self.hook, kind.hook).get_hookimpls():
                 if impl.plugin is plugin:
-                    register = functools.partial(self.registries[kind].add, origin=origin)
+                    register = functools.partial(self.registries[kind.name].add, origin=origin)
                     impl.function(*([register] if "register" in impl.argnames else []))
 
     def lookup(self, kind: str, name: str, *, config_key: str | None = None) -> type:
         """The class registered as ``name``, or an ``UnknownComponentError`` that explains everything."""
         registry = self.registries[kind]
         if name in registry:
-            return registry._classes[name]
+            return registry.get(name)
         raise UnknownComponentError(self.unknown_message(kind, name, config_key=config_key))
 
     def unknown_message(self, kind: str, name: str, *, config_key: str | None = None) -> str:
         registry = self.registries[kind]
-        key = config_key or CONFIG_KEYS[kind]
-        lines = [f"{key}: no {kind.replace('_', ' ')} named {name!r} is installed (plugin may not be installed)."]
+        record = registry.kind
+        key = config_key or record.config_key
+        lines = [f"{key}: no {record.label} named {name!r} is installed (plugin may not be installed)."]
         suggestion = closest(name, registry.names())
         if suggestion:
-            value = f"[{suggestion}]" if kind == "logger" else suggestion
+            value = f"[{suggestion}]" if record.many else suggestion
             lines.append(f"Did you mean {suggestion!r}? Set {key}={value}.")
         if registry.names():
-            lines.append(f"Available {TITLES[kind]}:")
+            lines.append(f"Available {record.plural}:")
             lines += [f"  {n:<16} {o.distribution} {o.version}" for n, _, o in registry.items()]
         else:
-            lines.append(f"No {kind.replace('_', ' ')} is registered at all.")
+            lines.append(f"No {record.label} is registered at all.")
         if self.load_failures:
             lines.append("Plugins that failed to load:")
             lines += [f"  {failure}" for failure in self.load_failures]
-        dist = KNOWN_DISTRIBUTIONS.get(name) or KNOWN_DISTRIBUTIONS.get(suggestion or "")
+        dist = record.distribution(name) or record.distribution(suggestion or "")
         hint = f"pip install {dist}" if dist else "pip install the plugin that provides it"
         lines.append(f"To add it: {hint}, then check with `mineonline plugins`.")
         return "\n".join(lines)
@@ -255,7 +225,33 @@ def _installed(distribution: str) -> bool:
         return False
 
 
-def import_string(path: str) -> Any:
-    """Import ``package.module:attr`` or ``package.module.attr``."""
-    module, _, attr = path.replace(":", ".").rpartition(".")
-    return getattr(importlib.import_module(module), attr)
+# The kind table of docs/plugins.md sits between these lines; `mineonline plugins --table --output FILE`
+# rewrites it there, and tests/test_kinds.py checks the committed page against `kind_table()`.
+TABLE_BEGIN = "<!-- kind table: generated from mineonline_core/contracts/kinds.py by `make docs` -->"
+TABLE_END = "<!-- end of kind table -->"
+
+
+def kind_table() -> str:
+    """Every hook a plugin may implement as a markdown table: the kinds' records, then the run hooks
+    (each with its spec's first sentence)."""
+    rows = [
+        "| Hook | Registers | Base class | Selected by |",
+        "|---|---|---|---|",
+        *(f"| `{k.hook}(register)` | {k.plural} | `{k.exported_base}` | `{k.config_key}` |" for k in KINDS),
+    ]
+    kind_hooks = {k.hook for k in KINDS}
+    for name in [n for n in vars(hookspecs) if n.startswith("mineonline_") and n not in kind_hooks]:
+        spec = getattr(hookspecs, name)
+        summary = " ".join((spec.__doc__ or "").split()).split(". ")[0].rstrip(".")
+        params = ", ".join(inspect.signature(spec).parameters)
+        rows.append(f"| `{name}({params})` | — | — | {summary} |")
+    return "\n".join(rows) + "\n"
+
+
+def with_kind_table(page: str) -> str:
+    """``page`` with the text between its table markers replaced by ``kind_table()``."""
+    head, begin, rest = page.partition(TABLE_BEGIN + "\n")
+    _, end, tail = rest.partition(TABLE_END)
+    if not begin or not end:
+        raise ValueError(f"the page has no lines {TABLE_BEGIN!r} ... {TABLE_END!r} to put the kind table between")
+    return head + begin + "\n" + kind_table() + "\n" + end + tail

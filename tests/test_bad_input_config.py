@@ -20,14 +20,10 @@ from mineonline_core.config import LoadedConfig, check_resources, load_config
 from mineonline_core.driver.resolve import resolve
 from mineonline_core.errors import ConfigError, UnknownComponentError
 from mineonline_core.registry import get_plugin_manager
+from tests.conftest import cartpole_config
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = {
-    "run_name": "bad-input",
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-    "policy_config": {"name": "mlp"},
-    "logger_config": {"loggers": []},
-}
+BASE = cartpole_config(run_name="bad-input")
 
 
 @pytest.fixture(autouse=True)

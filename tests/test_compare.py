@@ -17,35 +17,14 @@ from mineonline_core.driver.api import run
 from mineonline_core.driver.compare import aggregate, group_runs, load_run, t975, write_comparison
 from mineonline_core.driver.report import RETURN_KEY, read_metrics
 from tests.test_report import load_png
+from tests.conftest import small_cartpole_run
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = {
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-    "policy_config": {"name": "mlp", "hidden_sizes": [16]},
-    "rollout_config": {
-        "num_rollout_workers": 1,
-        "num_cpus_per_worker": 0.5,
-        "fragment_length": 32,
-        "worker_config": {"num_envs": 2, "batch_size": 2},
-        "replay_buffer_config": {"fragments_per_chunk": 1, "database_config": {"backend": "memory"}},
-        "episode_statistics_config": {"window": 5},
-    },
-    "train_config": {
-        "num_workers": 1,
-        "num_cpus_per_worker": 0.5,
-        "num_iterations": 2,
-        "vf_warmup": 0,
-        "batch_size_per_gpu": 2,
-        "batches_per_iteration": 2,
-        "gradient_accumulation": 1,
-        "context_length": 16,
-        "save_interval": 1,
-        "keep_interval": 1,
-        "record_video_interval": 0,
-        "learning_rate": 1e-3,
-    },
-    "logger_config": {"loggers": []},
-}
+CONFIG = small_cartpole_run(
+    policy_config={"hidden_sizes": [16]},
+    rollout_config={"episode_statistics_config": {"window": 5}},
+    train_config={"num_iterations": 2, "save_interval": 1, "keep_interval": 1, "learning_rate": 1e-3},
+)
 
 
 def _run(root: Path, name: str, **changes: object) -> Path:

@@ -1,9 +1,11 @@
-"""The typed handles (``mineonline_core/services/handles.py``) stay true to the actors they describe.
+"""The handle Protocols left in ``mineonline_core/services/handles.py`` stay true to their actors.
 
-Nothing runs the Protocols (no type checker in CI), so nothing else would notice one going stale:
-each method a Protocol lists must exist on the actor class it describes with the same parameters
-(names, kinds, defaults), every Protocol must be checked here, and each listed method must be called
-somewhere in the core (a Protocol lists what callers call, not the whole actor)."""
+Everywhere else a handle is typed ``ActorHandle[TheActor]`` and its methods are the class's own. These
+few Protocols exist only where the class cannot be imported (the trainer, beside ``rollout/``; the
+rollout worker, the inference server and the rollout start-up, which their manager imports). Nothing
+runs them and no type checker runs in CI, so this test does: each listed method exists on its actor
+class with the same parameters (names, kinds, defaults); each is called by the core; and no module that
+may import the actor's class uses the Protocol instead."""
 
 from __future__ import annotations
 
@@ -13,35 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from mineonline_core.contracts.store import FragmentStore
 from mineonline_core.rollout.buffer import ReplayBuffer
 from mineonline_core.rollout.inference import InferenceServer
 from mineonline_core.rollout.manager import RolloutManager
-from mineonline_core.rollout.stats import EpisodeStatistics
 from mineonline_core.rollout.worker import RolloutWorker
 from mineonline_core.services import handles
-from mineonline_core.services.evaluator import Evaluator
-from mineonline_core.services.gpulease import GpuLease
-from mineonline_core.services.heartbeat import HeartbeatBoard
-from mineonline_core.services.loggerhub import LoggerHub
-from mineonline_core.services.storehost import StoreClient, StoreHost
 
 CORE = Path(__file__).resolve().parents[1] / "mineonline_core"
 
-#: Protocol -> the classes whose instances (or actors) it describes.
+#: Protocol -> the classes whose actors it describes.
 DESCRIBES: dict[type, tuple[type, ...]] = {
-    handles.LoggerHubHandle: (LoggerHub,),
-    handles.StoreAccess: (StoreClient, FragmentStore),
-    handles.StoreHostHandle: (StoreHost,),
-    handles.ReplayBufferHandle: (ReplayBuffer,),
-    handles.EpisodeStatisticsHandle: (EpisodeStatistics,),
     handles.WeightReceiverHandle: (RolloutWorker, InferenceServer),
-    handles.InferenceServerHandle: (InferenceServer,),
-    handles.RolloutWorkerHandle: (RolloutWorker,),
+    handles.ReplayBufferHandle: (ReplayBuffer,),
     handles.RolloutManagerHandle: (RolloutManager,),
-    handles.EvaluatorHandle: (Evaluator,),
-    handles.HeartbeatBoardHandle: (HeartbeatBoard,),
-    handles.GpuLeaseHandle: (GpuLease.__ray_actor_class__,),  # ``@ray.remote`` at its definition
+}
+#: Protocol -> the modules that may use it: those that cannot import its actor's class.
+USED_BY: dict[type, tuple[str, ...]] = {
+    handles.WeightReceiverHandle: ("trainer/",),
+    handles.ReplayBufferHandle: ("trainer/",),
+    handles.RolloutManagerHandle: ("trainer/", "rollout/worker.py", "rollout/inference.py", "rollout/startup.py"),
 }
 
 
@@ -54,12 +46,7 @@ def protocols() -> list[type]:
 
 
 def methods(protocol: type) -> dict[str, object]:
-    """The methods ``protocol`` lists, its Protocol bases' included."""
-    out: dict[str, object] = {}
-    for klass in reversed(protocol.__mro__):
-        if klass.__module__ == handles.__name__ and klass is not handles.Remote:
-            out.update({k: v for k, v in vars(klass).items() if inspect.isfunction(v) and not k.startswith("_")})
-    return out
+    return {k: v for k, v in vars(protocol).items() if inspect.isfunction(v) and not k.startswith("_")}
 
 
 def parameters(function: object) -> list[tuple[str, object, object]]:
@@ -69,8 +56,12 @@ def parameters(function: object) -> list[tuple[str, object, object]]:
     return [(p.name, p.kind, p.default) for p in params if not p.name.startswith("_ray_")]
 
 
+def sources() -> dict[str, str]:
+    return {str(p.relative_to(CORE)): p.read_text() for p in CORE.rglob("*.py") if p.name != "handles.py"}
+
+
 def test_every_handle_protocol_is_checked():
-    assert set(protocols()) - {handles.Remote} == set(DESCRIBES)
+    assert set(protocols()) - {handles.Remote} == set(DESCRIBES) == set(USED_BY)
 
 
 @pytest.mark.parametrize("protocol", list(DESCRIBES), ids=lambda p: p.__name__)
@@ -87,15 +78,14 @@ def test_each_method_exists_on_the_actor_with_its_parameters(protocol):
             )
 
 
-def _calls(name: str, *, remote: bool) -> re.Pattern:
-    if remote:  # ``handle.name.remote(`` or a client's ``self._call("name", ...)`` (StoreClient, stats)
-        return re.compile(rf'\.{name}\.remote\(|_call\([^)\n]*"{name}"')
-    return re.compile(rf"_store\.{name}\b")  # the store client is kept as ``_store`` wherever it is used
+@pytest.mark.parametrize("protocol", list(DESCRIBES), ids=lambda p: p.__name__)
+def test_each_listed_method_is_called_where_the_protocol_is_used(protocol):
+    text = "\n".join(s for path, s in sources().items() if path.startswith(USED_BY[protocol]))
+    unused = [name for name in methods(protocol) if not re.search(rf"\.{name}\.remote\(", text)]
+    assert unused == [], f"{protocol.__name__} lists methods its users never call: {unused}"
 
 
 @pytest.mark.parametrize("protocol", list(DESCRIBES), ids=lambda p: p.__name__)
-def test_each_listed_method_is_called_by_the_core(protocol):
-    sources = "\n".join(p.read_text() for p in CORE.rglob("*.py") if p.name != "handles.py")
-    remote = protocol is not handles.StoreAccess
-    unused = [name for name in methods(protocol) if not _calls(name, remote=remote).search(sources)]
-    assert unused == [], f"{protocol.__name__} lists methods nothing in the core calls: {unused}"
+def test_a_module_that_can_import_the_actor_names_the_actor(protocol):
+    users = [path for path, s in sources().items() if re.search(rf"\b{protocol.__name__}\b", s)]
+    assert [path for path in users if not path.startswith(USED_BY[protocol])] == []

@@ -102,6 +102,18 @@ def test_progress_plain_lines_when_not_a_tty():
     assert len(out.getvalue().splitlines()) == 3
 
 
+def test_a_resumed_run_shows_its_checkpoints_iteration_until_the_first_record():
+    """Before the resumed trainer's first record the line said ``iter 0/N``, as if the run had restarted."""
+    out, clock = io.StringIO(), FakeClock()
+    p = Progress(10, file=out, interval_s=10.0, clock=clock, start_iteration=6)
+    p.update({"env_steps": 6144})
+    assert out.getvalue().startswith("iter 6/10 | env_steps 6,144")
+    clock.t = 20.0
+    p.update({"trainer/iteration": 7, "env_steps": 7168})
+    assert out.getvalue().splitlines()[-1].startswith("iter 7/10")
+    p.close()
+
+
 def test_progress_eta_and_disabled():
     clock = FakeClock()
     p = Progress(100, file=io.StringIO(), clock=clock)

@@ -7,7 +7,6 @@ import os
 import sys
 
 import numpy as np
-import pytest
 
 from mineonline_core.builtin.console import ConsoleLogger, ConsoleOptions
 from mineonline_core.contracts.logger import Logger, LoggerOptions
@@ -188,42 +187,38 @@ def test_hub_without_videos_finishes(tmp_path):
     assert [x["step"] for x in lines] == [100, 200, 300]
 
 
-def test_hub_as_named_ray_actor(tmp_path):
-    ray = pytest.importorskip("ray")
+def test_hub_as_named_ray_actor(tmp_path, local_ray):
+    ray = local_ray
     from mineonline_core.services.loggerhub import get_logger_hub, start_logger_hub
 
-    ray.init(num_cpus=2, address="local", include_dashboard=False, namespace="mineonline")
-    try:
-        hub = start_logger_hub(
-            run_name="hubtest",
-            run_dir=str(tmp_path),
-            loggers=[(ConsoleLogger, ConsoleOptions())],
-            config={"x": 1},
-            num_iterations=2,
-            video_dir="videos",
-        )
-        assert get_logger_hub("hubtest")._actor_id == hub._actor_id
-        for i in range(50):  # fire-and-forget, as producers do
-            hub.add_env_steps.remote(10)
-            hub.log_metrics.remote({"rollout/env_steps_per_s": float(i)})
-            assert i % 10 or ray.get(hub.latest.remote())["logger/errors"] == 0.0  # queries interleave
-        hub.log_histogram.remote("trainer/values", np.ones(100))
-        assert ray.get(hub.flush.remote(30))
-        latest = ray.get(hub.latest.remote())
-        assert latest["rollout/env_steps_per_s"] == 49.0
-        assert latest["env_steps"] == 500.0
-        summary = ray.get(hub.finish.remote())
-        assert summary["env_steps"] == 500.0
-        lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-        assert len(lines) == 51
-        # one producer's calls arrive in order, each stamped with the env steps added before it
-        assert [x["rollout/env_steps_per_s"] for x in lines[:50]] == [float(i) for i in range(50)]
-        assert [x["step"] for x in lines[:50]] == [10 * (i + 1) for i in range(50)]
-        assert lines[-1]["trainer/values/mean"] == 1.0
-        assert os.path.exists(tmp_path / "summary.json")
-        _trainer_records_never_go_back(ray, tmp_path / "interleaved")
-    finally:
-        ray.shutdown()
+    hub = start_logger_hub(
+        run_name="hubtest",
+        run_dir=str(tmp_path),
+        loggers=[(ConsoleLogger, ConsoleOptions())],
+        config={"x": 1},
+        num_iterations=2,
+        video_dir="videos",
+    )
+    assert get_logger_hub("hubtest")._actor_id == hub._actor_id
+    for i in range(50):  # fire-and-forget, as producers do
+        hub.add_env_steps.remote(10)
+        hub.log_metrics.remote({"rollout/env_steps_per_s": float(i)})
+        assert i % 10 or ray.get(hub.latest.remote())["logger/errors"] == 0.0  # queries interleave
+    hub.log_histogram.remote("trainer/values", np.ones(100))
+    assert ray.get(hub.flush.remote(30))
+    latest = ray.get(hub.latest.remote())
+    assert latest["rollout/env_steps_per_s"] == 49.0
+    assert latest["env_steps"] == 500.0
+    summary = ray.get(hub.finish.remote())
+    assert summary["env_steps"] == 500.0
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 51
+    # one producer's calls arrive in order, each stamped with the env steps added before it
+    assert [x["rollout/env_steps_per_s"] for x in lines[:50]] == [float(i) for i in range(50)]
+    assert [x["step"] for x in lines[:50]] == [10 * (i + 1) for i in range(50)]
+    assert lines[-1]["trainer/values/mean"] == 1.0
+    assert os.path.exists(tmp_path / "summary.json")
+    _trainer_records_never_go_back(ray, tmp_path / "interleaved")
 
 
 class InterleavingHub(LoggerHub):

@@ -13,7 +13,8 @@ import pytest
 from mineonline_core import hookimpl
 from mineonline_core.contracts import hookspecs
 from mineonline_core.errors import DuplicateComponentError, InvalidComponentError, UnknownComponentError
-from mineonline_core.registry import BASE_CLASSES, REGISTRATION_HOOKS, PluginManager, get_plugin_manager
+from mineonline_core.contracts.kinds import BY_NAME
+from mineonline_core.registry import PluginManager, get_plugin_manager
 from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.testing.fixtures import registered
 
@@ -141,18 +142,18 @@ def test_component_without_name_is_rejected(plugin_manager: PluginManager) -> No
             pass
 
 
-@pytest.mark.parametrize("kind", sorted(REGISTRATION_HOOKS))
+@pytest.mark.parametrize("kind", sorted(BY_NAME))
 def test_a_class_that_is_not_a_component_is_refused_naming_the_plugin_and_the_base(
     plugin_manager: PluginManager, kind: str
 ) -> None:
     class NotAComponent:
         name = "Bogus"
 
-    module = plugin_module("bogus", **{REGISTRATION_HOOKS[kind]: lambda register: register(NotAComponent)})
+    module = plugin_module("bogus", **{BY_NAME[kind].hook: lambda register: register(NotAComponent)})
     with pytest.raises(InvalidComponentError) as info:
         with registered(plugin_manager, module, name="bogus", distribution="mineonline-bogus", version="0.3"):
             pass
-    base_module, base = BASE_CLASSES[kind]
+    base_module, base = BY_NAME[kind].base_module, BY_NAME[kind].base_name
     message = str(info.value)
     assert "mineonline-bogus 0.3 (plugin 'bogus')" in message and "NotAComponent" in message
     assert f"does not subclass {base_module}.{base}" in message and "'Config' is not a pydantic model" in message

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy
+from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy, RecurrentMLPPolicy
 from mineonline_core.testing.policy_conformance import PolicyConformance
 
 
@@ -18,6 +18,17 @@ class TestMLPPolicy(PolicyConformance):
             MLPPolicy.Config(hidden_sizes=[16, 16]),
             observation_space=self.observation_space,
             action_space=self.action_space,
+        )
+
+
+class TestRecurrentMLPPolicy(PolicyConformance):
+    observation_space = gym.spaces.Dict({"obs": gym.spaces.Box(-2.0, 2.0, (5,), np.float32)})
+    action_space = gym.spaces.Discrete(3)
+
+    def make_policy(self) -> RecurrentMLPPolicy:
+        config = RecurrentMLPPolicy.Config(hidden_sizes=[16], hidden_size=12)
+        return RecurrentMLPPolicy.build(
+            config, observation_space=self.observation_space, action_space=self.action_space
         )
 
 

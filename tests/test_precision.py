@@ -25,6 +25,7 @@ from mineonline_core.driver.resolve import resolve
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer
 from mineonline_vpt import VPTPolicy
+from tests.conftest import cartpole_config
 
 SMALL_VPT = {
     "hidsize": 32,
@@ -110,12 +111,7 @@ def test_autocast_follows_the_decision() -> None:
 
 # -- refused before Ray --------------------------------------------------------------------------
 
-BASE = {
-    "run_name": "precision",
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-    "policy_config": {"name": "mlp"},
-    "logger_config": {"loggers": []},
-}
+BASE = cartpole_config(run_name="precision")
 
 
 def test_amp_dtype_values_and_amp_dtype_without_use_amp_are_refused() -> None:

@@ -21,6 +21,7 @@ from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.contracts.tree import tree_leaves, tree_map
 from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.base import BaseTrainer
+from tests.conftest import cartpole_config
 
 pytest_plugins = ["mineonline_core.testing.fixtures"]
 
@@ -70,15 +71,13 @@ def setup(ray, tmp_path, store_cls: type, *, version: int = 0):
         return meta["key"]
 
     config = load_config(
-        {
-            "run_name": "checksum",
-            "output_dir": str(tmp_path),
-            "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-            "policy_config": {"name": "mlp", "hidden_sizes": [8]},
-            "logger_config": {"loggers": []},
-            "rollout_config": {"fragment_length": 8},
-            "train_config": {"num_iterations": 3, "batch_size_per_gpu": 1, "context_length": 8, "prefetch_batches": 0},
-        }
+        cartpole_config(
+            run_name="checksum",
+            output_dir=str(tmp_path),
+            policy_config={"hidden_sizes": [8]},
+            rollout_config={"fragment_length": 8},
+            train_config={"num_iterations": 3, "batch_size_per_gpu": 1, "context_length": 8, "prefetch_batches": 0},
+        )
     ).config
     trainer = RecordingTrainer(
         rollout_manager=None, policy_generator=tk.mlp_policy, env_generator=tk.cartpole, config=config, run_dir=path

@@ -21,34 +21,14 @@ from mineonline_core.errors import CheckpointError, ConfigError
 from mineonline_core.driver.progress import format_value
 from mineonline_core.driver.continuity import resume_point
 from mineonline_core.trainer import checkpoint as ckpt
+from tests.conftest import small_cartpole_run
 
-CONFIG = {
-    "run_name": "safe",
-    "seed": 0,
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-    "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
-    "rollout_config": {
-        "num_rollout_workers": 1,
-        "num_cpus_per_worker": 0.5,
-        "fragment_length": 32,
-        "worker_config": {"num_envs": 2, "batch_size": 2},
-        "replay_buffer_config": {"fragments_per_chunk": 1, "database_config": {"backend": "memory"}},
-    },
-    "train_config": {
-        "num_workers": 1,
-        "num_cpus_per_worker": 0.5,
-        "num_iterations": 2,
-        "vf_warmup": 0,
-        "batch_size_per_gpu": 2,
-        "batches_per_iteration": 2,
-        "gradient_accumulation": 1,
-        "context_length": 16,
-        "save_interval": 1,
-        "keep_interval": 1,
-        "record_video_interval": 0,
-    },
-    "logger_config": {"loggers": []},
-}
+CONFIG = small_cartpole_run(
+    run_name="safe",
+    seed=0,
+    policy_config={"hidden_sizes": [32, 32]},
+    train_config={"num_iterations": 2, "save_interval": 1, "keep_interval": 1},
+)
 KEPT = ("run.json", "config.yaml", "metrics.jsonl")
 
 

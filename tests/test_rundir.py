@@ -20,16 +20,14 @@ import pytest
 
 from mineonline_core.driver.api import run
 from mineonline_core.driver.rundir import LOCK_NAME, RunInUseError, claim
+from tests.conftest import cartpole_config
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = {
-    "run_name": "owned",
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-    "policy_config": {"name": "mlp"},
-    "logger_config": {"loggers": []},
-    "rollout_config": {"replay_buffer_config": {"database_config": {"backend": "memory"}}},
-    "train_config": {"num_iterations": 1},
-}
+BASE = cartpole_config(
+    run_name="owned",
+    rollout_config={"replay_buffer_config": {"database_config": {"backend": "memory"}}},
+    train_config={"num_iterations": 1},
+)
 
 # The owner: locks like `mineonline run` (rundir.claim_run), optionally fills an LMDB store, reports, then
 # waits for a line on stdin; it answers with the store's size and exits.

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import cartpole_config
+
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_DIRS = {".venv-bench", ".venv", ".git", "runs", "build", "dist", "__pycache__", "node_modules", ".hypothesis"}
 THIS = Path(__file__).resolve()
@@ -187,13 +189,11 @@ def test_no_secret_reaches_the_run_directory(tmp_path: Path, vault_pm) -> None:
     source = tmp_path / "cfg.yaml"
     source.write_text(
         yaml.safe_dump(
-            {
-                "run_name": "secret-run",
-                "output_dir": str(tmp_path / "runs"),
-                "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-                "policy_config": {"name": "mlp"},
-                "logger_config": {"loggers": ["vault"], "project": "p", "api_token": SECRET},
-            }
+            cartpole_config(
+                run_name="secret-run",
+                output_dir=str(tmp_path / "runs"),
+                logger_config={"loggers": ["vault"], "project": "p", "api_token": SECRET},
+            )
         )
     )
     override = f"logger_config.api_token={OTHER_SECRET}"
@@ -219,11 +219,7 @@ def test_no_secret_reaches_checkpoints(tmp_path: Path, vault_pm) -> None:
     from mineonline_core.trainer import checkpoint as ckpt
     from mineonline_ppo import PPOTrainer
 
-    data = {
-        "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-        "policy_config": {"name": "mlp"},
-        "logger_config": {"loggers": ["vault"], "api_token": SECRET},
-    }
+    data = cartpole_config(logger_config={"loggers": ["vault"], "api_token": SECRET})
     resolved = resolve(load_config(data), vault_pm, probe=False)
     assert resolved.source_text is None and api._public_source(resolved) is None
     resolved.source_text = f'online_dict = {{"logger_config": {{"api_token": "{SECRET}"}}}}\n'

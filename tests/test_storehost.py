@@ -13,15 +13,8 @@ from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.testing.store_conformance import assert_tree_equal, sample_payload
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, address="local", include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture
-def host(ray_local, tmp_path):
+def host(local_ray, tmp_path):
     handle = start_store_host(
         store_cls=MemoryStore,
         path=str(tmp_path / "replay"),

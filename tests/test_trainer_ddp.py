@@ -39,14 +39,7 @@ from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, address="local", include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-def test_two_ranks_equal_one_rank(tmp_path, ray_local):
+def test_two_ranks_equal_one_rank(tmp_path, local_ray):
     torch.manual_seed(0)
     policy = mlp_policy()
     streams = rollout_fragments(policy, lambda i: cartpole(12), num_envs=4, fragment_length=8, fragments_per_env=2)
@@ -141,7 +134,7 @@ def _first_iteration(config: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def first_iteration_on_two_ranks(ray_local, tmp_path_factory) -> tuple[list[dict], dict[str, np.ndarray]]:
+def first_iteration_on_two_ranks(local_ray, tmp_path_factory) -> tuple[list[dict], dict[str, np.ndarray]]:
     """Iteration 1 of ``NaNOnRank1`` on 2 ranks, 4 chunks each (2 optimiser steps), from a real
     ReplayBuffer with max_reuse 2 holding issue 25's reproduction: 4 chunks of version 4 and 4 of
     version 5. Returns each rank's record and every chunk's behaviour log-probs by stream."""

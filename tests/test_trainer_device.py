@@ -108,7 +108,7 @@ def test_the_lease_holds_the_ranks_gpu_share_and_a_driver_without_cuda_hands_it_
     assert torch.cuda.device_count() == 0  # this machine: the driver cannot train on a GPU
     trainer = trainer_for(online(tmp_path))
     assert not trainer.uses_ray_train()  # one rank: in the driver's process if it can
-    with caplog.at_level(logging.WARNING, logger="mineonline_core.trainer.driver"):
+    with caplog.at_level(logging.WARNING, logger="mineonline_core.trainer.ranks"):
         assert trainer._driver_device() == (None, None)
     assert any(
         "runs on Ray Train" in r.getMessage() and "sees no CUDA device" in r.getMessage() for r in caplog.records

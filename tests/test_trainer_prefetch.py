@@ -13,6 +13,7 @@ from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.base import BaseTrainer
 from mineonline_core.contracts.fragment import fragment_meta
+from tests.conftest import cartpole_config
 
 pytest_plugins = ["mineonline_core.testing.fixtures"]
 
@@ -61,14 +62,12 @@ def setup(ray, tmp_path, *, max_staleness: int = 0, max_reuse: int = 1, **train)
         ray.get(buffer.add_fragment.remote(meta))
 
     config = load_config(
-        {
-            "run_name": "prefetch",
-            "output_dir": str(tmp_path),
-            "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-            "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
-            "logger_config": {"loggers": []},
-            "rollout_config": {"fragment_length": 8},
-            "train_config": {
+        cartpole_config(
+            run_name="prefetch",
+            output_dir=str(tmp_path),
+            policy_config={"hidden_sizes": [32, 32]},
+            rollout_config={"fragment_length": 8},
+            train_config={
                 "num_iterations": 3,
                 "batch_size_per_gpu": 1,
                 "batches_per_iteration": 1,
@@ -76,7 +75,7 @@ def setup(ray, tmp_path, *, max_staleness: int = 0, max_reuse: int = 1, **train)
                 "gradient_accumulation": 1,
                 **train,
             },
-        }
+        )
     ).config
     trainer = RecordingTrainer(
         rollout_manager=None,
@@ -214,21 +213,19 @@ def test_a_trainer_waiting_for_chunks_fails_after_progress_timeout_saying_why(
         .remote(store_client=store, max_chunks=16, max_reuse=1, max_staleness=0)
     )
     config = load_config(
-        {
-            "run_name": "starved",
-            "output_dir": str(tmp_path),
-            "progress_timeout": 2.5,
-            "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
-            "policy_config": {"name": "mlp", "hidden_sizes": [32, 32]},
-            "logger_config": {"loggers": []},
-            "rollout_config": {"fragment_length": 8},
-            "train_config": {
+        cartpole_config(
+            run_name="starved",
+            output_dir=str(tmp_path),
+            progress_timeout=2.5,
+            policy_config={"hidden_sizes": [32, 32]},
+            rollout_config={"fragment_length": 8},
+            train_config={
                 "batch_size_per_gpu": 1,
                 "batches_per_iteration": 1,
                 "context_length": 8,
                 "gradient_accumulation": 1,
             },
-        }
+        )
     ).config
     trainer = RecordingTrainer(
         rollout_manager=None,

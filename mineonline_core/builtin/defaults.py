@@ -21,9 +21,16 @@ def mineonline_register_loggers(register: Register) -> None:
 
 @hookimpl
 def mineonline_register_policies(register: Register) -> None:
-    from mineonline_core.builtin.models import CNNPolicy, ImpalaResNetPolicy, MLPPolicy, RecurrentCNNPolicy
+    from mineonline_core.builtin.models import (
+        CNNPolicy,
+        ImpalaResNetPolicy,
+        MLPPolicy,
+        RecurrentCNNPolicy,
+        RecurrentMLPPolicy,
+    )
 
     register(MLPPolicy)
+    register(RecurrentMLPPolicy)
     register(CNNPolicy)
     register(RecurrentCNNPolicy)
     register(ImpalaResNetPolicy)

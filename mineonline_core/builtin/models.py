@@ -1,8 +1,9 @@
-"""The core's default policies: an MLP for vector observations; for images a feed-forward CNN, a CNN
-with a GRU, and an IMPALA-ResNet.
+"""The core's default policies: an MLP and an MLP with a GRU for vector observations; for images a
+feed-forward CNN, a CNN with a GRU, and an IMPALA-ResNet.
 
 All follow ``mineonline_core.contracts.policy``'s contract: inputs (B, T, ...), ``first`` (B, T) resets the
-recurrent memory at any t, ``pi_logits`` are normalised log-probs and ``vpred`` is the normalised value.
+recurrent memory at any t, ``pi_logits`` are what the action head reads (``_action_head``: log-probs for
+discrete actions, a Gaussian's mean and log-std for a ``Box``) and ``vpred`` is the normalised value.
 """
 
 from __future__ import annotations
@@ -16,15 +17,25 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from torch import nn
 
 from mineonline_core.errors import ConfigError
-from mineonline_core.contracts.policy import CategoricalHead, Policy, ValueHead
+from mineonline_core.contracts.policy import CategoricalHead, GaussianHead, MultiCategoricalHead, Policy, ValueHead
+from mineonline_core.builtin.recurrent import RecurrentPolicy, ResettingGRU
 
 
-def _discrete_actions(action_space: gym.Space, policy: str) -> int:
-    if isinstance(action_space, gym.spaces.Discrete):
-        return int(action_space.n)
+def _action_head(action_space: gym.Space, width: int, policy: str) -> nn.Module:
+    """The head for the env's actions: a categorical (Discrete), one per dimension (MultiDiscrete), or a diagonal
+    Gaussian with a state-independent log-std (a 1-D float Box; the env gets its samples clipped to the bounds)."""
+    space = action_space
+    # A Discrete or MultiDiscrete space that starts above 0 would get its actions shifted by the start.
+    if isinstance(space, gym.spaces.Discrete) and int(space.start) == 0:
+        return CategoricalHead(width, int(space.n))
+    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1 and not np.any(space.start):
+        return MultiCategoricalHead(width, space.nvec.tolist())
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
+        return GaussianHead(width, space.shape[0])
     raise ConfigError(
-        f"policy_config.name: {policy!r} supports Discrete action spaces only, the env has {action_space}. "
-        f"Fix: choose a policy whose head matches the env's actions (for Minecraft, 'vpt')."
+        f"policy_config.name: {policy!r} supports Discrete and MultiDiscrete (1-D) starting at 0, and 1-D float Box "
+        f"action spaces, the env has {space}. Fix: map the env's actions to one of these (a gymnasium ActionWrapper), "
+        f"or choose a policy whose head matches them (for Minecraft, 'vpt')."
     )
 
 
@@ -33,7 +44,7 @@ def _obs_space(observation_space: gym.Space, key: str, policy: str) -> gym.space
         return observation_space[key]
     raise ConfigError(
         f"policy_config.name: {policy!r} reads observation key {key!r}, the env observes {observation_space}. "
-        f"Fix: use 'mlp' for vector observations ('obs') and 'cnn', 'cnn_gru' or 'impala_resnet' for images ('image')."
+        f"Fix: use 'mlp' or 'mlp_gru' for vector observations ('obs') and 'cnn', 'cnn_gru' or 'impala_resnet' for images ('image')."
     )
 
 
@@ -47,7 +58,7 @@ def _mlp(width: int, sizes: list[int], activation: str) -> nn.Sequential:
 
 
 class MLPPolicy(Policy):
-    """A feed-forward MLP over ``{"obs": float32 (B, T, D)}`` with a categorical head."""
+    """A feed-forward MLP over ``{"obs": float32 (B, T, D)}`` with the head of its action space (``_action_head``)."""
 
     name = "mlp"
 
@@ -61,17 +72,19 @@ class MLPPolicy(Policy):
         self,
         *,
         obs_dim: int,
-        num_actions: int,
+        num_actions: int | None = None,
         hidden_sizes: list[int],
         activation: str = "tanh",
         value_normalizer_beta: float = 0.99999,
+        action_space: gym.Space | None = None,
     ) -> None:
         super().__init__()
         # Separate actor and critic torsos, as in PPO's reference implementation for control tasks.
         self.actor = _mlp(obs_dim, hidden_sizes, activation)
         self.critic = _mlp(obs_dim, hidden_sizes, activation)
         width = hidden_sizes[-1] if hidden_sizes else obs_dim
-        self.pi_head = CategoricalHead(width, num_actions)
+        space = gym.spaces.Discrete(num_actions) if action_space is None else action_space
+        self.pi_head = _action_head(space, width, self.name)
         self.value_head = ValueHead(width, beta=value_normalizer_beta)
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -82,11 +95,7 @@ class MLPPolicy(Policy):
     @classmethod
     def build(cls, options: BaseModel, *, observation_space: gym.Space, action_space: gym.Space) -> "MLPPolicy":
         space = _obs_space(observation_space, "obs", cls.name)
-        return cls(
-            obs_dim=int(np.prod(space.shape)),
-            num_actions=_discrete_actions(action_space, cls.name),
-            **options.model_dump(),
-        )
+        return cls(obs_dim=int(np.prod(space.shape)), action_space=action_space, **options.model_dump())
 
     def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
         x = input["obs"].float().flatten(2)
@@ -124,7 +133,7 @@ class _FeedForwardImagePolicy(Policy):
     """A policy without memory over ``{"image": uint8 (B, T, H, W, 3)}``: a subclass's ``torso`` maps
     (B*T, 3, H, W) floats to features, which the policy and value heads read."""
 
-    pi_head: CategoricalHead
+    pi_head: nn.Module
     value_head: ValueHead
 
     def torso(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,11 +142,7 @@ class _FeedForwardImagePolicy(Policy):
     @classmethod
     def build(cls, options: BaseModel, *, observation_space: gym.Space, action_space: gym.Space) -> Policy:
         space = _obs_space(observation_space, "image", cls.name)
-        return cls(
-            image_shape=tuple(space.shape),
-            num_actions=_discrete_actions(action_space, cls.name),
-            **options.model_dump(),
-        )
+        return cls(image_shape=tuple(space.shape), action_space=action_space, **options.model_dump())
 
     def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
         x, b, t = _images(input)
@@ -167,15 +172,17 @@ class CNNPolicy(_FeedForwardImagePolicy):
         self,
         *,
         image_shape: tuple[int, int, int],
-        num_actions: int,
+        num_actions: int | None = None,
         channels: list[int],
         hidden_size: int,
         value_normalizer_beta: float = 0.99999,
+        action_space: gym.Space | None = None,
     ) -> None:
         super().__init__()
         self.cnn = _nature_cnn(image_shape[2], channels)
         self.embed = nn.Sequential(nn.Linear(_flat_size(self.cnn, image_shape), hidden_size), nn.ReLU())
-        self.pi_head = CategoricalHead(hidden_size, num_actions)
+        space = gym.spaces.Discrete(num_actions) if action_space is None else action_space
+        self.pi_head = _action_head(space, hidden_size, self.name)
         self.value_head = ValueHead(hidden_size, beta=value_normalizer_beta)
         # SB3's initialisation: orthogonal, gain sqrt(2) in the torso, 0.01 for the policy, 1 for the value.
         for module in self.modules():
@@ -189,7 +196,7 @@ class CNNPolicy(_FeedForwardImagePolicy):
         return self.embed(self.cnn(x))
 
 
-class RecurrentCNNPolicy(Policy):
+class RecurrentCNNPolicy(RecurrentPolicy):
     """A CNN torso (Nature-DQN style) and a GRU core over ``{"image": uint8 (B, T, H, W, 3)}``.
 
     The GRU state is (B, hidden_size), zero at an episode start; ``first[:, t]`` zeroes it before step t,
@@ -208,17 +215,19 @@ class RecurrentCNNPolicy(Policy):
         self,
         *,
         image_shape: tuple[int, int, int],
-        num_actions: int,
+        num_actions: int | None = None,
         channels: list[int],
         hidden_size: int,
         value_normalizer_beta: float = 0.99999,
+        action_space: gym.Space | None = None,
     ) -> None:
         super().__init__()
         self.cnn = _nature_cnn(image_shape[2], channels)
         self.embed = nn.Sequential(nn.Linear(_flat_size(self.cnn, image_shape), hidden_size), nn.ReLU())
-        self.gru = nn.GRUCell(hidden_size, hidden_size)
+        self.gru = ResettingGRU(hidden_size, hidden_size)
         self.hidden_size = hidden_size
-        self.pi_head = CategoricalHead(hidden_size, num_actions)
+        space = gym.spaces.Discrete(num_actions) if action_space is None else action_space
+        self.pi_head = _action_head(space, hidden_size, self.name)
         self.value_head = ValueHead(hidden_size, beta=value_normalizer_beta)
         nn.init.orthogonal_(self.pi_head.linear.weight, 0.01)
         nn.init.zeros_(self.pi_head.linear.bias)
@@ -230,24 +239,66 @@ class RecurrentCNNPolicy(Policy):
         space = _obs_space(observation_space, "image", cls.name)
         return cls(
             image_shape=tuple(space.shape),
-            num_actions=_discrete_actions(action_space, cls.name),
+            action_space=action_space,
             **options.model_dump(),
         )
 
-    def initial_state(self, batch_size: int) -> list[torch.Tensor]:
-        return [torch.zeros(batch_size, self.hidden_size, device=self.gru.weight_hh.device)]
-
-    def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
+    def embed_steps(self, input: dict) -> torch.Tensor:  # noqa: A002
         x, b, t = _images(input)
-        x = self.embed(self.cnn(x)).reshape(b, t, -1)
-        keep = (~context["first"].bool()).to(x.dtype).unsqueeze(-1)  # (B, T, 1)
-        h = state_in[0]
-        outputs = []
-        for step in range(t):
-            h = self.gru(x[:, step], h * keep[:, step])
-            outputs.append(h)
-        latent = torch.stack(outputs, 1)
-        return {"pi_logits": self.pi_head(latent), "vpred": self.value_head(latent)}, [h]
+        return self.embed(self.cnn(x)).reshape(b, t, -1)
+
+
+class RecurrentMLPPolicy(RecurrentPolicy):
+    """An MLP torso and a GRU core over ``{"obs": float32 (B, T, D)}``, shared by the policy and value
+    heads (the head of its action space, ``_action_head``): the role of SB3-contrib's ``RecurrentPPO``
+    ``MlpLstmPolicy`` (a GRU, one core for both heads).
+
+    The GRU state is (B, hidden_size), zero at an episode start; ``first[:, t]`` zeroes it before step t.
+    """
+
+    name = "mlp_gru"
+
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        hidden_sizes: list[int] = Field([64], description="Width of each hidden layer of the MLP before the GRU.")
+        activation: Literal["tanh", "relu"] = Field("tanh", description="Hidden activation of the MLP.")
+        hidden_size: int = Field(64, ge=1, description="Width of the GRU state, which both heads read.")
+        value_normalizer_beta: float = Field(0.99999, gt=0, lt=1, description="EWMA decay of the value normaliser.")
+
+    def __init__(
+        self,
+        *,
+        obs_dim: int,
+        num_actions: int | None = None,
+        hidden_sizes: list[int],
+        hidden_size: int,
+        activation: str = "tanh",
+        value_normalizer_beta: float = 0.99999,
+        action_space: gym.Space | None = None,
+    ) -> None:
+        super().__init__()
+        self.embed = _mlp(obs_dim, hidden_sizes, activation)
+        self.gru = ResettingGRU(hidden_sizes[-1] if hidden_sizes else obs_dim, hidden_size)
+        self.hidden_size = hidden_size
+        space = gym.spaces.Discrete(num_actions) if action_space is None else action_space
+        self.pi_head = _action_head(space, hidden_size, self.name)
+        self.value_head = ValueHead(hidden_size, beta=value_normalizer_beta)
+        for module in self.embed.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.orthogonal_(module.weight, np.sqrt(2))
+                nn.init.zeros_(module.bias)
+        nn.init.orthogonal_(self.pi_head.linear.weight, 0.01)
+        nn.init.zeros_(self.pi_head.linear.bias)
+
+    @classmethod
+    def build(
+        cls, options: BaseModel, *, observation_space: gym.Space, action_space: gym.Space
+    ) -> "RecurrentMLPPolicy":
+        space = _obs_space(observation_space, "obs", cls.name)
+        return cls(obs_dim=int(np.prod(space.shape)), action_space=action_space, **options.model_dump())
+
+    def embed_steps(self, input: dict) -> torch.Tensor:  # noqa: A002
+        return self.embed(input["obs"].float().flatten(2))
 
 
 def _fan_in_init(layer: nn.Conv2d | nn.Linear, scale: float) -> None:
@@ -317,13 +368,14 @@ class ImpalaResNetPolicy(_FeedForwardImagePolicy):
         self,
         *,
         image_shape: tuple[int, int, int],
-        num_actions: int,
+        num_actions: int | None = None,
         channels: list[int],
         blocks_per_stage: int,
         group_norm: bool,
         dense_sizes: list[int],
         layer_norm: bool,
         value_normalizer_beta: float = 0.99,
+        action_space: gym.Space | None = None,
     ) -> None:
         super().__init__()
         stages: list[nn.Module] = []
@@ -350,7 +402,8 @@ class ImpalaResNetPolicy(_FeedForwardImagePolicy):
             dense += [*([nn.LayerNorm(width)] if layer_norm else []), linear, nn.ReLU()]
             width = size
         self.dense = nn.Sequential(*dense)
-        self.pi_head = CategoricalHead(width, num_actions)
+        space = gym.spaces.Discrete(num_actions) if action_space is None else action_space
+        self.pi_head = _action_head(space, width, self.name)
         self.value_head = ValueHead(width, beta=value_normalizer_beta)
         # Near-uniform initial actions; small initial values (Moon et al.'s gains).
         nn.init.orthogonal_(self.pi_head.linear.weight, 0.01)

@@ -21,6 +21,7 @@ from mineonline_core.config.checks import check_consistency, ignored_key_warning
 from mineonline_core.config.generators import KEYS, generator_spec, import_file
 from mineonline_core.config.messages import Loc, show, validate_online_config
 from mineonline_core.config.online import OnlineConfig
+from mineonline_core.config.scratch import fill_from_scratch_defaults
 from mineonline_core.config.secrets import find_expressions, override_expressions
 from mineonline_core.errors import ConfigError
 
@@ -40,6 +41,8 @@ class LoadedConfig:
     # Key path -> the command-line override that set it: errors found later (the trainer's own
     # train_config keys, checked by resolve()) still name the override.
     origins: dict[tuple, str] = dataclasses.field(default_factory=dict)
+    # The from-scratch defaults filled in (config/scratch.py), as the line shown at start; None: none.
+    from_scratch: str | None = None
 
 
 def load_config(
@@ -53,6 +56,7 @@ def load_config(
     """
     loaded, raw, label = _read(source)
     data, origins = apply_overrides(raw, overrides)
+    data, loaded.from_scratch = fill_from_scratch_defaults(data)
     loaded.config = validate_online_config(data, origins=origins, source=label)
     loaded.origins = dict(origins)
     for path, item in origins.items():
@@ -63,6 +67,8 @@ def load_config(
         if isinstance(raw, Mapping) and getattr(loaded.config, key) != raw.get(key):
             setattr(loaded, key, None)
     check_consistency(loaded.config)
+    if loaded.from_scratch:
+        log.warning(loaded.from_scratch)
     for message in ignored_key_warnings(loaded.config.train_config):
         log.warning(message)
     return loaded

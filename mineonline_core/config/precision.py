@@ -16,13 +16,13 @@ per process against the device it computes on (``PrecisionChoice.on`` -> ``Preci
   convolutions on): TF32 rounds the convolutions' inputs to 10 mantissa bits, and cuDNN picks other
   algorithms for a rollout batch of 8 frames than for a training window, so at fp32 with TF32 the
   training forward's log-probs differed from rollout's by 6.8e-3 on average (4.3e-2 at most) on
-  version-0 data (issue 24), against 1.4e-5 with TF32 off: on-policy data no longer looked on-policy.
+  version-0 data (VPT on a GPU), against 1.4e-5 with TF32 off: on-policy data no longer looked on-policy.
 * **rollout numerics = training numerics**: rollout inference runs under the same autocast dtype as
   the training forwards (on its own device, without a scaler). The behaviour log-prob ``mu`` is then
   rounded as the training side's proximal/current log-probs are, so on version-0 data the ratio and
   the importance weight ``pi / mu`` carry only the batch-shape noise of one dtype, not the gap between
   two (tiny VPT on CPU, bf16 training: max |ratio - 1| 1.3e-4 with bf16 rollout, 2.8e-3 with fp32
-  rollout; issue 24 saw 0.25 on its data), and rollout gets the bfloat16 speed. The heads stay float32
+  rollout; 0.25 with the full-size VPT on a GPU), and rollout gets the bfloat16 speed. The heads stay float32
   inside the policy (VPT does this), so log-probs are float32.
 
 Nothing here reads a global default: ``Precision.apply_tf32`` writes both flags whatever they were.

@@ -112,6 +112,37 @@ def _section_table(path: str, model: type[BaseModel], title: str | None = None) 
     return lines + [""]
 
 
+_FROM_SCRATCH = (
+    "The defaults in the tables above are MineStudio's, for fine-tuning a pretrained policy (VPT): "
+    "learning rate 2e-5, discount 0.999, 4,000 iterations, wandb and the LMDB store. A config whose "
+    "`policy_config` names a policy without `weights_path` (the key a policy loads pretrained weights "
+    "from), and which gives no `policy_generator`, trains a policy from scratch: for it, each group of "
+    "keys below that the config leaves out (none of the group's keys set, in the file or by an "
+    "override) takes PPO's settings for control tasks instead, and `mineonline run` and `mineonline "
+    "check` print the line `from-scratch defaults: ...` with the keys filled in. They are written into "
+    "the run's config.yaml like keys the config set. A MineStudio `online_dict` (with its "
+    "`policy_generator`) and a config that names pretrained weights keep the fine-tuning defaults. "
+    "`env_config: {name: gymnasium, id: CartPole-v1}` with `policy_config: {name: mlp}` learns "
+    "CartPole with these alone (tests/test_from_scratch.py)."
+)
+
+
+def _from_scratch_section() -> list[str]:
+    from mineonline_core.config.scratch import FROM_SCRATCH
+
+    lines = ["## Defaults for a policy trained from scratch", "", *textwrap.wrap(_FROM_SCRATCH, width=_WIDTH), ""]
+    lines += ["| Group | Key | From scratch | Fine-tuning (the table above) |", "|---|---|---|---|"]
+    for group, keys in FROM_SCRATCH:
+        for path, value in keys.items():
+            model: Any = OnlineConfig
+            for name in path[:-1]:
+                model = section_type(model.model_fields[name].annotation)
+            info = model.model_fields[path[-1]]
+            default = info.default_factory() if info.default_factory is not None else info.default
+            lines.append(f"| {group} | `{'.'.join(path)}` | `{_scalar(value)}` | `{_scalar(default)}` |")
+    return lines + [""]
+
+
 _CHECKS = (
     "Before any actor starts: `batches_per_iteration` is a multiple of `gradient_accumulation`; "
     "`worker_config.batch_size <= num_envs`; one iteration's chunks (`num_workers x "
@@ -159,5 +190,6 @@ def config_docs(trainers: list[tuple[str, type[BaseModel], str]] | None = None) 
         lines += _section_table(
             "train_config", options, f"`train_config` keys of the trainer `{name}` ({distribution})"
         )
+    lines += _from_scratch_section()
     lines += ["## Cross-field checks", "", *textwrap.wrap(_CHECKS, width=_WIDTH), "", _OVERRIDES]
     return "\n".join(lines)

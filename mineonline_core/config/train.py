@@ -72,6 +72,22 @@ class TrainConfig(OpenSection):
         description="Train the value head on running-normalised returns: the core updates the "
         "head's normaliser with each iteration's returns (every rank) before the update loop.",
     )
+    normalize_observations: bool = Field(
+        False,
+        description="Normalise the vector observation ('obs') per feature by its running mean and variance, "
+        "clipped to +-10 (SB3's VecNormalize). The statistics are buffers of the policy (obs_normalizer): "
+        "checkpointed, restored on resume, broadcast with the weights to every worker, applied identically "
+        "by eval and load_policy. The trainer moves them after each iteration's update, from the steps of the "
+        "chunks served for the first time, merged over every rank. An env without an 'obs' array (images) "
+        "is refused before start (docs/normalization.md).",
+    )
+    normalize_rewards: bool = Field(
+        False,
+        description="Divide each reward by the running standard deviation of the discounted return (with "
+        "discount), clipped to +-10, before the advantages are estimated (VecNormalize, CleanRL's "
+        "NormalizeReward); episode returns are logged raw. The statistics (policy.reward_normalizer) are "
+        "checkpointed and restored like normalize_observations' (docs/normalization.md).",
+    )
     # --- data loading -------------------------------------------------------------------------
     num_readers: int = setting(
         4,

@@ -201,3 +201,15 @@ def _takes_keyword(fn: Callable[..., Any], name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def clip_action(action: Any, space: Any) -> Any:
+    """The action the env is sent for what the policy sampled: a float array into a ``Box`` space's bounds, in
+    the space's dtype (a Gaussian head samples without bounds); any other action as it is.
+
+    Every path from a policy to an env goes through here: rollout (``rollout/envproc.py``'s
+    ``apply_command``), evaluation and ``load_policy(...).predict`` (``services/episodes.py``). The fragment
+    keeps the sampled action, whose log-prob the behaviour policy recorded (as CleanRL and Stable-Baselines3 do)."""
+    if isinstance(space, gym.spaces.Box) and isinstance(action, np.ndarray) and action.dtype.kind == "f":
+        return np.clip(action, space.low, space.high).astype(space.dtype, copy=False)
+    return action

@@ -8,8 +8,9 @@ A plugin is a module registered under the entry-point group ``mineonline``::
 and implements any of the hooks below with ``@mineonline_core.hookimpl``. A hook implementation may
 accept fewer arguments than its spec, so specs can grow without breaking plugins.
 
-Registration hooks receive a ``register`` callback owned by the host: call it once per component
-class. The host validates the class (a ``name``, a pydantic ``Config``, the right base class) and
+Registration hooks (``mineonline_register_trainers``, ``_replay_stores``, ``_loggers``, ``_policies``,
+``_envs``) are written below from the kinds' records in ``kinds.py``, one per kind; each receives a
+``register`` callback owned by the host: call it once per component class. The host validates the class (a ``name``, a pydantic ``Config``, the right base class) and
 rejects duplicate names, naming both origins. Registration hooks run once per plugin manager, in
 whichever process builds one: the driver (``mineonline run``/``check``/``plugins``) and, because
 registries are rebuilt rather than shipped, in Ray workers that resolve a component by name.
@@ -21,65 +22,35 @@ from typing import Any, Callable
 
 import pluggy
 
+from mineonline_core.contracts.kinds import KINDS, Kind
+
 hookspec = pluggy.HookspecMarker("mineonline")
 hookimpl = pluggy.HookimplMarker("mineonline")
 
 Register = Callable[[type], None]
 
 # ---------------------------------------------------------------------------------------------
-# Component registration
+# Component registration: one hook per kind, written from its record in ``kinds.py``
 # ---------------------------------------------------------------------------------------------
 
 
-@hookspec
-def mineonline_register_trainers(register: Register) -> None:
-    """Register trainer classes, selected by ``trainer_name``.
+def _registration_spec(kind: Kind) -> Callable[[Register], None]:
+    def spec(register: Register) -> None:
+        pass
 
-    Called when the plugin manager is built. Each class subclasses
-    ``mineonline_core.BaseTrainer`` and declares ``name`` (for example ``"PPOTrainer"``) and a
-    pydantic ``Config`` (a ``mineonline_core.TrainerOptions``) validating its own ``train_config``
-    keys, the ones the core does not own. Returns nothing.
-    """
-
-
-@hookspec
-def mineonline_register_replay_stores(register: Register) -> None:
-    """Register fragment-store classes, selected by ``database_config.backend``.
-
-    Called when the plugin manager is built. Each class subclasses
-    ``mineonline_core.FragmentStore`` and declares ``name`` (``"memory"``, ``"lmdb"``) and a pydantic
-    ``Config`` validating the backend's extra ``database_config`` keys. Returns nothing.
-    """
+    spec.__name__ = spec.__qualname__ = kind.hook
+    spec.__doc__ = (
+        f"Register {kind.plural}, selected by ``{kind.config_key}``.\n\n"
+        f"Called once per plugin when the plugin manager is built. Call ``register(cls)`` once per class: "
+        f"each subclasses ``{kind.exported_base}`` and declares ``name`` (for example ``{kind.example!r}``) "
+        f"and a pydantic ``Config``; {kind.contract}. Returns nothing."
+    )
+    return hookspec(spec)
 
 
-@hookspec
-def mineonline_register_loggers(register: Register) -> None:
-    """Register metric-logger classes, selected by ``logger_config.loggers``.
-
-    Called when the plugin manager is built. Each class subclasses ``mineonline_core.Logger`` and
-    declares ``name`` (``"console"``, ``"wandb"``) and a pydantic ``Config`` validating the keys of
-    ``logger_config`` it consumes. Returns nothing.
-    """
-
-
-@hookspec
-def mineonline_register_policies(register: Register) -> None:
-    """Register policy classes, selected by ``policy_config.name`` in runs without a Python module.
-
-    Called when the plugin manager is built. Each class subclasses ``mineonline_core.Policy``, declares
-    ``name`` and ``Config``, and implements ``build(options, *, observation_space, action_space)``.
-    Returns nothing.
-    """
-
-
-@hookspec
-def mineonline_register_envs(register: Register) -> None:
-    """Register env factories, selected by ``env_config.name`` in runs without a Python module.
-
-    Called when the plugin manager is built. Each class subclasses ``mineonline_core.EnvFactory``,
-    declares ``name`` and ``Config``, and implements ``build(options) -> gymnasium.Env``.
-    Returns nothing.
-    """
+for _kind in KINDS:
+    globals()[_kind.hook] = _registration_spec(_kind)
+del _kind
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ A policy is a ``torch.nn.Module`` that maps batched inputs (B, T, ...) and a rec
 
     latents, state_out = policy(input={"image": uint8 (B,T,H,W,C)}, state_in=state,
                                 context={"first": bool (B,T)})
-    latents["pi_logits"]  # whatever ``policy.pi_head`` understands (normalised log-probs)
+    latents["pi_logits"]  # whatever ``policy.pi_head`` reads: log-probs, or a Gaussian's mean and log-std
     latents["vpred"]      # (B,T,1) or (B,T): the value, normalised when the head normalises
 
 ``first[b, t]`` marks the first step of an episode; a recurrent policy must reset its memory there,
@@ -14,6 +14,7 @@ at any t, so that a training forward over a fragment reproduces the step-by-step
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -148,6 +149,87 @@ class CategoricalHead(nn.Module):
         return (logits_q.exp() * (logits_q - logits_p)).sum(-1)
 
 
+class MultiCategoricalHead(nn.Module):
+    """One categorical per dimension of a ``MultiDiscrete`` space: ``pi_logits`` (B, T, sum(nvec)) are the
+    dimensions' log-probs side by side; actions are int64 (B, T, len(nvec)).
+
+    Each dimension's log-probs are normalised on their own, so the entropy and the KL of the joint (the
+    dimensions are independent) are the categorical formulas summed over the whole last axis."""
+
+    def __init__(self, in_features: int, nvec: list[int], *, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.nvec = [int(n) for n in nvec]
+        self.linear = nn.Linear(in_features, sum(self.nvec))
+        self.temperature = temperature
+        # Where each dimension's log-probs start on the last axis.
+        self.register_buffer("offsets", torch.tensor([0, *self.nvec[:-1]]).cumsum(0), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = (self.linear(x) / self.temperature).split(self.nvec, dim=-1)
+        return torch.cat([F.log_softmax(part, dim=-1) for part in parts], dim=-1)
+
+    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if not deterministic:
+            u = torch.rand_like(logits).clamp_(1e-20, 1.0)
+            logits = logits - torch.log(-torch.log(u))
+        return torch.stack([part.argmax(-1) for part in logits.split(self.nvec, dim=-1)], dim=-1)
+
+    def logprob(self, action: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        index = action.long() + self.offsets.to(logits.device)
+        return logits.gather(-1, index).sum(-1)
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        return -(logits.exp() * logits).sum(-1)
+
+    def kl_divergence(self, logits_q: torch.Tensor, logits_p: torch.Tensor) -> torch.Tensor:
+        """KL(q || p), summed over the dimensions."""
+        return (logits_q.exp() * (logits_q - logits_p)).sum(-1)
+
+
+class GaussianHead(nn.Module):
+    """A diagonal Gaussian over a ``Box`` of ``dim`` values: ``pi_logits`` (B, T, 2 * dim) are the mean and
+    the log standard deviation side by side; actions are float32 (B, T, dim).
+
+    The log-std is a parameter, the same in every state (PPO's reference implementation for MuJoCo), so
+    exploration shrinks only as training lowers it; it starts at ``init_log_std`` (0: unit std). Samples are
+    not squashed: the env receives them clipped to its bounds, the fragment keeps them as sampled
+    (``clip_action``, ``contracts/envs.py``). Densities are computed in float32 whatever the autocast."""
+
+    def __init__(self, in_features: int, dim: int, *, init_log_std: float = 0.0) -> None:
+        super().__init__()
+        self.dim = int(dim)
+        self.linear = nn.Linear(in_features, self.dim)
+        self.log_std = nn.Parameter(torch.full((self.dim,), float(init_log_std)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = self.linear(x)
+        return torch.cat([mean, self.log_std.to(mean.dtype).expand_as(mean)], dim=-1)
+
+    def _split(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = logits.float().split(self.dim, dim=-1)
+        return mean, log_std
+
+    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        mean, log_std = self._split(logits)
+        return mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
+
+    def logprob(self, action: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        mean, log_std = self._split(logits)
+        z = (action.float() - mean) * torch.exp(-log_std)
+        return (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        _, log_std = self._split(logits)
+        return (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1)
+
+    def kl_divergence(self, logits_q: torch.Tensor, logits_p: torch.Tensor) -> torch.Tensor:
+        """KL(q || p) of two diagonal Gaussians, in closed form, summed over the dimensions."""
+        mean_q, log_std_q = self._split(logits_q)
+        mean_p, log_std_p = self._split(logits_p)
+        ratio = torch.exp(2 * (log_std_q - log_std_p)) + ((mean_q - mean_p) * torch.exp(-log_std_p)) ** 2
+        return (log_std_p - log_std_q + 0.5 * (ratio - 1.0)).sum(-1)
+
+
 def prepare_policy(policy: nn.Module, *, use_normalized_vf: bool) -> nn.Module:
     """Apply the run-wide policy settings that every process building a policy must agree on.
 
@@ -162,13 +244,14 @@ def prepare_policy(policy: nn.Module, *, use_normalized_vf: bool) -> nn.Module:
 
 
 def refuse_minestudio_policy(policy: nn.Module) -> None:
-    """MineStudio's own policy classes (``minestudio.models``, 1.1.6) break DESIGN.md §5's guarantees."""
+    """MineStudio's own policy classes (``minestudio.models``, 1.1.6) break the framework's guarantees
+    (``docs/architecture.md``, "What the framework guarantees")."""
     cls = type(policy)
     if not cls.__module__.startswith("minestudio."):
         return
     raise ConfigError(
         f"policy_generator returned {cls.__module__}.{cls.__qualname__}, a MineStudio policy class, with which "
-        f"mineonline cannot keep its guarantees (DESIGN.md section 5): (1) its forward ignores context['first'] "
+        f"mineonline cannot keep its guarantees (docs/architecture.md, 'What the framework guarantees'): (1) its forward ignores context['first'] "
         f"(MineStudio 1.1.6 passes first=False), so training would not reset the recurrent state at the episode "
         f"starts inside a fragment as rollout did, and the training forward would not reproduce the rollout's "
         f"log-probs; (2) its value head's EWMA normaliser updates its statistics on every normalize() call made "

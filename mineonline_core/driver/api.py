@@ -33,7 +33,10 @@ from mineonline_core.driver.rundir import (
 from mineonline_core.driver.watchdog import sigterm_as_ctrl_c
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import LoggerHubHandle, RolloutManagerHandle
+    from ray.actor import ActorHandle
+
+    from mineonline_core.rollout.manager import RolloutManager
+    from mineonline_core.services.loggerhub import LoggerHub
     from mineonline_core.services.runlog import RunLog
     from mineonline_core.trainer.base import BaseTrainer
 
@@ -57,7 +60,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         # Processes of a cluster started elsewhere do not inherit this environment. A local cluster's do
         # (its raylet is this process's child), and there a job runtime_env is left out: with one, Ray
         # starts every actor through its runtime-env agent instead of reusing the prestarted workers,
-        # 1 s or more per actor on 2 cores (benchmarks/RESULTS.md, issue 16). Actors set up their own
+        # 1 s or more per actor on 2 cores (benchmarks/RESULTS.md). Actors set up their own
         # logging either way (runlog.setup_actor_logging).
         env_vars = {k: os.environ[k] for k in ("WANDB_MODE", "WANDB_DIR", "PYTHONPATH") if k in os.environ}
         kwargs["runtime_env"] = {"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
@@ -82,7 +85,7 @@ def _as_loaded(
     return loaded
 
 
-def _handles(cfg: OnlineConfig) -> tuple[RolloutManagerHandle, LoggerHubHandle | None]:
+def _handles(cfg: OnlineConfig) -> tuple[ActorHandle[RolloutManager], ActorHandle[LoggerHub] | None]:
     import ray
 
     manager = ray.get_actor(actor_name(cfg.run_name, ROLLOUT_MANAGER), namespace=NAMESPACE)
@@ -93,7 +96,7 @@ def _handles(cfg: OnlineConfig) -> tuple[RolloutManagerHandle, LoggerHubHandle |
     return manager, hub
 
 
-def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> LoggerHubHandle:
+def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> ActorHandle[LoggerHub]:
     import ray
 
     from mineonline_core.builtin.console import METRICS_FILE
@@ -122,7 +125,7 @@ def _start_hub(resolved: ResolvedRun, *, wait: bool = True) -> LoggerHubHandle:
     return hub
 
 
-def _start_manager(resolved: ResolvedRun, hub: LoggerHubHandle) -> RolloutManagerHandle:
+def _start_manager(resolved: ResolvedRun, hub: ActorHandle[LoggerHub]) -> ActorHandle[RolloutManager]:
     from mineonline_core.contracts.envs import adapted
     from mineonline_core.rollout.manager import launch_rollout_manager
     from mineonline_core.config.generators import Deferred
@@ -142,7 +145,9 @@ def _start_manager(resolved: ResolvedRun, hub: LoggerHubHandle) -> RolloutManage
 _CLAIMED: dict[Path, Ownership] = {}
 
 
-def start_rolloutmanager(policy_generator: Callable, env_generator: Callable, online_cfg: Any) -> RolloutManagerHandle:
+def start_rolloutmanager(
+    policy_generator: Callable, env_generator: Callable, online_cfg: Any
+) -> ActorHandle[RolloutManager]:
     """MineStudio's entry point: validate, claim the run directory (another process that tries the
     same run is refused, as ``mineonline run`` is), then start the logging actor and the rollout manager."""
     pm = get_plugin_manager()
@@ -165,7 +170,9 @@ def start_trainer(
     return _trainer(resolved, manager, hub).fit()
 
 
-def _trainer(resolved: ResolvedRun, manager: RolloutManagerHandle | None, hub: LoggerHubHandle | None) -> BaseTrainer:
+def _trainer(
+    resolved: ResolvedRun, manager: ActorHandle[RolloutManager] | None, hub: ActorHandle[LoggerHub] | None
+) -> BaseTrainer:
     cfg = resolved.config
     return resolved.trainer_cls(
         rollout_manager=manager,

@@ -227,7 +227,8 @@ def estimate_memory(
         except Exception:  # noqa: BLE001 - a state the meta device cannot build counts as none
             state_bytes = 0
     step_bytes = _space_bytes(observation_space) + _space_bytes(action_space) + STEP_COLUMNS_BYTES
-    # Each fragment starts with the policy's recurrent state, and the reference's beside it (DESIGN §5.4).
+    # Each fragment starts with the policy's recurrent state, and the KL reference's beside it (the reference
+    # carries its own state through the same fragments).
     fragment_bytes = rc.fragment_length * step_bytes + (2 if reference else 1) * state_bytes
     # Each env fills its next fragment in arrays of the whole length, allocated when it starts.
     builder_step = _space_bytes(observation_space) + _space_bytes(action_space) + BUILDER_COLUMNS_BYTES

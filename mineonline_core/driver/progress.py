@@ -93,8 +93,10 @@ class Progress:
         clock: Callable[[], float] = time.monotonic,
         force_terminal: bool | None = None,
         max_env_steps: int | None = None,
+        start_iteration: int = 0,
     ) -> None:
         self.num_iterations, self.max_env_steps = num_iterations, max_env_steps
+        self.start_iteration = start_iteration  # a resumed run shows its checkpoint's iteration, not 0
         self.enabled = enabled
         self.file = file or sys.stdout
         self.interval_s = interval_s
@@ -113,7 +115,7 @@ class Progress:
             self._live.start()
 
     def iteration(self) -> int:
-        return int(self._latest.get(ITERATION_KEY, 0) or 0)
+        return int(self._latest.get(ITERATION_KEY) or self.start_iteration)
 
     def _by_steps(self) -> bool:
         """Whether the env-step budget is ahead of the iteration budget (so it will end the run)."""

@@ -74,10 +74,12 @@ def _build_policy(policy_cls: type, options: BaseModel, observation_space: Any, 
     return policy_cls.build(options, observation_space=observation_space, action_space=action_space)
 
 
-def _prepared_policy(policy_generator: Callable[[], Any], use_normalized_vf: bool) -> Any:
+def _prepared_policy(policy_generator: Callable[[], Any], use_normalized_vf: bool, normalization: Any = None) -> Any:
     from mineonline_core.contracts.policy import prepare_policy
 
-    return prepare_policy(policy_generator(), use_normalized_vf=use_normalized_vf)
+    policy = prepare_policy(policy_generator(), use_normalized_vf=use_normalized_vf)
+    # train_config.normalize_observations/_rewards: statistics the policy owns (contracts/normalize.py).
+    return normalization.attach(policy) if normalization is not None else policy
 
 
 def resolve_trainer(loaded: LoadedConfig, pm: PluginManager) -> tuple[type, BaseModel]:
@@ -234,7 +236,16 @@ def resolve_generators(
         )
     # Every process that builds the policy (rollout workers, trainer ranks, the KL reference) must agree
     # on the value head's scale, so the run-wide settings are applied inside the generator itself.
-    policy_generator = functools.partial(_prepared_policy, policy_generator, cfg.train_config.use_normalized_vf)
+    from mineonline_core.contracts.normalize import normalization_for
+
+    normalization = normalization_for(
+        normalize_observations=cfg.train_config.normalize_observations,
+        normalize_rewards=cfg.train_config.normalize_rewards,
+        observation_space=observation_space,
+    )
+    policy_generator = functools.partial(
+        _prepared_policy, policy_generator, cfg.train_config.use_normalized_vf, normalization
+    )
     _picklable(policy_generator, "policy_generator")
     memory = None
     if probe:

@@ -18,11 +18,16 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from mineonline_core.driver.continuity import resume_point
 from mineonline_core.errors import RunFailedError, find_user_error, last_line
 
 if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
     from mineonline_core.config import OnlineConfig
-    from mineonline_core.services.handles import LoggerHubHandle, Remote, RolloutManagerHandle
+    from mineonline_core.rollout.manager import RolloutManager
+    from mineonline_core.services.handles import Remote
+    from mineonline_core.services.loggerhub import LoggerHub
     from mineonline_core.trainer.base import BaseTrainer
 
 log = logging.getLogger("mineonline")
@@ -32,8 +37,8 @@ _T = TypeVar("_T")
 
 def train_with_progress(
     trainer: BaseTrainer,
-    manager: RolloutManagerHandle,
-    hub: LoggerHubHandle,
+    manager: ActorHandle[RolloutManager],
+    hub: ActorHandle[LoggerHub],
     cfg: OnlineConfig,
     progress: bool | None,
     monitor: Callable[[dict], bool] | None = None,
@@ -63,6 +68,7 @@ def train_with_progress(
     display = Progress(
         cfg.train_config.num_iterations,
         max_env_steps=cfg.train_config.max_env_steps,
+        start_iteration=resume_point(cfg.train_config.resume).iteration if cfg.train_config.resume else 0,
         enabled=progress is not None,
         force_terminal=None if progress else False,
     )
@@ -128,7 +134,7 @@ def _checked(method: Remote[[], _T], what: str) -> _T:
         ) from exc
 
 
-def _stop_was_requested(manager: RolloutManagerHandle) -> bool:
+def _stop_was_requested(manager: ActorHandle[RolloutManager]) -> bool:
     import ray
 
     try:
@@ -137,7 +143,7 @@ def _stop_was_requested(manager: RolloutManagerHandle) -> bool:
         return False
 
 
-def shutdown_actors(manager: RolloutManagerHandle | None, hub: LoggerHubHandle | None) -> dict:
+def shutdown_actors(manager: ActorHandle[RolloutManager] | None, hub: ActorHandle[LoggerHub] | None) -> dict:
     """End the rollout manager (it shuts down the actors it started) and then the logging actor;
     return the run's summary (``LoggerHub.finish``), ``{}`` when the hub could not give it."""
     import ray

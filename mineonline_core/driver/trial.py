@@ -62,6 +62,13 @@ class TrialRun(Trainable):
             self._thread = threading.Thread(target=self._run, name="mineonline-trial", daemon=True)
             self._thread.start()
         kind, payload = self._events.get()
+        # Tune takes one result per step(): when the run got ahead of it, the older results go, so that a
+        # scheduler decides on the run's current numbers, never on a queue of past iterations (issue 35).
+        while kind == "result":
+            try:
+                kind, payload = self._events.get_nowait()
+            except queue.Empty:
+                break
         if kind == "error":
             raise payload
         if kind == "end":
@@ -76,6 +83,7 @@ class TrialRun(Trainable):
         """A scheduler's stop, the experiment's end or Ctrl-C: the run stops as after Ctrl-C, then returns."""
         self._stop.set()
         if self._thread is not None:
+            _request_stop(self.name)
             self._thread.join()
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
@@ -155,6 +163,20 @@ class TrialRun(Trainable):
         except BaseException as exc:  # noqa: BLE001 - becomes the trial's error, raised by step() on Tune's thread
             log.error("trial %s failed: %s: %s", self.name, type(exc).__name__, exc)
             self._events.put(("error", RunFailedError(f"{type(exc).__name__}: {last_line(exc)}")))
+
+
+def _request_stop(run_name: str) -> None:
+    """Ask the run's rollout manager to stop now, as the run's monitor would at its next call (up to a second
+    later, several CartPole iterations): the trainer stops after the iteration it is in."""
+    import ray
+
+    from mineonline_core.services.names import NAMESPACE, ROLLOUT_MANAGER, actor_name
+
+    try:
+        manager = ray.get_actor(actor_name(run_name, ROLLOUT_MANAGER), namespace=NAMESPACE)
+        ray.get(manager.request_stop.remote(), timeout=30)
+    except Exception:  # noqa: BLE001 - a run not started yet or already ended stops through the monitor's flag
+        log.debug("trial %s: no rollout manager to ask to stop", run_name, exc_info=True)
 
 
 def _link_or_copy(src: str, dst: str) -> None:

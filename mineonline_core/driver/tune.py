@@ -40,6 +40,7 @@ from mineonline_core.driver.sweep import (
 
 DEFAULT_METRIC = "episode/return_mean"
 SCHEDULERS = ("fifo", "asha", "pbt")
+SEARCHES = ("random", "optuna")
 TIME_ATTR = "trainer/iteration"
 SPEC_FILE, RESULTS_FILE = "tune.json", "results.csv"
 COLUMNS = ("trial", "parameters", "metric", "iterations", "status", "run_dir")
@@ -59,13 +60,16 @@ def tune(
     perturbation_interval: int | None = None,
     address: str | None = None,
     resume: str | None = None,
+    search: str = "random",
 ) -> list[dict]:
     """Run (or, with ``resume`` = the experiment's directory, continue) a sweep; return the results table's rows.
 
     ``overrides`` mix plain overrides and search spaces (``driver/sweep.py``); ``seeds`` (``"0,1,2"``) is a
     grid over ``seed``. ``scheduler``: ``fifo`` (every trial to the end), ``asha`` (stops trials whose
     ``metric`` trails at ``grace_period``, 2x, 4x... iterations) or ``pbt`` (every ``perturbation_interval``
-    iterations the worse trials continue from a better one's checkpoint with perturbed parameters)."""
+    iterations the worse trials continue from a better one's checkpoint with perturbed parameters). ``search``:
+    ``random`` (Tune's grid and random draws) or ``optuna`` (Optuna's TPE proposes each trial's values from
+    the results of the trials before it; ``num_samples`` trials in all, no grids)."""
     if resume is not None:
         spec, spaces, options = _load_spec(resume)
     else:
@@ -80,6 +84,7 @@ def tune(
             num_samples=num_samples,
             grace_period=grace_period,
             perturbation_interval=perturbation_interval,
+            search=search,
         )
     import ray
     from ray import tune as ray_tune
@@ -103,6 +108,7 @@ def tune(
                 tune_config=ray_tune.TuneConfig(
                     num_samples=options["num_samples"],
                     scheduler=_scheduler(options, spaces),
+                    search_alg=_search(options),
                     metric=spec.metric,
                     mode=options["mode"],
                     reuse_actors=False,
@@ -152,6 +158,7 @@ def _plan(
     num_samples: int,
     grace_period: int | None,
     perturbation_interval: int | None,
+    search: str = "random",
 ) -> tuple[TrialSpec, list[Space], dict]:
     """Validate everything and write ``tune.json``; no Ray yet."""
     if source is None:
@@ -162,9 +169,12 @@ def _plan(
         raise ConfigError(f"--mode {mode!r}: give max (a return) or min (a loss).")
     if num_samples < 1:
         raise ConfigError(f"--num-samples {num_samples}: give 1 or more (draws of the random spaces per grid point).")
+    if search not in SEARCHES:
+        raise ConfigError(f"--search {search!r} is not one of {', '.join(SEARCHES)}. Fix: choose one of them.")
     fixed, spaces = split_overrides(overrides, seeds=seeds)
     given = {o.split("=", 1)[0].strip() for o in fixed} | {s.key for s in spaces}
     spaces = [s for s in config_spaces(source) if s.key not in given] + spaces
+    _check_search(search, spaces, scheduler)
     if scheduler == "pbt" and not any(s.kind in ("loguniform", "uniform", "choice", "randint") for s in spaces):
         raise ConfigError(
             "--scheduler pbt perturbs the random spaces (loguniform, uniform, randint, choice), and none is "
@@ -213,6 +223,8 @@ def _plan(
         "scheduler": scheduler,
         "mode": mode,
         "num_samples": num_samples,
+        "search": search,
+        "seed": cfg.seed,
         "iterations": iterations,
         "grace_period": grace_period or max(1, iterations // 8),
         "perturbation_interval": perturbation_interval or max(1, iterations // 8),
@@ -282,6 +294,41 @@ def _scheduler(options: dict, spaces: list[Space]) -> Any:
     return FIFOScheduler()
 
 
+def _check_search(search: str, spaces: list[Space], scheduler: str) -> None:
+    if search != "optuna":
+        return
+    grids = [s.text for s in spaces if s.kind == "grid"]
+    if grids:
+        raise ConfigError(
+            f"--search optuna proposes every value itself and takes no grid: {', '.join(grids)}. Fix: make it "
+            "choice(...) (seeds too: seed=choice(0,1,2)), or sweep the grid with --search random."
+        )
+    if not spaces:
+        raise ConfigError(
+            "--search optuna needs a space to search, and none is given. Fix: sweep a key, e.g. "
+            "train_config.learning_rate=loguniform(1e-5,1e-3), with --num-samples trials."
+        )
+    if scheduler == "pbt":
+        raise ConfigError(
+            "--search optuna with --scheduler pbt: PBT changes a trial's values while it runs, which Optuna's "
+            "proposals cannot follow. Fix: --scheduler asha (or fifo) with optuna, or pbt with --search random."
+        )
+
+
+def _search(options: dict) -> Any:
+    """Tune's searcher for ``options["search"]``: None (Tune's grid and random draws) or Optuna's TPE,
+    seeded by the config's seed so that a sweep proposes the same first values each time."""
+    if options.get("search", "random") != "optuna":
+        return None
+    try:
+        from ray.tune.search.optuna import OptunaSearch
+    except ImportError as exc:  # pragma: no cover - the message when optuna is missing
+        raise ConfigError(
+            f"--search optuna needs the optuna package ({exc}). Fix: pip install 'mineonline-core[optuna]'"
+        ) from exc
+    return OptunaSearch(seed=int(options.get("seed", 0)))
+
+
 def _rows(grid: Any, spec: TrialSpec, options: dict) -> list[dict]:
     """One row per trial: its parameters, the metric's last value, iterations, how it ended, its run dir."""
     from mineonline_core.trainer.checkpoint import list_checkpoints
@@ -303,7 +350,7 @@ def _rows(grid: Any, spec: TrialSpec, options: dict) -> list[dict]:
             status = str(metrics.get("run_status", f"stopped early ({options['scheduler']})"))
         else:
             status = "interrupted" if metrics else "not started"
-        value = metrics.get(spec.metric)
+        value = _run_summary(run_dir).get(spec.metric, metrics.get(spec.metric))
         rows.append(
             {
                 "trial": Path(result.path).name if result.path else "?",
@@ -315,6 +362,16 @@ def _rows(grid: Any, spec: TrialSpec, options: dict) -> list[dict]:
             }
         )
     return sorted(rows, key=lambda r: r["trial"])
+
+
+def _run_summary(run_dir: Path | None) -> dict:
+    """The run's own last values (summary.json): a trial a scheduler stopped ends its iteration and writes
+    them after the last result Tune took from it, so the table shows the run's numbers, not Tune's last."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text()) if run_dir is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _write_table(rows: list[dict], path: Path) -> None:

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from mineonline_core.errors import RunFailedError
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import RolloutManagerHandle
+    from ray.actor import ActorHandle
+
+    from mineonline_core.rollout.manager import RolloutManager
 
 # What the driver watches in the logging actor's latest metrics, and how a stall of each reads.
 WATCHED = {"env_steps": "no new env step", "trainer/iteration": "no new training iteration"}
@@ -47,7 +49,7 @@ class ProgressWatchdog:
         return None
 
 
-def stall_report(manager: RolloutManagerHandle, what: str, *, timeout: float = 30.0) -> RunFailedError:
+def stall_report(manager: ActorHandle[RolloutManager], what: str, *, timeout: float = 30.0) -> RunFailedError:
     """The error a stalled run fails with: ``what`` stalled, plus the rollout side's diagnosis."""
     import ray
 

@@ -2,7 +2,7 @@
 
 The buffer holds only keys and small metadata; workers write payloads to the store and then
 announce them with ``add_fragment``; the trainer reads payloads from the store itself, so no payload
-is ever copied through this actor. Rules (DESIGN §4):
+is ever copied through this actor. Rules:
 
 * ``fragments_per_chunk`` consecutive fragments of one stream form a chunk; a gap in ``index`` (a
   lost or stale fragment) drops the pending partial chunk, so a chunk is always contiguous in time.
@@ -35,7 +35,10 @@ from mineonline_core.errors import ConfigError, SampleStopped, SampleTimeout
 from mineonline_core.services.runlog import setup_actor_logging
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import LoggerHubHandle, StoreAccess
+    from ray.actor import ActorHandle
+
+    from mineonline_core.services.handles import StoreAccess
+    from mineonline_core.services.loggerhub import LoggerHub
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ class ReplayBuffer:
         max_staleness: int,
         fragments_per_chunk: int = 1,
         fragments_per_report: int = 40,
-        logger_hub: LoggerHubHandle | None = None,
+        logger_hub: ActorHandle[LoggerHub] | None = None,
         version: int = 0,
     ) -> None:
         setup_actor_logging()  # its records reach the console marked (runlog.py)

@@ -8,7 +8,7 @@ the envs answer into fragments of ``fragment_length`` steps (columns: ``fragment
 ``fragbuild.py``). The pool never waits on a late env, so a batch may be partial. The recurrent states stay where
 inference runs; the collector asks for an env's states only at its fragment's first step (``STATE_IN``).
 
-Episode ends, the three ways (DESIGN §5.2, §5.5):
+Episode ends, the three ways (termination and truncation kept apart; a failed env's episode is truncated):
 
 * ``terminated``: a true terminal; nothing to bootstrap.
 * ``truncated`` by the env (time limit) or by ``restart_interval``: the value of the final
@@ -27,7 +27,7 @@ After any episode end the next step carries ``first=True``: inference runs it fr
 With a KL reference policy (``set_reference``), every batch also runs the reference over the same
 observations with its own recurrent state, reset at the same episode ends; each fragment records
 that state at its start as ``ref_state_in``, so training can run the reference over a chunk exactly
-as it would have run through the whole episode (DESIGN §5.4), and its logits at every step as ``ref_logits``,
+as it would have run through the whole episode, and its logits at every step as ``ref_logits``,
 so that training need not run it again.
 
 Each step records the version the reply names for the weights that chose its actions. When a restarted

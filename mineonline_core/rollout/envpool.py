@@ -13,7 +13,8 @@ times the mean step time); once it is late, the envs that have an observation go
 when ``batch_size`` is ``num_envs``, and the late one joins a later batch when it answers or is rebuilt at
 ``step_timeout``.
 
-What goes wrong, the env's side (DESIGN §5.2, §5.5; the caller closes the step in flight):
+What goes wrong, the env's side (an env that fails is rebuilt, its episode closed as truncated; the caller
+closes the step in flight):
 
 * the env raised, hung past ``step_timeout`` or its process died: the answer is ``lost``, the process is killed
   and rebuilt after an exponential back-off, and the other envs go on. When the step itself succeeded and ended

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mineonline_core.contracts.envs import clip_action
 from mineonline_core.contracts.tree import tree_leaves, tree_map
 
 _ALIGN = 64
@@ -126,7 +127,8 @@ def _die_with_parent() -> None:
 
 
 def apply_command(env: Any, cmd: str, data: Any, info_keys: tuple[str, ...]) -> tuple:
-    """Run ``step`` (resetting at once when the episode ends) or ``reset`` on ``env``; returns
+    """Run ``step`` (the action clipped to a ``Box`` space's bounds, ``clip_action``; resetting at once when the
+    episode ends) or ``reset`` on ``env``; returns
     ``(obs, reward, terminated, truncated, info, final_obs)``, with ``info`` cut to ``info_keys``."""
 
     def keep(info: dict) -> dict:
@@ -135,7 +137,9 @@ def apply_command(env: Any, cmd: str, data: Any, info_keys: tuple[str, ...]) -> 
     if cmd == "reset":
         obs, info = env.reset(seed=data)
         return obs, None, False, False, {"reset_info": keep(info)}, None
-    obs, reward, terminated, truncated, info = env.step(data)
+    # Only an array action can need clipping: MinecraftSim builds its (dict) action space anew at every access.
+    action = clip_action(data, env.action_space) if isinstance(data, np.ndarray) else data
+    obs, reward, terminated, truncated, info = env.step(action)
     final_obs, info = None, keep(info)
     if terminated or truncated:
         final_obs = obs

@@ -14,6 +14,7 @@ on the CPU (the fallback the tests exercise).
 * **A restarted server** (Ray restarts it) asks the manager for the latest weights again, and has lost every
   env's states: a request naming the server id of the old life is answered ``lost`` without running, and the
   collector restarts its envs' memory (``first`` on each env's next step, as the training forward will see it).
+  The restarted server says so on the console and in ``run.log`` and counts it in ``rollout/inference_restarts``.
 * **Coalescing.** Each call waits on its own actor thread; one batch thread runs, as soon as it is
   free, every request queued, concatenated into one forward, and splits the results. Workers
   served together return together, so a free server would otherwise run alternating halves of the
@@ -33,14 +34,19 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from mineonline_core.config.rollout import RolloutConfig
-from mineonline_core.errors import RunFailedError
+from mineonline_core.errors import MineOnlineError
 from mineonline_core.rollout.stepping import StateSlots, StepReply, StepRequest, policy_step, run_batch
+from mineonline_core.rollout.threads import start_guarded
+from mineonline_core.services.names import INFERENCE_SERVER
+from mineonline_core.services.restarts import actor_restart
 from mineonline_core.services.runlog import setup_actor_logging
 from mineonline_core.services.weights import WeightReceiver
 from mineonline_core.config.precision import PrecisionChoice
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import InferenceServerHandle, RolloutManagerHandle
+    from ray.actor import ActorHandle
+
+    from mineonline_core.services.handles import RolloutManagerHandle
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,15 @@ class InferenceServer:
 
         setup_actor_logging()
         self.server_id = uuid.uuid4().hex  # a restarted server has another: requests naming the old one lost states
+        restart = actor_restart(INFERENCE_SERVER)
+        self.restarts = 0 if restart is None else restart[0]  # rollout/inference_restarts
+        if restart is not None:
+            log.warning(
+                "the inference server %s died; Ray restarted it (restart %d, rollout/inference_restarts): it takes "
+                "the latest weights again, and every env's recurrent memory restarts",
+                restart[1],
+                restart[0],
+            )
         self._num_envs = config.worker_config.num_envs
         self._slots: dict[int, tuple[int, StateSlots]] = {}  # worker id -> (incarnation, its envs' states)
         self.device = torch.device("cuda" if config.num_gpus_per_worker > 0 else "cpu")
@@ -99,8 +114,13 @@ class InferenceServer:
         self._forwards = self._multi_worker = 0
         self._window_rows = self._window_requests = self._window_forwards = 0
         self._window_ms = 0.0
-        for fn in (self._batch_loop, self._fetch_loop):
-            threading.Thread(target=self._guard, args=(fn,), name=f"inference-{fn.__name__}", daemon=True).start()
+        start_guarded(
+            (self._batch_loop, self._fetch_loop),
+            what="rollout inference server",
+            prefix="inference",
+            stop=self._stop,
+            failed=self._failed,
+        )
 
     # -- actor methods ------------------------------------------------------------------------
 
@@ -142,6 +162,7 @@ class InferenceServer:
             n = max(self._window_forwards, 1)
             out = {
                 "rollout/inference_forwards": float(self._forwards),
+                "rollout/inference_restarts": float(self.restarts),
                 "rollout/inference_multi_worker_forwards": float(self._multi_worker),
                 "rollout/inference_queued": float(len(self._queue)),
             }
@@ -166,19 +187,8 @@ class InferenceServer:
 
     # -- threads ------------------------------------------------------------------------------
 
-    def _guard(self, loop: Callable[[], None]) -> None:
-        try:
-            loop()
-        except BaseException as exc:  # noqa: BLE001 - stored, logged, raised by every later call
-            log.exception("inference server: thread %s failed", loop.__name__)
-            self._error = (
-                exc
-                if isinstance(exc, RunFailedError)
-                else RunFailedError(
-                    f"the rollout inference server's {loop.__name__} thread failed: {type(exc).__name__}: {exc}"
-                )
-            )
-            self._stop.set()
+    def _failed(self, error: MineOnlineError) -> None:
+        self._error = self._error or error  # the first thread's: the others fail because of it
 
     def _fetch_loop(self) -> None:
         import ray
@@ -302,7 +312,7 @@ class InferenceServer:
 class InferenceClient:
     """A worker's side of the server: blocking calls from the collect thread."""
 
-    def __init__(self, *, server: InferenceServerHandle, worker_id: int) -> None:
+    def __init__(self, *, server: ActorHandle[InferenceServer], worker_id: int) -> None:
         self.server, self.worker_id = server, worker_id
 
     def wait_weights(self, timeout: float) -> bool:

@@ -26,22 +26,20 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from mineonline_core.errors import RunFailedError, last_line
-from mineonline_core.rollout.startup import start_rollout_actors, store_failure
+from mineonline_core.rollout.startup import RolloutSpec, start_rollout_actors, store_failure
 from mineonline_core.rollout.supervision import WorkerSupervisor
 from mineonline_core.services import names
 from mineonline_core.services.names import NAMESPACE, actor_name, on_node
 from mineonline_core.services.runlog import setup_actor_logging
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import (
-        InferenceServerHandle,
-        LoggerHubHandle,
-        ReplayBufferHandle,
-        RolloutManagerHandle,
-        RolloutWorkerHandle,
-        StoreAccess,
-        WeightReceiverHandle,
-    )
+    from ray.actor import ActorHandle
+
+    from mineonline_core.rollout.buffer import ReplayBuffer
+    from mineonline_core.rollout.inference import InferenceServer
+    from mineonline_core.rollout.worker import RolloutWorker
+    from mineonline_core.services.handles import StoreAccess
+    from mineonline_core.services.loggerhub import LoggerHub
 
 log = logging.getLogger(__name__)
 
@@ -49,39 +47,20 @@ log = logging.getLogger(__name__)
 class RolloutManager:
     """Threaded Ray actor; start it with ``launch_rollout_manager``."""
 
-    def __init__(
-        self,
-        *,
-        policy_generator: Callable[[], Any],
-        env_generator: Callable[[], Any],
-        config: Any,
-        store_cls: type,
-        store_options: Any = None,
-        logger_hub: LoggerHubHandle | None = None,
-        store_node_id: str | None = None,
-        report_interval: float = 2.0,
-    ) -> None:
+    def __init__(self, *, spec: RolloutSpec, report_interval: float = 2.0) -> None:
         setup_actor_logging()  # its records reach the console marked (runlog.py)
         import ray
 
+        config = spec.config
         self.config, self.run_name = config, str(config.run_name)
-        self._hub, self._report_interval = logger_hub, report_interval
+        self._hub, self._report_interval = spec.logger_hub, report_interval
         self._latest: tuple[list, int] | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._stop_requested = False
         self._lock = threading.Lock()
         self._env_steps = 0.0  # the hub's count as last read
-        actors = start_rollout_actors(
-            manager=ray.get_runtime_context().current_actor,
-            policy_generator=policy_generator,
-            env_generator=env_generator,
-            config=config,
-            store_cls=store_cls,
-            store_options=store_options,
-            logger_hub=logger_hub,
-            store_node_id=store_node_id,
-        )
+        actors = start_rollout_actors(manager=ray.get_runtime_context().current_actor, spec=spec)
         self._store_host, self._store, self._stats = actors.store_host, actors.store, actors.stats
         self._buffer, self._server, self._workers = actors.buffer, actors.server, actors.workers
         self._first_incarnation = actors.first_incarnation  # per worker: past every stream in a resumed store
@@ -107,7 +86,7 @@ class RolloutManager:
         for receiver in self.weight_receivers() if forward else ():
             receiver.update_weights.remote(weights, int(version))
 
-    def weight_receivers(self) -> list[WeightReceiverHandle]:
+    def weight_receivers(self) -> list[ActorHandle[RolloutWorker] | ActorHandle[InferenceServer]]:
         """The actors that run the rollout policy and take ``update_weights``: the workers, or the
         shared inference server."""
         return list(self._workers) if self._server is None else [self._server]
@@ -133,16 +112,16 @@ class RolloutManager:
         for worker in self._workers:
             worker.record_video.remote()
 
-    def get_buffer(self) -> ReplayBufferHandle:
+    def get_buffer(self) -> ActorHandle[ReplayBuffer]:
         return self._buffer
 
     def get_store_client(self) -> StoreAccess:
         return self._store
 
-    def get_workers(self) -> list[RolloutWorkerHandle]:
+    def get_workers(self) -> list[ActorHandle[RolloutWorker]]:
         return list(self._workers)
 
-    def get_inference_server(self) -> InferenceServerHandle | None:
+    def get_inference_server(self) -> ActorHandle[InferenceServer] | None:
         """The shared inference server, or None with ``inference: local``."""
         return self._server
 
@@ -350,10 +329,10 @@ def launch_rollout_manager(
     policy_generator: Callable[[], Any],
     env_generator: Callable[[], Any],
     config: Any,
-    logger_hub: LoggerHubHandle | None = None,
+    logger_hub: ActorHandle[LoggerHub] | None = None,
     store_cls: type | None = None,
     store_options: Any = None,
-) -> RolloutManagerHandle:
+) -> ActorHandle[RolloutManager]:
     """Start the run's named ``RolloutManager`` actor: the one place it is started (``run``, the public
     ``start_rolloutmanager`` and tests all come here). Detached when ``detach_rollout_manager``.
 
@@ -384,13 +363,15 @@ def launch_rollout_manager(
         ray.remote(RolloutManager)
         .options(**options)
         .remote(
-            policy_generator=policy_generator,
-            env_generator=env_generator,
-            config=config,
-            store_cls=store_cls,
-            store_options=store_options,
-            logger_hub=logger_hub,
-            store_node_id=ray.get_runtime_context().get_node_id(),
+            spec=RolloutSpec(
+                policy_generator=policy_generator,
+                env_generator=env_generator,
+                config=config,
+                store_cls=store_cls,
+                store_options=store_options,
+                logger_hub=logger_hub,
+                store_node_id=ray.get_runtime_context().get_node_id(),
+            )
         )
     )
     try:
@@ -401,7 +382,7 @@ def launch_rollout_manager(
     return manager
 
 
-def get_rollout_manager(run_name: str) -> RolloutManagerHandle:
+def get_rollout_manager(run_name: str) -> ActorHandle[RolloutManager]:
     """The handle of a running run's manager (``ValueError`` when none runs under that name)."""
     import ray
 

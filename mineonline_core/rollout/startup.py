@@ -25,20 +25,36 @@ from mineonline_core.services import names
 from mineonline_core.services.names import NAMESPACE, actor_name, on_node
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import (
-        EpisodeStatisticsHandle,
-        InferenceServerHandle,
-        LoggerHubHandle,
-        ReplayBufferHandle,
-        RolloutManagerHandle,
-        RolloutWorkerHandle,
-        StoreAccess,
-        StoreHostHandle,
-    )
+    from ray.actor import ActorHandle
+
+    from mineonline_core.rollout.buffer import ReplayBuffer
+    from mineonline_core.rollout.inference import InferenceServer
+    from mineonline_core.rollout.stats import EpisodeStatistics
+    from mineonline_core.rollout.worker import RolloutWorker
+    from mineonline_core.services.handles import RolloutManagerHandle, StoreAccess
+    from mineonline_core.services.loggerhub import LoggerHub
+    from mineonline_core.services.storehost import StoreHost
 
 log = logging.getLogger(__name__)
 
 WORKER_CONCURRENCY = 8
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """What a run's rollout side is built from: ``launch_rollout_manager`` hands it to the manager, which
+    hands it to ``start_rollout_actors``. ``config`` is the validated ``OnlineConfig``; ``store_cls`` the
+    class registered as ``database_config.backend``; ``store_options`` its validated options (default:
+    validated here from ``database_config``); ``store_node_id`` the node whose disk holds the store
+    (default: the manager's)."""
+
+    policy_generator: Callable[[], Any]
+    env_generator: Callable[[], Any]
+    config: Any
+    store_cls: type
+    store_options: Any = None
+    logger_hub: ActorHandle[LoggerHub] | None = None
+    store_node_id: str | None = None
 
 
 @dataclass
@@ -46,42 +62,34 @@ class RolloutActors:
     """The handles ``start_rollout_actors`` started (None or empty past a failure), and the first failure."""
 
     store_path: str = ""  # database_config.path, resolved
-    store_host: StoreHostHandle | None = None
+    store_host: ActorHandle[StoreHost] | None = None
     store: StoreAccess | None = None  # the ``StoreClient`` every worker and the buffer use
-    stats: EpisodeStatisticsHandle | None = None
-    buffer: ReplayBufferHandle | None = None
-    server: InferenceServerHandle | None = None  # the shared inference server, or None
-    workers: list[RolloutWorkerHandle] = field(default_factory=list)
+    stats: ActorHandle[EpisodeStatistics] | None = None
+    buffer: ActorHandle[ReplayBuffer] | None = None
+    server: ActorHandle[InferenceServer] | None = None  # the shared inference server, or None
+    workers: list[ActorHandle[RolloutWorker]] = field(default_factory=list)
     first_incarnation: dict[int, int] = field(default_factory=dict)  # per worker: past every stored stream
     error: BaseException | None = None
 
 
-def start_rollout_actors(
-    *,
-    manager: RolloutManagerHandle,
-    policy_generator: Callable[[], Any],
-    env_generator: Callable[[], Any],
-    config: Any,
-    store_cls: type,
-    store_options: Any,
-    logger_hub: LoggerHubHandle | None,
-    store_node_id: str | None,
-) -> RolloutActors:
-    """Start the rollout side of ``config``'s run for ``manager`` (its handle: the workers and the server
+def start_rollout_actors(*, manager: RolloutManagerHandle, spec: RolloutSpec) -> RolloutActors:
+    """Start the rollout side of ``spec``'s run for ``manager`` (its handle: the workers and the server
     register with it); returns once the store is open or has failed."""
     import ray
 
     from mineonline_core.rollout.buffer import ReplayBuffer
-    from mineonline_core.rollout.stats import EpisodeStatistics
+    from mineonline_core.rollout.stats import ACTOR_OPTIONS as STATS_OPTIONS, EpisodeStatistics
     from mineonline_core.rollout.worker import RolloutWorker
     from mineonline_core.services.storehost import StoreClient, start_store_host
 
+    config, store_cls, logger_hub = spec.config, spec.store_cls, spec.logger_hub
+    policy_generator, env_generator, store_options = spec.policy_generator, spec.env_generator, spec.store_options
     run_name, rc = str(config.run_name), config.rollout_config
     bc = rc.replay_buffer_config
     db = bc.database_config
     path, resume = str(config.resolve_path(db.path)), config.train_config.resume is not None
     actors = RolloutActors(store_path=path)
-    store_node_id = store_node_id or ray.get_runtime_context().get_node_id()
+    store_node_id = spec.store_node_id or ray.get_runtime_context().get_node_id()
     if store_options is None:
         store_options = store_cls.Config(**(db.model_extra or {}))
     actors.store_host = start_store_host(
@@ -93,6 +101,7 @@ def start_rollout_actors(
         namespace=NAMESPACE,
         node_id=store_node_id,
         name=actor_name(run_name, names.STORE_HOST),
+        logger_hub=logger_hub,
     )
     # The host is pinned to that node, so the client is made without waiting for the store to open:
     # the workers below start their processes meanwhile. Nothing is stored before the first weights
@@ -109,7 +118,7 @@ def start_rollout_actors(
     small = {"num_cpus": 0, "namespace": NAMESPACE, "scheduling_strategy": on_node(store_node_id)}
     actors.stats = (
         ray.remote(EpisodeStatistics)
-        .options(name=actor_name(run_name, names.EPISODE_STATISTICS), **small)
+        .options(name=actor_name(run_name, names.EPISODE_STATISTICS), **{**small, **STATS_OPTIONS})
         .remote(logger_hub=logger_hub, window=rc.episode_statistics_config.window)
     )
     actors.buffer = (

@@ -13,10 +13,16 @@ of the 22 achievements over the window (an achievement succeeds in an episode wh
 over every episode since the start (``crafter/all_episodes/*``: the paper's rule, which takes the rates
 over all training episodes up to the step budget; its table is comparable with the last value logged
 at or before the budget). The all-episode counts start again at a resume.
+
+The actor is restarted by Ray when its process dies (``ACTOR_OPTIONS``: same name, same handle, calls
+in flight retried, at most ``MAX_ACTOR_RESTARTS`` times). The window dies with the process: the restarted
+actor says so on the console and in ``run.log``, counts the restart in ``stats/restarts`` and fills a new
+window from the episodes that finish after it; ``episode/count`` starts again from 0.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -24,11 +30,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS, crafter_score
+from mineonline_core.services.names import EPISODE_STATISTICS
+from mineonline_core.services.restarts import MAX_ACTOR_RESTARTS, actor_restart
 from mineonline_core.services.runlog import setup_actor_logging
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import LoggerHubHandle
+    from ray.actor import ActorHandle
+
     from mineonline_core.services.loggerhub import LoggerHub
+
+log = logging.getLogger(__name__)
+
+#: ``ray.remote(EpisodeStatistics).options(**ACTOR_OPTIONS, ...)``: restarted in place when its process dies.
+ACTOR_OPTIONS = {"num_cpus": 0, "max_restarts": MAX_ACTOR_RESTARTS, "max_task_retries": -1}
+#: How many times Ray restarted the run's episode statistics actor (logged to the hub at each restart).
+RESTARTS_METRIC = "stats/restarts"
 
 
 def _metric_name(task: str) -> str:
@@ -62,7 +78,7 @@ class EpisodeStatistics:
     """
 
     def __init__(
-        self, *, logger_hub: LoggerHubHandle | LoggerHub | None = None, window: int = 100, report_every: int = 10
+        self, *, logger_hub: ActorHandle[LoggerHub] | LoggerHub | None = None, window: int = 100, report_every: int = 10
     ) -> None:
         setup_actor_logging()  # its records reach the console marked (runlog.py)
         if window < 1 or report_every < 1:
@@ -79,6 +95,19 @@ class EpisodeStatistics:
         self._crafter_unlocked = dict.fromkeys(CRAFTER_ACHIEVEMENTS, 0)
         self._count = 0
         self._since_report = 0
+        restart = actor_restart(EPISODE_STATISTICS)
+        if restart is not None:
+            count, name = restart
+            log.warning(
+                "the episode statistics actor %s died; Ray restarted it (restart %d, %s): its window of the last "
+                "%d episodes died with it, the episode/* statistics start again from the episodes that finish now",
+                name,
+                count,
+                RESTARTS_METRIC,
+                window,
+            )
+            if logger_hub is not None:
+                _call(logger_hub, "log_metrics", {RESTARTS_METRIC: float(count)})
 
     def add_episodes(self, records: list[dict]) -> None:
         for record in records:
@@ -156,7 +185,7 @@ class EpisodeStatistics:
         return summary
 
 
-def _call(hub: LoggerHubHandle | LoggerHub, method: str, *args: Any) -> None:
+def _call(hub: ActorHandle[LoggerHub] | LoggerHub, method: str, *args: Any) -> None:
     """Fire-and-forget on an actor handle; a direct call on a plain object."""
     fn = getattr(hub, method)
     remote = getattr(fn, "remote", None)

@@ -21,7 +21,10 @@ from mineonline_core.services.heartbeat import Heartbeats, hung_message
 from mineonline_core.services.restarts import RestartBudget
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import ReplayBufferHandle, RolloutWorkerHandle
+    from ray.actor import ActorHandle
+
+    from mineonline_core.rollout.buffer import ReplayBuffer
+    from mineonline_core.rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +36,8 @@ class WorkerSupervisor:
     def __init__(
         self,
         *,
-        workers: list[RolloutWorkerHandle],
-        buffer: ReplayBufferHandle,
+        workers: list[ActorHandle[RolloutWorker]],
+        buffer: ActorHandle[ReplayBuffer],
         config: Any,
         fail: Callable[[BaseException, str], None],
     ) -> None:

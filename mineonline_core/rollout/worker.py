@@ -32,32 +32,22 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from mineonline_core.config.rollout import RolloutConfig
 from mineonline_core.contracts import fragment as F
-from mineonline_core.errors import MineOnlineError, RunFailedError
+from mineonline_core.errors import MineOnlineError
 from mineonline_core.rollout.fragbuild import Timers
+from mineonline_core.rollout.threads import start_guarded
 from mineonline_core.config.precision import PrecisionChoice
 from mineonline_core.services.runlog import setup_actor_logging
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import (
-        EpisodeStatisticsHandle,
-        InferenceServerHandle,
-        LoggerHubHandle,
-        ReplayBufferHandle,
-        RolloutManagerHandle,
-        StoreAccess,
-    )
+    from ray.actor import ActorHandle
+
+    from mineonline_core.rollout.buffer import ReplayBuffer
+    from mineonline_core.rollout.inference import InferenceServer
+    from mineonline_core.rollout.stats import EpisodeStatistics
+    from mineonline_core.services.handles import RolloutManagerHandle, StoreAccess
+    from mineonline_core.services.loggerhub import LoggerHub
 
 log = logging.getLogger(__name__)
-
-
-def as_run_failure(exc: BaseException, what: str) -> MineOnlineError:
-    """A user-facing error for a thread's death. Wrapping matters: an ``ActorDiedError`` (say, of
-    the store host) re-raised as is would look to the manager like this worker's own restart."""
-    if isinstance(exc, MineOnlineError):
-        return exc
-    error = RunFailedError(f"{what}: {type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error
 
 
 class SendQueue:
@@ -104,16 +94,16 @@ class RolloutWorker:
         policy_generator: Callable[[], Any],
         env_generator: Callable[[], Any],
         store_client: StoreAccess,
-        buffer: ReplayBufferHandle,
-        stats: EpisodeStatisticsHandle | None = None,
-        logger_hub: LoggerHubHandle | None = None,
+        buffer: ActorHandle[ReplayBuffer],
+        stats: ActorHandle[EpisodeStatistics] | None = None,
+        logger_hub: ActorHandle[LoggerHub] | None = None,
         manager: RolloutManagerHandle | None = None,
         discount: float = 0.99,
         seed: int | None = None,
         report_interval: float = 0.5,  # the resolution of the env-step axis every metric is logged on
         incarnation: int = 0,
         precision: PrecisionChoice = PrecisionChoice(),
-        inference_server: InferenceServerHandle | None = None,
+        inference_server: ActorHandle[InferenceServer] | None = None,
     ) -> None:
         """``config`` is the run's ``rollout_config``; ``discount`` (``train_config.discount``) weighs
         the episodes' discounted returns in the statistics; ``precision`` (``train_config``'s) is the
@@ -147,15 +137,14 @@ class RolloutWorker:
         self._reported_steps = 0
         self._last_add: Any = None  # the ref of the latest add_env_steps call
         self._steps_lock = threading.Lock()
-        self._threads = [
-            threading.Thread(
-                target=self._guard, args=(fn,), name=f"rollout-{self.worker_id}-{fn.__name__}", daemon=True
-            )
-            for fn in (self._collect_loop, self._send_loop, self._report_loop)
-            + ((self._fetch_loop,) if inference_server is None else ())
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._threads = start_guarded(
+            (self._collect_loop, self._send_loop, self._report_loop)
+            + ((self._fetch_loop,) if inference_server is None else ()),
+            what=f"rollout worker {self.worker_id}",
+            prefix=f"rollout-{self.worker_id}",
+            stop=self._stop,
+            failed=self._failed,
+        )
 
     # -- actor methods ------------------------------------------------------------------------
 
@@ -231,15 +220,8 @@ class RolloutWorker:
 
     # -- threads ------------------------------------------------------------------------------
 
-    def _guard(self, loop: Callable[[], None]) -> None:
-        try:
-            loop()
-        except BaseException as exc:  # noqa: BLE001 - stored, logged and re-raised by every call
-            if not self._stop.is_set():
-                log.exception("rollout worker %d: thread %s failed", self.worker_id, loop.__name__)
-                if self._error is None:
-                    self._error = as_run_failure(exc, f"rollout worker {self.worker_id}: {loop.__name__} thread failed")
-                self._stop.set()
+    def _failed(self, error: MineOnlineError) -> None:
+        self._error = self._error or error  # the first thread's: the others fail because of it
 
     def _collect_loop(self) -> None:
         import ray

@@ -5,5 +5,6 @@ The actors' names and node (``names``), their log files (``runlog``), the loggin
 (``loggerhub``), the store host (``storehost``), the evaluator (``evaluator``, playing ``episodes``),
 heartbeats (``heartbeat``), restart budgets (``restarts``), the finiteness checks (``finite``), the
 GPU lease (``gpulease``), episode videos (``video``), weights on the wire and their one receiver
-(``weights``) and the typed handles of every actor of a run (``handles``). Plugins never import from here.
+(``weights``) and the handle types of the rollout actors where their class cannot be imported (``handles``).
+Plugins never import from here.
 """

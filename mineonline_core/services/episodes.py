@@ -17,6 +17,7 @@ import torch
 from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS, crafter_score
 from mineonline_core.config import OnlineConfig
 from mineonline_core.errors import ConfigError
+from mineonline_core.contracts.envs import clip_action
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map
 
 # Evaluation episodes reset with seeds seed + EVAL_SEED_OFFSET + i, held out from rollout's (seed + worker, env),
@@ -44,6 +45,7 @@ class LoadedPolicy:
         self.iteration, self.version, self.env_generator = iteration, version, env_generator
         self.device = next(iter(policy.parameters()), torch.zeros(())).device
         self._observation_space: Any = None
+        self._action_space: Any = None
 
     def make_env(self) -> Any:
         """The env the policy was trained in, adapted as during training (dict observations)."""
@@ -55,16 +57,26 @@ class LoadedPolicy:
     def observation_space(self) -> Any:
         """The adapted env's observation space (a ``Dict``); the env is built once to learn it."""
         if self._observation_space is None:
-            env = self.make_env()
-            try:
-                self._observation_space = env.observation_space
-            finally:
-                env.close()
+            self._learn_spaces()
         return self._observation_space
 
     @observation_space.setter
     def observation_space(self, space: Any) -> None:
         self._observation_space = space
+
+    @property
+    def action_space(self) -> Any:
+        """The adapted env's action space, whose bounds the actions returned are clipped to."""
+        if self._action_space is None:
+            self._learn_spaces()
+        return self._action_space
+
+    def _learn_spaces(self) -> None:
+        env = self.make_env()
+        try:
+            self._observation_space, self._action_space = env.observation_space, env.action_space
+        finally:
+            env.close()
 
     def initial_state(self, batch_size: int = 1) -> Any:
         return self.policy.initial_state(batch_size)
@@ -115,7 +127,8 @@ class LoadedPolicy:
             else head.sample(latents["pi_logits"])
         )
         value = to_numpy(self.policy.value_head.denormalize(latents["vpred"]).reshape(n))
-        action = tree_map(lambda a: a[:, 0], to_numpy(action))
+        # The env gets the sampled action clipped to its bounds (a Gaussian head's samples have none).
+        action = clip_action(tree_map(lambda a: a[:, 0], to_numpy(action)), self.action_space)
         return (action, state, value) if batched else (tree_map(lambda a: a[0], action), state, value[0])
 
     def _policy_input(self, observation: Any) -> tuple[dict[str, np.ndarray], bool]:
@@ -163,6 +176,7 @@ def run_episode(
     """One whole episode; the record of it, with its frames, returns and values when ``record``."""
     if isinstance(policy, LoadedPolicy) and policy._observation_space is None:
         policy.observation_space = env.observation_space  # known here: no env built just to learn it
+        policy._action_space = env.action_space
     obs, info = env.reset(seed=seed) if seed is not None else env.reset()
     start = _event_counts(info)
     counts, state, total, length = dict(start), None, 0.0, 0

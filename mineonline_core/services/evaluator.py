@@ -30,7 +30,9 @@ from mineonline_core.services.runlog import setup_actor_logging
 from mineonline_core.services.weights import WeightReceiver
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import EvaluatorHandle, LoggerHubHandle
+    from ray.actor import ActorHandle
+
+    from mineonline_core.services.loggerhub import LoggerHub
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ class Evaluator:
         policy_generator: Callable[[], torch.nn.Module],
         env_generator: Callable[[], Any],
         config: Any,
-        logger_hub: LoggerHubHandle | None = None,
+        logger_hub: ActorHandle[LoggerHub] | None = None,
     ) -> None:
         setup_actor_logging()
         tc = config.train_config
@@ -118,7 +120,7 @@ class Evaluator:
                 pass
 
 
-def start_evaluator(*, name: str, namespace: str, config: Any, **kwargs: Any) -> EvaluatorHandle:
+def start_evaluator(*, name: str, namespace: str, config: Any, **kwargs: Any) -> ActorHandle[Evaluator]:
     """The ``Evaluator`` actor ``name``, reserving ``eval_num_cpus`` and ``eval_num_gpus``. Ray does
     not restart it (its constructor's arguments live in the object store); rank 0 starts a new one
     when it died (``EvaluationClient.poll``)."""

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 
 import ray
 
+from mineonline_core.services.names import on_node
+
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import GpuLeaseHandle
+    from ray.actor import ActorHandle
 
 LEASE_WAIT_S = 60.0  # an actor start takes a second or two; longer means no free GPU share on this node
 
@@ -26,13 +28,10 @@ class GpuLease:
         return [str(gpu) for gpu in ray.get_gpu_ids()]
 
 
-def lease_gpu(num_gpus: float, *, timeout: float = LEASE_WAIT_S) -> tuple[GpuLeaseHandle | None, list[str]]:
+def lease_gpu(num_gpus: float, *, timeout: float = LEASE_WAIT_S) -> tuple[ActorHandle | None, list[str]]:
     """A ``GpuLease`` of ``num_gpus`` on this node and its GPU ids, or ``(None, [])`` when Ray does
     not grant it within ``timeout`` seconds. The caller ends the lease with ``ray.kill``."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-    lease = GpuLease.options(num_gpus=num_gpus, scheduling_strategy=node).remote()
+    lease = GpuLease.options(num_gpus=num_gpus, scheduling_strategy=on_node()).remote()
     ready, _ = ray.wait([lease.gpu_ids.remote()], timeout=timeout)
     if not ready:
         ray.kill(lease)

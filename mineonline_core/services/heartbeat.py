@@ -27,8 +27,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Hashable
 
+from mineonline_core.services.names import on_node
+
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import HeartbeatBoardHandle
+    from ray.actor import ActorHandle
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +105,9 @@ def _kill_pid(pid: int) -> bool:
 def kill_on_node(pid: int, node: str, *, timeout: float = 60.0) -> bool:
     """SIGKILL ``pid`` on Ray node ``node`` (a task pinned there); False when it was already gone."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0, max_retries=0)(_kill_pid)
-    strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-    return bool(ray.get(task.options(scheduling_strategy=strategy).remote(pid), timeout=timeout))
+    return bool(ray.get(task.options(scheduling_strategy=on_node(node)).remote(pid), timeout=timeout))
 
 
 class HeartbeatBoard:
@@ -132,7 +132,9 @@ class HeartbeatBoard:
 class RankBeat:
     """In a Ray Train rank: a daemon thread that beats every quarter of ``timeout`` with ``detail()``."""
 
-    def __init__(self, *, board: HeartbeatBoardHandle, member: str, timeout: float, detail: Callable[[], str]) -> None:
+    def __init__(
+        self, *, board: ActorHandle[HeartbeatBoard], member: str, timeout: float, detail: Callable[[], str]
+    ) -> None:
         import ray
 
         self._board, self._member, self._detail = board, member, detail
@@ -160,7 +162,7 @@ class RankWatch:
     past it is named (``log.error``) and killed on its node. ``hung`` holds the message of the last
     rank it killed (the cause ``fit`` reports), None when it killed none."""
 
-    def __init__(self, *, board: HeartbeatBoardHandle, timeout: float) -> None:
+    def __init__(self, *, board: ActorHandle[HeartbeatBoard], timeout: float) -> None:
         self._board, self.timeout = board, timeout
         self.hung: str | None = None
         self._stop = threading.Event()

@@ -9,6 +9,13 @@ how many loggers failed.
 
 The hub owns the run's single step axis: the total number of env steps, advanced by rollout workers
 through ``add_env_steps``. A metric logged without an explicit step is stamped with the current count.
+
+Ray restarts the hub when its process dies (``ACTOR_OPTIONS``: same name, so every producer's handle
+still reaches it; calls in flight are retried; at most ``MAX_ACTOR_RESTARTS`` times). The restarted hub
+starts its loggers again (``metrics.jsonl`` is appended to), takes the step axis up where the dead one
+left it (the count is kept in Ray's key-value store at every record stamped, so no record is stamped
+with a smaller step than one before it), says so on the console and in ``run.log`` and counts it in
+``logging/restarts``. Records the dead hub had queued but not yet written are lost with it.
 """
 
 from __future__ import annotations
@@ -26,11 +33,12 @@ from pydantic import BaseModel
 
 from mineonline_core.errors import last_line
 from mineonline_core.contracts.logger import Logger
-from mineonline_core.services.runlog import setup_actor_logging
 from mineonline_core.services.names import LOGGER_HUB, NAMESPACE, actor_name
+from mineonline_core.services.restarts import MAX_ACTOR_RESTARTS, actor_restart, current_actor_name, recall, remember
+from mineonline_core.services.runlog import setup_actor_logging
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import LoggerHubHandle
+    from ray.actor import ActorHandle
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +51,15 @@ _STOP = object()
 CONTROL = "control"
 CONCURRENCY_GROUPS = {CONTROL: 4}
 #: ``ray.remote(**ACTOR_OPTIONS)(LoggerHub)`` is the hub actor class (``start_logger_hub`` uses it).
-ACTOR_OPTIONS = {"num_cpus": 0, "max_concurrency": 1, "concurrency_groups": CONCURRENCY_GROUPS}
+ACTOR_OPTIONS = {
+    "num_cpus": 0,
+    "max_concurrency": 1,
+    "concurrency_groups": CONCURRENCY_GROUPS,
+    "max_restarts": MAX_ACTOR_RESTARTS,
+    "max_task_retries": -1,
+}
+#: How many times Ray restarted the run's logging actor (logged by the restarted hub itself).
+RESTARTS_METRIC = "logging/restarts"
 
 
 def video_filename(key: str, step: int) -> str:
@@ -91,6 +107,20 @@ class LoggerHub:
                 self._record_failure(getattr(cls, "name", cls.__name__), "start", traceback.format_exc())
         self._thread = threading.Thread(target=self._feed, name="logger-hub-feeder", daemon=True)
         self._thread.start()
+        self._name = current_actor_name()  # where the step count is kept for a restart (None: a plain object)
+        restart = actor_restart(LOGGER_HUB)
+        if restart is not None:
+            count, name = restart
+            self._env_steps = recall(name) or 0
+            log.warning(
+                "the logging actor %s died; Ray restarted it (restart %d, %s): its loggers started again, the step "
+                "axis goes on from %d env steps; what it had queued and not yet written is lost",
+                name,
+                count,
+                RESTARTS_METRIC,
+                self._env_steps,
+            )
+            self.log_metrics({RESTARTS_METRIC: float(count)})
 
     # ----- producer side: every call records and enqueues, nothing waits on a logger ----------
 
@@ -118,6 +148,8 @@ class LoggerHub:
             self._latest.update(clean)
             # enqueue under the lock so nothing lands behind finish()'s stop marker
             self._queue.put(("metrics", clean, step))
+            if self._name is not None:  # a restarted hub must never stamp a smaller step than this one
+                remember(self._name, max(step, self._env_steps))
             return step
 
     def log_histogram(self, key: str, values: np.ndarray, step: int | None = None) -> None:
@@ -293,7 +325,7 @@ class LoggerHub:
 
 def start_logger_hub(
     *, run_name: str, namespace: str = NAMESPACE, lifetime: str | None = None, wait: bool = True, **kwargs: Any
-) -> LoggerHubHandle:
+) -> ActorHandle[LoggerHub]:
     """Start the hub as the named actor ``{run_name}/logger_hub`` and wait until its loggers exist
     (``wait=False``: return at once; ``check_logger_hub`` waits later, so the driver can start the
     rollout manager meanwhile).
@@ -316,14 +348,14 @@ def start_logger_hub(
     return hub
 
 
-def check_logger_hub(hub: LoggerHubHandle, run_name: str) -> None:
+def check_logger_hub(hub: ActorHandle[LoggerHub], run_name: str) -> None:
     """Wait until the hub's loggers exist; log each one that failed to start."""
     errors = ray.get(hub.errors.remote())  # constructor errors surface here, not at the first metric
     for line in errors:
         log.error("LoggerHub for run %r: %s", run_name, line)
 
 
-def get_logger_hub(run_name: str, *, namespace: str = NAMESPACE) -> LoggerHubHandle:
+def get_logger_hub(run_name: str, *, namespace: str = NAMESPACE) -> ActorHandle[LoggerHub]:
     """The hub of a running run (e.g. for a detached rollout manager started by another driver)."""
 
     return ray.get_actor(actor_name(run_name, LOGGER_HUB), namespace=namespace)

@@ -33,8 +33,8 @@ def split_name(name: str) -> tuple[str, str] | None:
 
 
 def on_node(node_id: str | None = None) -> Any:
-    """The scheduling strategy of a bookkeeping actor: ``node_id`` (default: this process's node),
-    hard affinity."""
+    """The scheduling strategy of a bookkeeping actor or task: ``node_id`` (default: this process's
+    node), hard affinity: it runs there or not at all."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

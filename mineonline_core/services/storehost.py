@@ -11,10 +11,17 @@ the store. Rollout workers and trainer ranks use a ``StoreClient``:
 
 The host actor is threaded (``max_concurrency``), so readers and writers are not serialised on it;
 the store itself is thread-safe.
+
+A host whose process dies is restarted by Ray in place (``max_restarts``: same name, same handle, calls
+in flight retried; at most ``MAX_ACTOR_RESTARTS`` times, then the run fails with the cause). The restarted host says so on the console and in ``run.log`` and counts it in
+``storehost/restarts``; it reopens a persistent store (LMDB: the records are on disk) with ``resume``, so
+nothing is lost, while an in-memory store's records died with the process: the host says how many, and
+the trainer drops the chunks that named them (``trainer/corrupt_fragments``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterable
@@ -23,15 +30,25 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from mineonline_core.config.messages import validate_options
+from mineonline_core.contracts.fragment import VERSION
 from mineonline_core.contracts.store import FragmentStore
+from mineonline_core.services.restarts import MAX_ACTOR_RESTARTS, actor_restart
 from mineonline_core.services.runlog import setup_actor_logging
-from mineonline_core.services.names import NAMESPACE
+from mineonline_core.services.names import NAMESPACE, STORE_HOST, on_node
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import StoreHostHandle
+    from ray.actor import ActorHandle
+
+log = logging.getLogger(__name__)
 
 # Threads of the host actor: enough for every rollout worker and trainer reader to be served at once.
 HOST_MAX_CONCURRENCY = 32
+#: ``storehost/restarts``: how many times Ray restarted a run's store host (logged to the run's hub).
+RESTARTS_METRIC = "storehost/restarts"
+#: Records a resumed store dropped at its open because they could not be decoded (LMDB: ``corrupt_records``).
+CORRUPT_AT_OPEN_METRIC = "buffer/corrupt_records_at_open"
+# Payloads read at once while looking for the newest stored version.
+_SCAN_BATCH = 64
 
 
 def _options(store_cls: type[FragmentStore], options: BaseModel | dict[str, Any] | None) -> BaseModel:
@@ -57,9 +74,33 @@ class StoreHost:
         num_shards: int,
         resume: bool,
         options: BaseModel | dict[str, Any] | None = None,
+        logger_hub: Any = None,
     ) -> None:
         setup_actor_logging()  # its records reach the console marked (runlog.py)
+        restart = actor_restart(STORE_HOST)
+        if restart is not None and store_cls.persistent:
+            resume = True  # the store on disk is this run's: a restart must never clear it
         self._store = store_cls(path=path, num_shards=num_shards, resume=resume, options=_options(store_cls, options))
+        dropped = getattr(self._store, "corrupt_records", 0)  # undecodable records a resumed store dropped
+        if dropped and logger_hub is not None:
+            logger_hub.log_metrics.remote({CORRUPT_AT_OPEN_METRIC: float(dropped)})
+        if restart is not None:
+            count, name = restart
+            kept = (
+                f"reopened the store at {path} with its {self._store.size()} records"
+                if store_cls.persistent
+                else f"the in-memory {store_cls.name!r} store's records died with it (chunks that named them are "
+                "dropped when sampled, trainer/corrupt_fragments); rollout refills it"
+            )
+            log.warning(
+                "the replay store host %s died; Ray restarted it (restart %d, %s): %s",
+                name,
+                count,
+                RESTARTS_METRIC,
+                kept,
+            )
+            if logger_hub is not None:
+                logger_hub.log_metrics.remote({RESTARTS_METRIC: float(count)})
 
     def put(self, key: str, payload: Any) -> None:
         self._store.put(key, payload)
@@ -85,8 +126,38 @@ class StoreHost:
     def node_id(self) -> str:
         return _current_node_id()
 
+    def newest_version(self) -> int | None:
+        """The highest weights version of any stored fragment (None: none stored). Read next to the data,
+        so that a resumed trainer can number its versions past everything the store holds."""
+        keys = self._store.keys()
+        newest: int | None = None
+        for start in range(0, len(keys), _SCAN_BATCH):
+            for payload in _readable(self._store, keys[start : start + _SCAN_BATCH]):
+                versions = payload.get(VERSION) if isinstance(payload, dict) else None
+                try:
+                    high = int(max(versions.reshape(-1))) if getattr(versions, "size", 0) else None
+                except (TypeError, ValueError, AttributeError):
+                    high = None  # a damaged record: the trainer's fetch refuses it when sampled
+                if high is not None and (newest is None or high > newest):
+                    newest = high
+        return newest
+
     def close(self) -> None:
         self._store.close()
+
+
+def _readable(store: FragmentStore, keys: list[str]) -> list[Any]:
+    """The payloads of ``keys`` that can be read; one that cannot (deleted meanwhile, undecodable) is skipped."""
+    try:
+        return store.get_many(keys)
+    except Exception:  # noqa: BLE001 - find the one that failed, keep the others
+        out = []
+        for key in keys:
+            try:
+                out.extend(store.get_many([key]))
+            except Exception:  # noqa: BLE001 - left to the fetch, which names and counts it
+                log.debug("stored record %r unreadable while scanning versions", key, exc_info=True)
+        return out
 
 
 def start_store_host(
@@ -100,19 +171,22 @@ def start_store_host(
     namespace: str = NAMESPACE,
     node_id: str | None = None,
     lifetime: str | None = None,
-) -> StoreHostHandle:
+    logger_hub: Any = None,
+) -> ActorHandle[StoreHost]:
     """Start the store host on ``node_id`` (default: this process's node, the one that holds ``path``).
 
     ``soft=False``: the actor must run where the files are, or not at all. It takes no CPU so that it
-    never competes with rollout workers for the node's slots. Returns the actor handle; the store is
-    open once ``ray.get(handle.node_id.remote())`` returns.
+    never competes with rollout workers for the node's slots. Ray restarts it when its process dies
+    (``logger_hub`` hears of each restart). Returns the actor handle; the store is open once
+    ``ray.get(handle.node_id.remote())`` returns.
     """
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    actor_cls = ray.remote(num_cpus=0, max_concurrency=HOST_MAX_CONCURRENCY)(StoreHost)
+    actor_cls = ray.remote(
+        num_cpus=0, max_concurrency=HOST_MAX_CONCURRENCY, max_restarts=MAX_ACTOR_RESTARTS, max_task_retries=-1
+    )(StoreHost)
     actor_options: dict[str, Any] = {
-        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id or _current_node_id(), soft=False),
+        "scheduling_strategy": on_node(node_id),
         "namespace": namespace,
     }
     if name is not None:
@@ -120,7 +194,12 @@ def start_store_host(
     if lifetime is not None:
         actor_options["lifetime"] = lifetime
     return actor_cls.options(**actor_options).remote(
-        store_cls=store_cls, path=path, num_shards=num_shards, resume=resume, options=_options(store_cls, options)
+        store_cls=store_cls,
+        path=path,
+        num_shards=num_shards,
+        resume=resume,
+        options=_options(store_cls, options),
+        logger_hub=logger_hub,
     )
 
 
@@ -144,7 +223,7 @@ class StoreClient:
     def __init__(
         self,
         *,
-        host: StoreHostHandle,
+        host: ActorHandle[StoreHost],
         store_cls: type[FragmentStore],
         path: str,
         num_shards: int,
@@ -163,7 +242,7 @@ class StoreClient:
     @classmethod
     def connect(
         cls,
-        host: StoreHostHandle,
+        host: ActorHandle[StoreHost],
         *,
         store_cls: type[FragmentStore],
         path: str,
@@ -244,3 +323,7 @@ class StoreClient:
     def nbytes(self) -> int:
         store = self._local_store()
         return store.nbytes() if store is not None else self._call("nbytes")
+
+    def newest_version(self) -> int | None:
+        """The highest version of any stored fragment, read by the host next to the data."""
+        return self._call("newest_version")

@@ -334,9 +334,9 @@ def ddp_train_step(config: dict) -> None:
     import ray.train
 
     from mineonline_core.config import OnlineConfig
-    from mineonline_core.registry import import_string
+    from mineonline_core.config.generators import import_generator
 
-    cls = import_string(config["trainer_cls"])
+    cls = import_generator(config["trainer_cls"], key="trainer_cls")
     trainer = cls(
         rollout_manager=None,
         policy_generator=mlp_policy,

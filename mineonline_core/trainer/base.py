@@ -1,6 +1,6 @@
 """``BaseTrainer``: the distributed loop around an algorithm's loss.
 
-Glossary (DESIGN §4): an **iteration** fetches ``batches_per_iteration * batch_size_per_gpu`` chunks
+Glossary: an **iteration** fetches ``batches_per_iteration * batch_size_per_gpu`` chunks
 per rank, estimates advantages with the current model (``estimate``), runs the update loop
 (``train``, ``trainer/update.py``) over the trainer's ``compute_loss``, bumps the **model version**
 and broadcasts the weights to the rollout workers. **Staleness** of a step is the current version
@@ -49,7 +49,7 @@ from mineonline_core.services.runlog import setup_actor_logging
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.build import PolicyBuilding
 from mineonline_core.trainer.device import fused_adamw, indexed_device
-from mineonline_core.trainer.driver import DriverSide
+from mineonline_core.trainer.ranks import DriverSide
 from mineonline_core.trainer.evaluation import Evaluating
 from mineonline_core.trainer.fetch import ChunkFetching, OrderedWorker
 from mineonline_core.trainer.goals import Goals
@@ -58,12 +58,11 @@ from mineonline_core.trainer.update import UpdateLoop
 
 log = logging.getLogger(__name__)
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import (
-        HeartbeatBoardHandle,
-        LoggerHubHandle,
-        RolloutManagerHandle,
-        WeightReceiverHandle,
-    )
+    from ray.actor import ActorHandle
+
+    from mineonline_core.services.handles import RolloutManagerHandle, WeightReceiverHandle
+    from mineonline_core.services.heartbeat import HeartbeatBoard
+    from mineonline_core.services.loggerhub import LoggerHub
 
 _LIVE = (
     "model",
@@ -107,7 +106,7 @@ class BaseTrainer(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publish
         env_generator: Callable[[], Any],
         config: Any,
         run_dir: str,
-        logger_hub: LoggerHubHandle | None = None,
+        logger_hub: ActorHandle[LoggerHub] | None = None,
         whole_config: str | None = None,
         saved_config: dict | None = None,
         options: BaseModel | None = None,
@@ -136,7 +135,7 @@ class BaseTrainer(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publish
         self._prefetch: deque[tuple[int, int, Future]] = deque()  # (iteration, num_chunks, its batch)
         self.corrupt_fragments = 0
         # A KL reference policy, if the algorithm has one: rollout runs it beside the behaviour
-        # policy so that each fragment records the reference's own recurrent state (DESIGN §5.4).
+        # policy so that each fragment records the reference's own recurrent state at its start.
         self.reference: nn.Module | None = None
         self._reference_ref: Any = None  # the reference's weights in the object store (the broadcast thread's)
         self._reference_stale = True  # the next broadcast sends the reference's weights (trainer thread)
@@ -150,7 +149,8 @@ class BaseTrainer(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publish
         self.iteration, self.version = 0, 0
         self._fit_started: float | None = None  # set by fit(): checkpoints written since are this run's
         self.restarts = 0  # times fit() restarted the ranks after one died
-        self._heartbeats: HeartbeatBoardHandle | None = None  # the ranks' HeartbeatBoard while fit() runs Ray Train
+        # The ranks' HeartbeatBoard while fit() runs Ray Train.
+        self._heartbeats: ActorHandle[HeartbeatBoard] | None = None
         self.rank_hangs = 0  # of those restarts, the ones of a rank killed as hung
         self.env_steps = 0  # the run's env-step count when this iteration was logged (rank 0)
         self.learning_rate = self.train_config.learning_rate
@@ -322,7 +322,7 @@ class BaseTrainer(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publish
     def _train_func(self) -> None:
         # No parameter: Ray Train passes its config to a loop function that takes one.
         setup_actor_logging()  # a Ray Train rank is an actor; in the driver's process this does nothing
-        self._start_beat()  # a Ray Train rank's heartbeat, from before its setup (trainer/driver.py)
+        self._start_beat()  # a Ray Train rank's heartbeat, from before its setup (trainer/ranks.py)
         self.setup_rank(local=self.in_process, device=self.device if self.in_process else None)
         self._connect()
         self.rewind_logs()

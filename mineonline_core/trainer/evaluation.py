@@ -38,8 +38,10 @@ from mineonline_core.trainer.sequence import unwrap
 if TYPE_CHECKING:
     import numpy as np
     from ray import ObjectRef
+    from ray.actor import ActorHandle
 
-    from mineonline_core.services.handles import EvaluatorHandle, LoggerHubHandle
+    from mineonline_core.services.evaluator import Evaluator
+    from mineonline_core.services.loggerhub import LoggerHub
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,9 @@ class EvaluationClient:
     """The evaluator actor's handle and the one evaluation handed to it (thread-safe: the broadcast
     thread reports the weights it put, the trainer's thread asks for evaluations and their results)."""
 
-    def __init__(self, *, start: Callable[[int], EvaluatorHandle], logger_hub: LoggerHubHandle | None) -> None:
+    def __init__(
+        self, *, start: Callable[[int], ActorHandle[Evaluator]], logger_hub: ActorHandle[LoggerHub] | None
+    ) -> None:
         """``start(n)``: the evaluator actor, the ``n``-th replacement of the first (0)."""
         self._start, self.hub = start, logger_hub
         self.restarts = 0

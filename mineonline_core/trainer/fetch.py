@@ -17,8 +17,10 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable
 
 import ray
+import torch
 
 from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.normalize import FIRST_SERVING, scale_rewards
 from mineonline_core.errors import RunFailedError, SampleStopped, SampleTimeout
 from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs, estimate_advantages
 
@@ -29,6 +31,17 @@ log = logging.getLogger(__name__)
 SAMPLE_WAIT_S = 30.0  # how often a trainer waiting for chunks says why
 # Refused fragments named one by one; after these, every 100th (a resume past the checkpoint refuses many).
 REFUSALS_NAMED = 20
+
+
+class Unreadable:
+    """A stored record that could not be read, in the place of its payload: why."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def _unreadable(payload: Any) -> list[str]:
+    return [payload.why] if isinstance(payload, Unreadable) else []
 
 
 class ChunkFetching:
@@ -98,6 +111,8 @@ class ChunkFetching:
                 (iteration, num_chunks, self._fetch_in_background(num_chunks, self.version + bumps, iteration))
             )
         batch[F.STALENESS] = (self.version - batch[F.VERSION]).float()
+        # normalize_rewards: the estimate (any trainer's) sees scaled rewards; a no-op otherwise.
+        batch = scale_rewards(self.policy, batch, discount=tc.discount, gather=self.all_gather)
         batch = self.estimate(batch=batch)
         self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)  # what the loop waited for, not the fetch itself
         self.perf["perf/gae_ms"] = 1e3 * (time.perf_counter() - fetched)
@@ -117,9 +132,10 @@ class ChunkFetching:
         round_id = self.iteration if for_iteration is None else for_iteration
         at = self.version if for_version is None else for_version  # the version these chunks train at
         grouped: list[list[dict]] = []
+        fresh: list[bool] = []  # served for the first time: its steps move the normalisers' statistics
         while len(grouped) < num_chunks:
             chunks = self._sample(num_chunks - len(grouped), for_version, round_id)
-            payloads = self._store.get_many([key for chunk in chunks for key in chunk["keys"]])
+            payloads = self._read_payloads([key for chunk in chunks for key in chunk["keys"]])
             # Payloads are in this process now: the buffer may drop used-up or evicted ones.
             ray.get(self._buffer.release.remote([chunk["chunk_id"] for chunk in chunks]))
             offset = 0
@@ -129,16 +145,41 @@ class ChunkFetching:
                 bad = {
                     key: problems
                     for key, frag, crc in zip(chunk["keys"], fragments, chunk["checksums"])
-                    if (problems := F.verify_fragment(key, frag, checksum=crc, version=at))
+                    if (problems := _unreadable(frag) or F.verify_fragment(key, frag, checksum=crc, version=at))
                 }
                 if bad:
                     self._refuse(chunk["chunk_id"], bad)
                     continue
                 grouped.append(fragments)
+                fresh.append(int(chunk.get("reuse", 1)) <= 1)
         batch = assemble_chunks(grouped, device=self.device)
+        batch[FIRST_SERVING] = torch.tensor(fresh, dtype=torch.bool, device=self.device)
         self.perf["perf/fetch_chunks_ms"] = 1e3 * (time.perf_counter() - start)
         self.perf["trainer/corrupt_fragments"] = float(self.corrupt_fragments)
+        self.perf["buffer/corrupt_records"] = float(self.__dict__.get("_corrupt_records", 0))
         return batch
+
+    def _read_payloads(self, keys: list[str]) -> list[Any]:
+        """``get_many``; when it fails, key by key, so that one record that cannot be read (gone with a
+        restarted in-memory store, undecodable on disk: the LMDB store drops it as it raises) costs its
+        chunk only, never the fetch. Such a record is an ``Unreadable`` in the list; each undecodable one is
+        counted once in ``buffer/corrupt_records``."""
+        try:
+            return self._store.get_many(keys)
+        except Exception as exc:  # noqa: BLE001 - one bad record among many: find it below
+            self._count_unreadable(exc)
+        out: list[Any] = []
+        for key in keys:
+            try:
+                out.extend(self._store.get_many([key]))
+            except Exception as exc:  # noqa: BLE001 - named and counted, its chunk refused
+                self._count_unreadable(exc)
+                out.append(Unreadable(f"it cannot be read from the store ({type(exc).__name__}: {exc})"))
+        return out
+
+    def _count_unreadable(self, exc: BaseException) -> None:
+        if not isinstance(exc, KeyError):  # absent (a restarted in-memory store) is no damage
+            self.__dict__["_corrupt_records"] = self.__dict__.get("_corrupt_records", 0) + 1
 
     def _refuse(self, chunk_id: str, bad: dict[str, list[str]]) -> None:
         # A refused chunk stays in the buffer until used up: count and name each fragment once only.

@@ -1,6 +1,7 @@
 """Generalised advantage estimation (Schulman et al. 2016, eq. 11-16) over chunks (N, L).
 
-Termination and truncation are kept apart (DESIGN §5.2):
+Termination and truncation are kept apart: GAE bootstraps through a time limit or an env crash and stops
+at a true terminal.
 
 * ``terminated[t]``: a true terminal state; nothing is bootstrapped and the recursion stops.
 * ``truncated[t]``: the episode was cut (time limit, env crash or hang); the TD target bootstraps

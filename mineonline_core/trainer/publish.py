@@ -36,8 +36,10 @@ from mineonline_core.trainer.snapshot import WeightSnapshot
 
 if TYPE_CHECKING:
     from ray import ObjectRef
+    from ray.actor import ActorHandle
 
-    from mineonline_core.services.handles import LoggerHubHandle, RolloutManagerHandle, WeightReceiverHandle
+    from mineonline_core.services.handles import RolloutManagerHandle, WeightReceiverHandle
+    from mineonline_core.services.loggerhub import LoggerHub
     from mineonline_core.services.weights import PackedWeights
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ class Publishing:
     """``BaseTrainer``'s broadcasts, metric logging, checkpoints and best-checkpoint goals."""
 
     rollout_manager: RolloutManagerHandle | None
-    logger_hub: LoggerHubHandle | None
+    logger_hub: ActorHandle[LoggerHub] | None
     _workers: list[WeightReceiverHandle]
 
     def _judge_goals(self, latest: dict[str, float]) -> None:

@@ -4,7 +4,7 @@ A chunk is trained as one sequence that starts from its first fragment's ``state
 into windows of ``context_length`` steps; the recurrent state is carried from one window to the next
 and detached there (truncated back-propagation through time), which bounds memory. The policy
 itself resets its memory wherever ``first`` is set, at any step of any window, so this forward
-reproduces the rollout's step-by-step outputs for the same weights (DESIGN §5.3).
+reproduces the rollout's step-by-step outputs for the same weights.
 """
 
 from __future__ import annotations

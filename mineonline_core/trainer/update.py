@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.normalize import update_observation_statistics
 from mineonline_core.contracts.tree import tree_index, tree_leaves, tree_map
 from mineonline_core.errors import RunFailedError
 from mineonline_core.trainer.sequence import detach_state, slice_time, squeeze_value, unwrap, windows
@@ -108,6 +109,9 @@ class UpdateLoop:
         metrics["trainer/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         returns, values = batch[F.RETURN], batch[F.VALUE]
         metrics["trainer/explained_variance"] = float(1 - (returns - values).var() / returns.var().clamp(min=1e-8))
+        # normalize_observations: after the update, so the estimate and the update used the statistics the
+        # behaviour policy of fresh data used; the broadcast that follows carries the new ones.
+        metrics.update(update_observation_statistics(self.policy, batch, gather=self.all_gather))
         return metrics
 
     def _with_value_targets(self, batch: dict[str, Any]) -> dict[str, Any]:

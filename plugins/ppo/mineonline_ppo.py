@@ -14,8 +14,8 @@ Definitions of the options whose meaning MineStudio leaves open:
   at the start of the update as the update itself runs it (the estimate pass records
   ``logprob_prox`` in the training numerics and micro-batch shapes), and each step is weighted by
   ``w = min(pi_prox / mu, behaviour_weight_clip)``, ``mu`` the stored *behaviour* log-prob, so stale
-  data is importance-corrected (DESIGN §5.1). On on-policy data ``r`` starts at exactly 1 whatever
-  the precision of rollout and training (§5.9); with fp32 on both sides ``w`` is 1 too and this is
+  data is importance-corrected. On on-policy data ``r`` starts at exactly 1 whatever
+  the precision of rollout and training; with fp32 on both sides ``w`` is 1 too and this is
   plain PPO. One objective, no switch: where the two differ, the plain one is the wrong one (it
   clips precision noise, and clips stale data against a policy the update never started from).
 * **clip_vloss**: the new value may move at most ``ppo_clip`` (in normalised units) away from the
@@ -185,7 +185,7 @@ def ppo_loss(
     # r_t: the ratio to the proximal policy bounds how far one update moves the policy.
     log_ratio = (logprob - proximal_logprob).clamp(-log_ratio_range, log_ratio_range)
     ratio = log_ratio.exp()
-    # w_t: the off-policy correction from the behaviour policy that chose the action (DESIGN §5.1).
+    # w_t: the off-policy correction from the behaviour policy that chose the action.
     log_weight = (proximal_logprob - behaviour_logprob).clamp(-log_ratio_range, log_ratio_range)
     weight = log_weight.exp().clamp(max=behaviour_weight_clip)
     surrogate = weight * torch.min(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage)

@@ -1,6 +1,8 @@
 """Kill the driver (and with it the trainer) mid-run with SIGKILL, then ``mineonline run --resume``.
 
-The first run is the real CLI in its own session; it is killed once it has written checkpoint 2.
+The first run is the real CLI in its own session; it is killed once it has written checkpoint 2 (the
+driver-kill test: with an iteration published past its latest checkpoint, fragments of that version kept
+in the LMDB store).
 The resumed run (``api.run(resume=RUN_DIR)``, what ``--resume`` calls) must continue at the next
 iteration after its latest checkpoint, with a continuous version sequence, losing at most
 ``save_interval`` iterations of work, and must finish the run.
@@ -82,15 +84,72 @@ def _start_run(tmp_path: Path, data: dict, log_name: str) -> tuple[subprocess.Po
     return driver, log
 
 
-def test_driver_killed_then_resumed(tmp_path: Path) -> None:
-    run_dir = tmp_path / "runs" / "kill-resume"
-    driver, log = _start_run(tmp_path, {**CONFIG, "output_dir": str(tmp_path / "runs")}, "first.log")
+def _rollout_holds(run_dir: Path, version: int) -> bool:
+    """Whether a rollout record shows the workers at ``version`` and a later one shows more fragments sent
+    (so the store holds fragments written with that version's weights)."""
+    sent_at = None
+    for record in _records(run_dir):
+        if "rollout/fragments_sent" not in record:
+            continue
+        if sent_at is None and record.get("rollout/model_version", -1) >= version:
+            sent_at = record["rollout/fragments_sent"]
+        elif sent_at is not None and record["rollout/fragments_sent"] > sent_at:
+            return True
+    return False
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (a SIGSTOP takes effect on each thread as it is next
+    scheduled: a checkpoint's last write may land after ``kill`` returned)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):
+            continue  # a thread that ended meanwhile
+    return bool(states) and all(state in "Tt" for state in states)
+
+
+def _newest_stored_version(store_dir: Path) -> int:
+    from mineonline_lmdb.store import LMDBStore
+
+    store = LMDBStore(path=str(store_dir), num_shards=8, resume=True)  # the default database_config.num_shards
     try:
-        end = time.monotonic() + 480
-        while not any(i >= 2 for i, _ in list_checkpoints(run_dir / "checkpoints")):
+        return max(int(payload["version"].max()) for payload in store.get_many(store.keys()))
+    finally:
+        store.close()
+
+
+def test_driver_killed_then_resumed(tmp_path: Path) -> None:
+    """The driver is killed with an iteration published past its latest checkpoint and fragments of that
+    version in the kept LMDB store: the resume numbers its versions past every stored one, so those fragments
+    train at a non-negative staleness and none is refused as corrupt (was: refused by the domain check)."""
+    run_dir = tmp_path / "runs" / "kill-resume"
+    data = {**CONFIG, "output_dir": str(tmp_path / "runs")}
+    data["train_config"] = {**CONFIG["train_config"], "save_interval": 2, "keep_interval": 2}
+    driver, log = _start_run(tmp_path, data, "first.log")
+
+    def wait_for(predicate, what: str, timeout: float = 480.0) -> None:
+        end = time.monotonic() + timeout
+        while not predicate():
             assert driver.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.monotonic() < end, "no checkpoint 2 within 480 s"
-            time.sleep(0.5)  # polling the file system for the checkpoint
+            assert time.monotonic() < end, f"{what} not within {timeout:.0f} s"
+            time.sleep(0.5)  # polling the run's files
+
+    def frozen_past_checkpoint() -> bool:  # judged while the driver (the trainer) cannot write a checkpoint
+        os.kill(driver.pid, signal.SIGSTOP)
+        wait_for(lambda: _all_threads_stopped(driver.pid), "the driver's threads stopped", timeout=60)
+        saved = max((i for i, _ in list_checkpoints(run_dir / "checkpoints")), default=0)
+        if saved >= 2 and max(_iterations_logged(run_dir), default=0) > saved:
+            return True
+        os.kill(driver.pid, signal.SIGCONT)
+        return False
+
+    try:
+        wait_for(frozen_past_checkpoint, "an iteration logged past checkpoint 2 or later")
+        published = int([r for r in _records(run_dir) if "trainer/version" in r][-1]["trainer/version"])
+        # The driver stays frozen: rollout goes on with the weights published past the checkpoint.
+        wait_for(lambda: _rollout_holds(run_dir, published), f"fragments of version {published} stored")
         os.kill(driver.pid, signal.SIGKILL)
         killed_at = time.time()
         driver.wait(timeout=30)
@@ -107,10 +166,13 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
         f"{len(leftovers)} processes of the killed driver's session outlived it by 120 s: {sorted(leftovers.values())}"
     )
 
-    checkpoint_iteration = list_checkpoints(run_dir / "checkpoints")[-1][0]
+    checkpoint_iteration, checkpoint_path = list_checkpoints(run_dir / "checkpoints")[-1]
+    checkpoint_version = int(torch.load(checkpoint_path / "trainer.pt", weights_only=True)["version"])
     reached = max(_iterations_logged(run_dir), default=0)
     lost = reached - checkpoint_iteration
-    assert 0 <= lost <= SAVE_INTERVAL
+    assert 1 <= lost <= 2, (list_checkpoints(run_dir / "checkpoints"), _iterations_logged(run_dir))
+    stored = _newest_stored_version(run_dir / "replay_buffer")
+    assert stored > checkpoint_version  # the case: fragments newer than the checkpoint kept in the store
 
     from mineonline_core.driver.api import run
 
@@ -124,19 +186,20 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     assert resumed and resumed[0] == checkpoint_iteration + 1  # continues at the next iteration
     assert sorted(set(resumed)) == list(range(checkpoint_iteration + 1, final + 1))
 
-    versions = {}
-    for iteration, path in list_checkpoints(run_dir / "checkpoints"):
-        state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
-        assert int(state["iteration"]) == iteration
-        versions[iteration] = int(state["version"])
-    assert set(versions) == set(range(1, final + 1))  # keep_interval 1: every iteration kept
-    steps = [versions[i + 1] - versions[i] for i in range(1, final)]
-    assert steps == [steps[0]] * len(steps) and steps[0] >= 1  # the version sequence is continuous
-    assert result["version"] == versions[final]
+    after = [r for r in _records(run_dir) if "trainer/iteration" in r and r.get("time", 0.0) > started_wall]
+    assert [r.get("trainer/corrupt_fragments") for r in after] == [0.0] * len(after)  # nothing refused
+    assert min(r["trainer/staleness_mean"] for r in after) >= 0.0
+    before = [r for r in _records(run_dir) if "trainer/iteration" in r and r.get("time", 0.0) <= started_wall]
+    step = int(before[1]["trainer/version"]) - int(before[0]["trainer/version"])
+    versions = [int(r["trainer/version"]) for r in after]
+    # Versions go on past every stored fragment's, one step per iteration: no worker sees a version twice.
+    assert versions[0] > stored and versions == list(range(versions[0], versions[0] + step * len(after), step))
+    assert result["version"] == versions[-1]
     print(
-        f"FIGURE driver SIGKILL at iteration {reached} (checkpoint {checkpoint_iteration}): {lost} iteration(s) "
-        f"lost, resumed at {checkpoint_iteration + 1}, finished {final} in {resume_s:.0f}s; "
-        f"the killed driver's session had 0 processes left {gone_s:.1f}s after the kill"
+        f"FIGURE driver SIGKILL at iteration {reached} (checkpoint {checkpoint_iteration}, version "
+        f"{checkpoint_version}, stored fragments up to version {stored}): {lost} iteration(s) lost, resumed at "
+        f"{checkpoint_iteration + 1} with version {versions[0]}, 0 corrupt fragments, finished {final} in "
+        f"{resume_s:.0f}s; the killed driver's session had 0 processes left {gone_s:.1f}s after the kill"
     )
 
 

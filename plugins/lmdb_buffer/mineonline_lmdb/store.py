@@ -13,7 +13,11 @@ A put (or a ``put_many`` on one shard) is one write transaction: whole or absent
 A store opened with ``resume`` is verified first (``verify``: each shard against its manifest and its
 own page structure); a damaged shard refuses the open with ``StoreDamagedError``, naming the shard's
 directory and the way out. Refusing, rather than continuing without the shard's records, is the
-policy: the user decides, with one command, whether those records may go.
+policy: the user decides, with one command, whether those records may go. Then every record of an
+intact shard is checked (its header decodes, each part is there at its size): one that does not is
+dropped with a warning naming it and counted in ``corrupt_records``; the run goes on with the others.
+A record found undecodable at a read later (damaged after the open) is dropped the same way, and the
+read raises ``CorruptRecordError`` naming it, so that the caller refuses what it belonged to.
 
 Several processes on one node may open the same path (``multi_process``); LMDB's lock file
 serialises their writers, and readers never block writers (MVCC). The map starts small and doubles
@@ -44,6 +48,8 @@ from mineonline_lmdb.shard import Shard, StoreDamagedError, StoreFullError
 from mineonline_lmdb.verify import verify_shards
 
 log = logging.getLogger("mineonline")
+# Dropped records named one by one in warnings; after these, every 100th.
+_DROPS_NAMED = 20
 
 LAYOUT_FILE = "mineonline-store.json"
 FORMAT = "mineonline-lmdb/3"
@@ -85,6 +91,28 @@ def _delete_records(txn: Any, shard: Shard, keys: list[bytes]) -> None:
             _delete_parts(txn, shard, key)
 
 
+def _undecodable(txn: Any, shard: Shard) -> list[tuple[bytes, str]]:
+    """The records of ``shard`` whose header does not parse or whose parts are missing or of the wrong size."""
+    bad = []
+    with txn.cursor(db=shard.meta) as cursor:
+        for key, header in cursor.iternext(keys=True, values=True):
+            key = bytes(key)
+            try:
+                plan = codec.parse_header(header).plan
+                sizes = [None] * plan.part_count
+                for index, _, nbytes in plan.part_copies:
+                    sizes[index] = nbytes
+                for index, nbytes in enumerate(sizes):
+                    part = txn.get(_part_key(key, index), db=shard.parts)
+                    if part is None:
+                        raise codec.CorruptRecordError(f"part {index} is missing")
+                    if nbytes is not None and len(part) != nbytes:
+                        raise codec.CorruptRecordError(f"part {index} needs {nbytes} bytes, it holds {len(part)}")
+            except codec.CorruptRecordError as exc:
+                bad.append((key, str(exc)))
+    return bad
+
+
 def _delete_parts(txn: Any, shard: Shard, key: bytes, start: int = 0) -> None:
     """Delete the parts of ``key`` from index ``start`` on, by scanning the stored part keys rather
     than trusting a header's part count (a damaged header must not turn a delete into a long loop)."""
@@ -116,12 +144,15 @@ class LMDBStore(FragmentStore):
         self.path = os.path.abspath(self.path)
         self._closed = False
         self._lmdb = importlib.import_module("lmdb")
+        self.corrupt_records = 0  # records dropped because they could not be decoded (at open or at a read)
         with self._disk_errors():
             self._prepare_path()
-            self._verify()
+            verified = self._verify()
             self._shards = [
                 Shard.acquire(os.path.join(self.path, f"shard-{i:03d}"), self.options) for i in range(self.num_shards)
             ]
+            if verified:
+                self._drop_undecodable()
         if not self.resume:
             self.clear()  # a no-op after _prepare_path, except when this process already had it open
 
@@ -160,11 +191,12 @@ class LMDBStore(FragmentStore):
             json.dump(layout, f)
         os.replace(tmp, layout_path)
 
-    def _verify(self) -> None:
-        """Refuse a resumed store whose shards are damaged, before this process maps any of them."""
+    def _verify(self) -> bool:
+        """Refuse a resumed store whose shards are damaged, before this process maps any of them; True
+        when it verified them (a resumed store this process had not opened yet)."""
         directories = [os.path.join(self.path, f"shard-{i:03d}") for i in range(self.num_shards)]
         if not self.resume or any(Shard.is_open(d) for d in directories):
-            return  # a new store, or one this process opened (and verified) already
+            return False  # a new store, or one this process opened (and verified) already
         present = [d for d in directories if os.path.isdir(d)]
         if present and len(present) < len(directories):
             missing = sorted(set(directories) - set(present))
@@ -183,6 +215,31 @@ class LMDBStore(FragmentStore):
                 f"{shards}. To continue without the damaged shard's records, remove it (rm -r {remove}) and "
                 f"resume again; to resume with an empty replay store, remove {self.path!r}. The checkpoints "
                 "are not affected."
+            )
+        return True
+
+    def _drop_undecodable(self) -> None:
+        """Check every record's header and parts (their presence and sizes, not their bytes: the payload's
+        own checksums are the reader's); drop those that cannot be decoded, each named in a warning."""
+        for shard in self._shards:
+            bad = shard.read(_undecodable, shard)
+            if bad:
+                self._write(shard, _delete_records, shard, [key for key, _ in bad])
+                for key, why in bad:
+                    self._dropped(shard, key, why, "at open")
+
+    def _dropped(self, shard: Shard, key: bytes, why: str, when: str) -> None:
+        self.corrupt_records += 1
+        if self.corrupt_records <= _DROPS_NAMED or self.corrupt_records % 100 == 0:
+            log.warning(
+                "replay store %s: record %r in %s cannot be decoded (%s); dropped %s (%d so far, "
+                "buffer/corrupt_records)",
+                self.path,
+                key.decode("utf-8", "replace"),
+                shard.directory,
+                why,
+                when,
+                self.corrupt_records,
             )
 
     def _group(self, keys: Iterable[bytes]) -> dict[int, list[tuple[int, bytes]]]:
@@ -243,19 +300,31 @@ class LMDBStore(FragmentStore):
     def get(self, key: str) -> Any:
         raw = self._key(key)
         shard = self._shards[zlib.crc32(raw) % self.num_shards]
-        return shard.read(self._read_one, shard, raw)
+        return self._read(shard, self._read_one, shard, raw)
 
     def get_many(self, keys: Iterable[str]) -> list[Any]:
         raw_keys = [self._key(k) for k in keys]
         out: list[Any] = [None] * len(raw_keys)
         for shard_index, members in self._group(raw_keys).items():
             shard = self._shards[shard_index]
-            shard.read(self._read_members, shard, members, out)
+            self._read(shard, self._read_members, shard, members, out)
         return out
 
     def _read_members(self, txn: Any, shard: Shard, members: list[tuple[int, bytes]], out: list[Any]) -> None:
         for position, key in members:
             out[position] = self._read_one(txn, shard, key)
+
+    def _read(self, shard: Shard, fn: Any, *args: Any) -> Any:
+        """``shard.read``; a record found undecodable is dropped (after the read transaction) before its
+        ``CorruptRecordError`` goes on to the caller."""
+        try:
+            return shard.read(fn, *args)
+        except codec.CorruptRecordError as exc:
+            key = getattr(exc, "key", None)
+            if key is not None:
+                self._write(shard, _delete_records, shard, [key])
+                self._dropped(shard, key, str(exc.__cause__ or exc), "at a read")
+            raise
 
     def _read_one(self, txn: Any, shard: Shard, key: bytes) -> Any:
         header = txn.get(key, db=shard.meta)
@@ -271,11 +340,13 @@ class LMDBStore(FragmentStore):
                 buffers.append(buf)
             return codec.materialize(parsed, buffers)  # copies while the read transaction is live
         except codec.CorruptRecordError as exc:
-            raise codec.CorruptRecordError(
+            error = codec.CorruptRecordError(
                 f"The record {key.decode('utf-8', 'replace')!r} in {shard.directory} is not a valid "
                 f"mineonline record: {exc}. The store under database_config.path={self.path!r} is damaged or "
-                "was written by another program; delete that key or the directory, or start without resume."
-            ) from None
+                "was written by another program; it is dropped from the store."
+            )
+            error.key, error.__cause__ = key, exc  # what _read drops, and why
+            raise error from None
 
     def delete(self, key: str) -> None:
         self.delete_many([key])

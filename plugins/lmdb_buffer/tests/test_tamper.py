@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import pickle
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import lmdb
@@ -85,23 +87,52 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_tampered_record_is_a_clear_error(tmp_path, case):
-    path, canary = str(tmp_path / "s"), tmp_path / "canary"
+def _victim_and_bystander(path: str) -> LMDBStore:
     store = LMDBStore(path=path, num_shards=1, resume=False)
     store.put("victim", {"x": np.arange(8192, dtype=np.float32), "small": np.arange(4)})  # a part and an inline array
     store.put("bystander", {"y": np.arange(3)})
-    store.close()
+    return store
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tampered_record_is_dropped_at_the_open_named_and_counted(tmp_path, case, caplog):
+    """The open of a resumed store checks every record: an undecodable one is dropped with a warning and
+    counted (``corrupt_records``), the others kept; nothing stored is ever executed."""
+    path, canary = str(tmp_path / "s"), tmp_path / "canary"
+    _victim_and_bystander(path).close()
     _tamper(path, "victim", **CASES[case](canary))
 
     store = LMDBStore(path=path, num_shards=1, resume=True)
     try:
-        with pytest.raises(CorruptRecordError, match="'victim'.*database_config.path"):
-            store.get("victim")
         assert not canary.exists(), "the store executed code from a stored value"
+        assert store.keys() == ["bystander"] and store.corrupt_records == 1
+        assert "record 'victim'" in caplog.text and "dropped at open" in caplog.text
+        with pytest.raises(KeyError):
+            store.get("victim")
         assert np.array_equal(store.get("bystander")["y"], np.arange(3))  # one bad record spoils nothing else
-        store.delete("victim")
-        assert store.keys() == ["bystander"]
+    finally:
+        store.close()
+    reopened = LMDBStore(path=path, num_shards=1, resume=True)  # the drop was committed
+    assert reopened.keys() == ["bystander"] and reopened.corrupt_records == 0
+    reopened.close()
+
+
+@pytest.mark.parametrize("case", ["garbage", "missing part", "truncated part", "pickle behind our magic"])
+def test_tampered_record_at_a_read_is_a_clear_error_and_dropped(tmp_path, case, caplog):
+    """A record damaged after the open (here by another process): the read raises ``CorruptRecordError``
+    naming it, and the store drops it, with a warning and ``corrupt_records``, so that no later read
+    stops on it."""
+    path, canary = str(tmp_path / "s"), tmp_path / "canary"
+    store = _victim_and_bystander(path)
+    try:
+        tamper = f"import test_tamper as t; t._tamper({path!r}, 'victim', **t.CASES[{case!r}](t.Path({str(canary)!r})))"
+        subprocess.run([sys.executable, "-c", tamper], cwd=Path(__file__).parent, check=True)
+        with pytest.raises(CorruptRecordError, match="'victim'.*database_config.path"):
+            store.get_many(["bystander", "victim"])
+        assert not canary.exists(), "the store executed code from a stored value"
+        assert store.keys() == ["bystander"] and store.corrupt_records == 1
+        assert "record 'victim'" in caplog.text and "dropped at a read" in caplog.text
+        assert [p["y"].tolist() for p in store.get_many(["bystander"])] == [[0, 1, 2]]
     finally:
         store.close()
 

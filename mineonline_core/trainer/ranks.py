@@ -1,4 +1,4 @@
-"""The driver side of ``BaseTrainer``: where the ranks run, and what a run returns.
+"""Where ``BaseTrainer``'s ranks run, and what a run returns.
 
 ``fit`` runs the loop on Ray Train ranks (``TorchTrainer``, restarted from the latest checkpoint when a
 rank dies, see ``recovery.py``) or, for one rank, in the driver's own process: on its CPU, or on the
@@ -21,12 +21,13 @@ import torch
 from mineonline_core.errors import ConfigError, RunFailedError, find_user_error, last_line
 from mineonline_core.services.gpulease import lease_gpu
 from mineonline_core.services.heartbeat import HeartbeatBoard, RankBeat, RankWatch
+from mineonline_core.services.names import on_node
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer import recovery
 from mineonline_core.trainer.device import rank_device
 
 if TYPE_CHECKING:
-    from mineonline_core.services.handles import GpuLeaseHandle
+    from ray.actor import ActorHandle
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,9 @@ class DriverSide:
     def uses_ray_train(self) -> bool:
         """Ray Train for several ranks (or when asked); otherwise the driver's process, which may
         still hand a GPU rank to Ray Train when it cannot use the GPU (``fit``)."""
-        tc = self.train_config
-        if tc.use_ray_train is not None:
-            return tc.use_ray_train
-        return tc.num_workers > 1
+        if self.train_config.use_ray_train is not None:
+            return self.train_config.use_ray_train
+        return self.train_config.num_workers > 1
 
     def fit(self, *, device: torch.device | None = None) -> dict:
         """Run every iteration, on Ray Train ranks or in this process; return the final metrics.
@@ -62,15 +62,12 @@ class DriverSide:
                     if lease is not None:
                         ray.kill(lease)
         self._built = None  # Ray Train's ranks build their own policy in their processes
-        tc = self.train_config
-        use_gpu = tc.num_gpus_per_worker > 0
-        resources = {"CPU": tc.num_cpus_per_worker, **({"GPU": tc.num_gpus_per_worker} if use_gpu else {})}
+        cpus, gpus = self.train_config.num_cpus_per_worker, self.train_config.num_gpus_per_worker  # per rank
+        use_gpu = gpus > 0
+        resources = {"CPU": cpus, **({"GPU": gpus} if use_gpu else {})}
         hang_timeout = float(getattr(self.config, "hang_timeout", 0.0) or 0.0)
         if hang_timeout:  # the ranks' heartbeats (pickled with self to each rank); pinned beside the driver
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-            self._heartbeats = ray.remote(HeartbeatBoard).options(num_cpus=0, scheduling_strategy=here).remote()
+            self._heartbeats = ray.remote(HeartbeatBoard).options(num_cpus=0, scheduling_strategy=on_node()).remote()
         try:
             return self._fit_ray_train(resources, use_gpu, hang_timeout)
         finally:
@@ -82,12 +79,11 @@ class DriverSide:
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        tc = self.train_config
         while True:  # one Ray Train run per attempt; see trainer/recovery.py for why not FailureConfig
             trainer = TorchTrainer(
                 self._train_func,
                 scaling_config=ScalingConfig(
-                    num_workers=tc.num_workers, use_gpu=use_gpu, resources_per_worker=resources
+                    num_workers=self.train_config.num_workers, use_gpu=use_gpu, resources_per_worker=resources
                 ),
                 torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
                 run_config=RunConfig(storage_path=str(Path(self.run_dir) / "ray_train"), name=f"train-{self.restarts}"),
@@ -104,8 +100,8 @@ class DriverSide:
                     raise user_error from exc
                 # A rank killed as hung is the cause, whatever Ray Train says of its death.
                 cause = watch.hung if watch is not None and watch.hung else last_line(exc, limit=200)
-                if not recovery.is_rank_death(exc) or self.restarts >= tc.max_trainer_restarts:
-                    cap = f"train_config.max_trainer_restarts={tc.max_trainer_restarts}"
+                if not recovery.is_rank_death(exc) or self.restarts >= self.train_config.max_trainer_restarts:
+                    cap = f"train_config.max_trainer_restarts={self.train_config.max_trainer_restarts}"
                     limit = f" after {self.restarts} restart(s) ({cap})"
                     hung = f" {watch.hung}" if watch is not None and watch.hung else ""
                     raise RunFailedError(f"Training failed on a Ray Train worker{limit}:{hung} {exc}") from exc
@@ -115,7 +111,7 @@ class DriverSide:
                     "a train worker died (%s); restarting training from the latest checkpoint (restart %d of %d)",
                     cause,
                     self.restarts,
-                    tc.max_trainer_restarts,
+                    self.train_config.max_trainer_restarts,
                 )
             finally:
                 if watch is not None:
@@ -133,24 +129,24 @@ class DriverSide:
             detail=lambda: f"iteration {self.iteration}",
         )
 
-    def _driver_device(self) -> tuple[torch.device | None, GpuLeaseHandle | None]:
+    def _driver_device(self) -> tuple[torch.device | None, ActorHandle | None]:
         """The CPU, or the GPU this process leased (with its lease); None when Ray Train must run the
         GPU rank because this process cannot (logged), or a ConfigError when use_ray_train is false."""
-        tc = self.train_config
-        if tc.num_gpus_per_worker == 0:
+        gpus = self.train_config.num_gpus_per_worker
+        if gpus == 0:
             return torch.device("cpu"), None
         lease, gpu_ids, visible, count = None, [], os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count()
         if count:
-            lease, gpu_ids = lease_gpu(tc.num_gpus_per_worker)
+            lease, gpu_ids = lease_gpu(gpus)
         device, why = rank_device(gpu_ids=gpu_ids, visible_devices=visible, device_count=count)
         if device is not None:
             log.info("training in the driver's process on %s (%s)", device, why)
             return device, lease
         if lease is not None:
             ray.kill(lease)
-        if tc.use_ray_train is False:
+        if self.train_config.use_ray_train is False:
             raise ConfigError(
-                f"train_config.use_ray_train is false with num_gpus_per_worker {tc.num_gpus_per_worker:g}, which "
+                f"train_config.use_ray_train is false with num_gpus_per_worker {gpus:g}, which "
                 f"trains in the driver's process on a GPU, but {why}. Fix: set use_ray_train to null (Ray Train "
                 f"runs the rank when the driver cannot), make a GPU visible to the driver, or set "
                 f"num_gpus_per_worker 0."

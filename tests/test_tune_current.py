@@ -1,0 +1,177 @@
+"""Issue 35 item 3 and "a search algorithm beyond grid and random": ``mineonline tune`` run as a user runs it
+(the command in a subprocess, its own local Ray) decides on the runs' current numbers, its table shows each
+run's own last value, a trial the scheduler stops stops at once, and Optuna's TPE drives a sweep.
+
+The ASHA sweep ranks its trials by ``trainer/learning_rate`` with linear annealing: no noise from short
+CartPole runs, and different at every iteration, so a table holding a value Tune took iterations before the
+run's last one shows. Which trials ASHA stops depends on when Tune sees their results; that some are stopped
+does not (the 1e-4 trials start after the 1e-2 ones and trail them by far).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_tune import CARTPOLE
+
+
+def _tune(tmp_path: Path, *args: str, iterations: int = 3) -> subprocess.CompletedProcess:
+    (tmp_path / "cartpole.yaml").write_text(
+        CARTPOLE.format(iterations=iterations, save=50).replace("anneal_lr_linearly: false", "anneal_lr_linearly: true")
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "mineonline_core.cli", "tune", "cartpole.yaml", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        cwd=tmp_path,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def _table(exp_dir: Path) -> list[dict]:
+    with (exp_dir / "results.csv").open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(1500)  # a loaded 2-core machine starts Ray and four trials slowly
+def test_an_asha_sweeps_table_shows_each_runs_own_last_value(tmp_path: Path) -> None:
+    _tune(
+        tmp_path,
+        "train_config.learning_rate=grid(1e-2,1e-4)",
+        "--seeds",
+        "0,1",
+        "--name",
+        "current",
+        "--scheduler",
+        "asha",
+        "--metric",
+        "trainer/learning_rate",
+        "--grace-period",
+        "1",
+        # Long enough that a 1e-4 trial cannot end before ASHA, deciding on its first results, stops it.
+        iterations=100,
+    )
+    rows = _table(tmp_path / "runs" / "current")
+    assert len(rows) == 4
+    stopped = [r for r in rows if r["status"] == "stopped early (asha)"]
+    assert stopped, rows  # the 1e-4 trials start once both 1e-2 trials ran: ASHA stops them at a rung
+    for row in rows:
+        run_dir = Path(row["run_dir"])
+        summary = json.loads((run_dir / "summary.json").read_text())
+        # The table shows the run's own last value, not the last one Tune took from it.
+        assert float(row["metric"]) == float(f"{summary['trainer/learning_rate']:.4g}"), (row, summary)
+        logged = [int(r["trainer/iteration"]) for r in _lines(run_dir / "metrics.jsonl") if "trainer/iteration" in r]
+        assert int(row["iterations"]) == max(logged)
+
+
+def test_tune_takes_the_newest_result_not_a_queue_of_past_iterations() -> None:
+    """The run logs iterations faster than Tune takes results (one per ``step``): ``step`` hands Tune the
+    newest, so a scheduler decides on the run's current metric."""
+    import queue
+    import threading
+
+    from mineonline_core.driver.trial import TrialRun
+
+    trial = TrialRun.__new__(TrialRun)  # the trainable's step() alone: no Tune actor needed
+    trial._events, trial._thread = queue.Queue(), threading.current_thread()
+    for iteration in (1, 2, 3):
+        trial._events.put(("result", {"trainer/iteration": float(iteration), "m": 10.0 * iteration}))
+    assert trial.step() == {"trainer/iteration": 3.0, "m": 30.0}
+    trial._events.put(("result", {"trainer/iteration": 4.0, "m": 40.0}))
+    trial._events.put(("error", RuntimeError("the run failed")))
+    try:
+        trial.step()
+    except RuntimeError as exc:  # an error behind queued results is not lost
+        assert str(exc) == "the run failed"
+    else:
+        raise AssertionError("step() returned past the run's error")
+
+
+def test_a_stopped_trial_asks_its_run_to_stop_at_once(local_ray) -> None:
+    """Tune's stop (``cleanup``) asks the run's rollout manager to stop before waiting for the run, instead of
+    leaving it to the run's monitor a second later (several CartPole iterations)."""
+    import threading
+    import time
+
+    import ray
+
+    from mineonline_core.driver.trial import TrialRun
+    from mineonline_core.services.names import NAMESPACE, ROLLOUT_MANAGER, actor_name
+
+    @ray.remote
+    class Manager:  # what the trial calls on the run's rollout manager: its stop flag
+        def __init__(self) -> None:
+            self.stop = False
+
+        def request_stop(self) -> None:
+            self.stop = True
+
+        def stop_requested(self) -> bool:
+            return self.stop
+
+    manager = Manager.options(name=actor_name("trial-run", ROLLOUT_MANAGER), namespace=NAMESPACE).remote()
+    seen: list[bool] = []
+
+    def run() -> None:  # the run's trainer: goes on until its manager says stop
+        for _ in range(600):
+            if ray.get(manager.stop_requested.remote()):
+                seen.append(True)
+                return
+            time.sleep(0.05)
+
+    trial = TrialRun.__new__(TrialRun)
+    trial.name, trial._stop = "trial-run", threading.Event()
+    trial._thread = threading.Thread(target=run)
+    trial._thread.start()
+    trial.cleanup()
+    assert seen == [True] and trial._stop.is_set()
+
+
+@pytest.mark.timeout(1500)
+def test_a_three_trial_optuna_sweep_runs_and_writes_its_results(tmp_path: Path) -> None:
+    done = _tune(
+        tmp_path,
+        "train_config.learning_rate=loguniform(1e-4,1e-2)",
+        "--search",
+        "optuna",
+        "--num-samples",
+        "3",
+        "--name",
+        "tpe",
+        "--scheduler",
+        "asha",
+    )
+    exp_dir = tmp_path / "runs" / "tpe"
+    rows = _table(exp_dir)
+    assert len(rows) == 3 and all(r["status"] == "completed" and r["iterations"] == "3" for r in rows), rows
+    rates = [float(r["parameters"].split("=")[1]) for r in rows]
+    assert len(set(rates)) == 3 and all(1e-4 <= rate <= 1e-2 for rate in rates), rates
+    assert all(r["metric"] != "" for r in rows)  # episode/return_mean, the default metric, reached the table
+    assert json.loads((exp_dir / "tune.json").read_text())["options"]["search"] == "optuna"
+    # Tune saved a searcher's state (Optuna's study), not the grid/random generator's.
+    assert list(exp_dir.glob("searcher-state-*.pkl")) and not list(exp_dir.glob("basic-variant-state-*"))
+    assert "results: " in done.stdout
+
+
+def test_optuna_refuses_grids_before_ray_starts(tmp_path: Path) -> None:
+    from mineonline_core.cli import main
+
+    (tmp_path / "cartpole.yaml").write_text(CARTPOLE.format(iterations=3, save=1))
+    config, output = str(tmp_path / "cartpole.yaml"), f"output_dir={tmp_path / 'runs'}"
+    assert main(["tune", config, output, "--search", "optuna", "--seeds", "0,1"]) == 2
+    assert not (tmp_path / "runs").exists()
