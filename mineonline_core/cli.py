@@ -116,7 +116,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from mineonline_core.driver.resolve import resolve
 
     # isolate: the env is built, reset and stepped once in a subprocess, as a rollout worker would.
-    resolved = resolve(load_config(args.config, args.overrides), get_plugin_manager(), isolate=True)
+    loaded = load_config(args.config, args.overrides)
+    if loaded.from_scratch:
+        print(loaded.from_scratch)
+    resolved = resolve(loaded, get_plugin_manager(), isolate=True)
     print(
         yaml.safe_dump(public_config(resolved.config), sort_keys=False), end=""
     )  # secrets redacted, ${oc.env:..} kept

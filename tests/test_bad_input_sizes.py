@@ -102,7 +102,8 @@ def test_the_memory_estimate_counts_what_a_real_build_allocates() -> None:
     assert estimate.policy_bytes == sum(t.numel() * t.element_size() for t in real.state_dict().values())
     step = 4 * 4 + 8 + STEP_COLUMNS_BYTES  # CartPole: 4 float32 observations, an int64 action
     assert estimate.parts["replay (in memory)"] == 100 * 2 * 32 * step
-    lmdb = resolve(load_config(BASE, overrides[:1]), get_plugin_manager()).memory
+    on_disk = [overrides[0], "rollout_config.replay_buffer_config.database_config.backend=lmdb"]
+    lmdb = resolve(load_config(BASE, on_disk), get_plugin_manager()).memory
     assert lmdb.parts["replay (in memory)"] == 0  # an on-disk store holds no replay in memory
 
 

@@ -131,7 +131,7 @@ def test_two_ranks_end_with_the_statistics_of_both_batches(tmp_path: Path) -> No
     )
     both = np.concatenate(batches)
     for rank in range(2):
-        state = torch.load(tmp_path / f"rank{rank}.pt")
+        state = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert float(state["count"]) == len(both)
         np.testing.assert_allclose(state["mean"].numpy(), both.mean(0), rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(state["var"].numpy(), both.var(0), rtol=1e-10)

@@ -67,8 +67,6 @@ def load_config(
         if isinstance(raw, Mapping) and getattr(loaded.config, key) != raw.get(key):
             setattr(loaded, key, None)
     check_consistency(loaded.config)
-    if loaded.from_scratch:
-        log.warning(loaded.from_scratch)
     for message in ignored_key_warnings(loaded.config.train_config):
         log.warning(message)
     return loaded

@@ -257,6 +257,9 @@ def run(
     check_main_guard()  # a script without `if __name__ == "__main__":` would die in its env processes
     plan = plan_resume(resume, overrides) if resume is not None else None
     loaded = load_config(plan.source if plan else source, plan.overrides if plan else list(overrides))
+    if loaded.from_scratch and not quiet:
+        # Information, not a warning: stdout, once, before the run starts (and not in the quiet mode's one line).
+        print(loaded.from_scratch, flush=True)
     check_generators_named(loaded)  # checkpoints must name the generators that rebuild the policy
     cfg = loaded.config
     pm = pm or get_plugin_manager()
