@@ -289,3 +289,32 @@ def test_a_restarted_trainer_leaves_one_record_per_iteration(tmp_path):
     assert [r["trainer/iteration"] for r in records if "trainer/iteration" in r] == [1, 2, 3, 4, 5]
     assert [r["step"] for r in records if "trainer/values/mean" in r] == [10, 20, 130, 140, 150]
     assert len([r for r in records if "rollout/env_steps_per_s" in r]) == 4 + 3  # rollout's points all stay
+
+
+class _RunIdLogger(Logger):
+    """Reports the run id it would continue, as the wandb logger does at start."""
+
+    name = "runid"
+    seen: list[str | None] = []
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        _RunIdLogger.seen.append(self.resumed_run_id())
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+
+def test_a_restarted_hubs_loggers_continue_the_runs_own_records(tmp_path, monkeypatch) -> None:
+    """Ray restarts a dead hub in place; its loggers must reopen the run they kept the id of (one wandb run),
+    not start a second one: the hub hands them the config of a resumed run."""
+    import mineonline_core.services.loggerhub as hub_module
+
+    _RunIdLogger(run_dir=str(tmp_path), options=LoggerOptions(), config={}).keep_run_id("run-abc")
+    _RunIdLogger.seen.clear()
+    args = dict(run_dir=str(tmp_path), loggers=[(_RunIdLogger, LoggerOptions())], num_iterations=2, video_dir="videos")
+    LoggerHub(config={"train_config": {"resume": None}}, **args).finish()
+    monkeypatch.setattr(hub_module, "actor_restart", lambda name: (1, "run/logger_hub"))
+    monkeypatch.setattr(hub_module, "recall", lambda name: 100)
+    LoggerHub(config={"train_config": {"resume": None}}, **args).finish()
+    assert _RunIdLogger.seen == [None, "run-abc"]

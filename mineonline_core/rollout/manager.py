@@ -9,7 +9,8 @@ server, weights go to it instead of the workers (``weight_receivers``).
 
 A monitor thread aggregates the workers' counters, and the server's ``rollout/inference_*``, into
 ``rollout/*`` and ``perf/*`` metrics and checks that every actor is alive: a worker whose thread
-failed, or a dead buffer, statistics or store actor, fails the run through ``health()`` with the cause.
+failed, a dead buffer, or a statistics or store actor dead past its in-place restarts
+(``services/restarts.py``), fails the run through ``health()`` with the cause.
 The workers' lives, their heartbeats, the hung ones killed and the restart budget are the
 ``WorkerSupervisor``'s (``supervision.py``).
 

@@ -100,15 +100,13 @@ class LoggerHub:
         self._summary: dict[str, float] | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._loggers: list[Logger] = []
-        for cls, options in loggers:
-            try:
-                self._loggers.append(cls(run_dir=self.run_dir, options=options, config=config))
-            except Exception:  # noqa: BLE001 - a broken logger must not take the run down
-                self._record_failure(getattr(cls, "name", cls.__name__), "start", traceback.format_exc())
+        restart = actor_restart(LOGGER_HUB)
+        # A restarted hub's loggers continue the run's own records (the wandb run it kept the id of), as
+        # for a run resumed from a checkpoint, instead of opening a second run beside the first.
+        self._start_loggers(loggers, restarted_config(config, self.run_dir) if restart is not None else config)
         self._thread = threading.Thread(target=self._feed, name="logger-hub-feeder", daemon=True)
         self._thread.start()
         self._name = current_actor_name()  # where the step count is kept for a restart (None: a plain object)
-        restart = actor_restart(LOGGER_HUB)
         if restart is not None:
             count, name = restart
             self._env_steps = recall(name) or 0
@@ -121,6 +119,13 @@ class LoggerHub:
                 self._env_steps,
             )
             self.log_metrics({RESTARTS_METRIC: float(count)})
+
+    def _start_loggers(self, loggers: list[tuple[type[Logger], BaseModel]], config: dict) -> None:
+        for cls, options in loggers:
+            try:
+                self._loggers.append(cls(run_dir=self.run_dir, options=options, config=config))
+            except Exception:  # noqa: BLE001 - a broken logger must not take the run down
+                self._record_failure(getattr(cls, "name", cls.__name__), "start", traceback.format_exc())
 
     # ----- producer side: every call records and enqueues, nothing waits on a logger ----------
 
@@ -359,3 +364,11 @@ def get_logger_hub(run_name: str, *, namespace: str = NAMESPACE) -> ActorHandle[
     """The hub of a running run (e.g. for a detached rollout manager started by another driver)."""
 
     return ray.get_actor(actor_name(run_name, LOGGER_HUB), namespace=namespace)
+
+
+def restarted_config(config: dict, run_dir: str) -> dict:
+    """``config`` as a restarted hub hands it to its loggers: a resume of the run's own directory, so that each
+    logger reopens what it kept (``Logger.resumed_run_id``)."""
+    train = dict(config.get("train_config") or {})
+    train["resume"] = train.get("resume") or run_dir
+    return {**config, "train_config": train}
