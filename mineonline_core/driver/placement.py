@@ -142,6 +142,10 @@ class PendingWatch:
                     "resources), then continue with `mineonline run --resume RUN_DIR`."
                 )
             if key not in self._warned:
+                if _room_now(shape):
+                    # A node has its resources free now: the actor waits for its process to start (a busy
+                    # machine), not for room; saying "full" would send the user after a lost node.
+                    continue
                 self._warned.add(key)
                 log.warning(
                     "%s has waited %.0fs for a node with %s: the nodes that could hold it are full "
@@ -179,6 +183,17 @@ class PendingWatch:
                     )
                 )
         return out
+
+
+def _room_now(shape: dict[str, float]) -> bool:
+    """Whether some node has ``shape`` free at this moment (False when the GCS cannot say)."""
+    import ray
+
+    try:
+        free = ray._private.state.state.available_resources_per_node().values()
+    except Exception:  # noqa: BLE001 - a diagnosis only: without it the warning is said as before
+        return False
+    return any(_fits(shape, room) for room in free)
 
 
 def _alive_nodes() -> list[dict[str, Any]]:

@@ -248,6 +248,40 @@ def test_an_actor_no_node_can_hold_is_named_after_the_bound(cluster) -> None:
         ray.kill(big)
 
 
+def test_an_actor_waiting_for_room_is_warned_about_and_one_waiting_to_start_is_not(
+    cluster, caplog, monkeypatch
+) -> None:
+    """Past the bound, an actor whose resources some node has but every such node has taken gets the "full"
+    warning; one whose resources a node has free (it only waits for its process to start, on a busy machine;
+    Ray Train's controller needs no resources at all) does not."""
+    import ray
+
+    from mineonline_core.driver import placement
+
+    filler = [ray.remote(num_cpus=2)(type("Filler", (), {"ping": lambda self: 1})).remote() for _ in range(2)]
+    ray.get([f.ping.remote() for f in filler])  # both worker nodes full
+    watch = placement.PendingWatch(bound=0.0, interval=0.0)
+    waiting = ray.remote(num_cpus=2)(type("Waiting", (), {})).options(name="waiting").remote()
+    try:
+        end = time.monotonic() + 60
+        while not any("waiting" in what for _, what, _ in watch._pending()):
+            assert time.monotonic() < end, "the actor never showed as pending"
+            time.sleep(0.2)  # the GCS registers the actor asynchronously
+        assert not placement._room_now({"CPU": 2.0}) and placement._room_now({})
+        with caplog.at_level("WARNING", logger="mineonline"):
+            watch.check()
+        assert any("actor waiting" in r.getMessage() and "are full" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+        watch._warned.clear()
+        monkeypatch.setattr(placement, "_room_now", lambda shape: True)  # as if a node had freed its CPUs
+        with caplog.at_level("WARNING", logger="mineonline"):
+            watch.check()
+        assert not any("actor waiting" in r.getMessage() for r in caplog.records)
+    finally:
+        for actor in [*filler, waiting]:
+            ray.kill(actor)
+
+
 def test_losing_the_head_says_so_with_the_resume_command(tmp_path: Path) -> None:
     """The head dies (GCS, the driver's raylet and object store): Ray ends the driver from C++; the
     supervising CLI prints the cause and the resume command, writes it to run.log, exits 1, and leaves
