@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from mineonline_core.cli import main
 from mineonline_core.driver.tune import RESULTS_FILE
 
@@ -79,57 +77,9 @@ def test_bad_search_space_fails_before_ray_starts(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-def test_asha_sweep_of_two_learning_rates_by_two_seeds(tmp_path, monkeypatch, local_ray, capsys):
-    monkeypatch.chdir(tmp_path)
-    config = _config(tmp_path, iterations=200, save=50)
-    code = main(
-        [
-            "tune",
-            str(config),
-            "train_config.learning_rate=grid(1e-2,1e-4)",
-            "--seeds",
-            "0,1",
-            "--name",
-            "sweep",
-            "--scheduler",
-            "asha",
-            "--metric",
-            "trainer/learning_rate",
-            "--grace-period",
-            "1",
-        ]
-    )
-    assert code == 0
-    exp_dir = tmp_path / "runs" / "sweep"
-    rows = {r["parameters"]: r for r in _table(exp_dir)}
-    assert sorted(rows) == [f"train_config.learning_rate={lr} seed={s}" for lr in ("1e-2", "1e-4") for s in (0, 1)]
-    console = capsys.readouterr().out
-    for params, row in rows.items():
-        run_dir = Path(row["run_dir"])
-        lr, seed = (item.split("=")[1] for item in params.split())
-        assert (
-            run_dir.parent == exp_dir
-            and run_dir.name.startswith("sweep-")
-            and run_dir.name.endswith(f"learningrate={lr}-seed={seed}")
-        )
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-        assert (saved["train_config"]["learning_rate"], saved["seed"], saved["run_name"]) == (
-            float(lr),
-            int(seed),
-            run_dir.name,
-        )
-        assert (run_dir / "checkpoints").is_dir() and _iterations(run_dir)[0] == 1
-        assert run_dir.name in console
-        if lr == "1e-2":
-            assert (row["status"], row["iterations"]) == ("completed", "200")
-        else:  # stopped at its first rung: the run finished its iteration and left a final checkpoint
-            assert row["status"] == "stopped early (asha)", row
-            assert 1 <= int(row["iterations"]) < 200
-            assert max(_iterations(run_dir)) == int(row["iterations"])
-
-
 def test_an_interrupted_experiment_resumes(tmp_path):
-    config = _config(tmp_path, iterations=300, save=5)
+    # Interrupted at its first checkpoint (iteration 2), far from its end; the resume trains the rest.
+    config = _config(tmp_path, iterations=40, save=2)
     env = {**os.environ, "WANDB_MODE": "disabled"}
     cmd = [sys.executable, "-m", "mineonline_core.cli", "tune", str(config), "--seeds", "0", "--name", "exp"]
     exp_dir = tmp_path / "runs" / "exp"
@@ -145,7 +95,7 @@ def test_an_interrupted_experiment_resumes(tmp_path):
         if proc.poll() is None:
             proc.kill()
     [row] = _table(exp_dir)
-    assert row["status"] == "interrupted" and int(row["iterations"]) < 300, out[-3000:]
+    assert row["status"] == "interrupted" and int(row["iterations"]) < 40, out[-3000:]
     assert proc.returncode == 130, out[-3000:]  # stopped, not finished
     assert f"Continue it with: mineonline tune --resume {exp_dir}" in out and "Tuner.restore" not in out, out[-3000:]
     stopped_at = int(row["iterations"])
@@ -160,10 +110,10 @@ def test_an_interrupted_experiment_resumes(tmp_path):
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     [row] = _table(exp_dir)
-    assert (row["status"], row["iterations"]) == ("completed", "300")
+    assert (row["status"], row["iterations"]) == ("completed", "40")
     # The same run continued from its checkpoint: each iteration is in its metrics once, in order.
     iterations = _iterations(Path(row["run_dir"]))
-    assert iterations == list(range(1, 301)) and stopped_at in iterations
+    assert iterations == list(range(1, 41)) and stopped_at in iterations
 
 
 def test_the_table_reports_each_trials_end_and_a_failures_root_cause(tmp_path):

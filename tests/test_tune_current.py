@@ -1,6 +1,7 @@
 """Issue 35 item 3 and "a search algorithm beyond grid and random": ``mineonline tune`` run as a user runs it
 (the command in a subprocess, its own local Ray) decides on the runs' current numbers, its table shows each
-run's own last value, a trial the scheduler stops stops at once, and Optuna's TPE drives a sweep.
+run's own last value, a trial the scheduler stops stops at once; what an Optuna sweep leaves is checked on
+the sweep docs/many-runs.md shows (``tests/test_docs_newcomer.py``).
 
 The ASHA sweep ranks its trials by ``trainer/learning_rate`` with linear annealing: no noise from short
 CartPole runs, and different at every iteration, so a table holding a value Tune took iterations before the
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.test_tune import CARTPOLE
 
@@ -50,7 +52,7 @@ def _lines(path: Path) -> list[dict]:
 
 @pytest.mark.timeout(1500)  # a loaded 2-core machine starts Ray and four trials slowly
 def test_an_asha_sweeps_table_shows_each_runs_own_last_value(tmp_path: Path) -> None:
-    _tune(
+    done = _tune(
         tmp_path,
         "train_config.learning_rate=grid(1e-2,1e-4)",
         "--seeds",
@@ -66,17 +68,34 @@ def test_an_asha_sweeps_table_shows_each_runs_own_last_value(tmp_path: Path) -> 
         # Long enough that a 1e-4 trial cannot end before ASHA, deciding on its first results, stops it.
         iterations=100,
     )
-    rows = _table(tmp_path / "runs" / "current")
-    assert len(rows) == 4
+    exp_dir = tmp_path / "runs" / "current"
+    rows = _table(exp_dir)
+    assert sorted(r["parameters"] for r in rows) == [
+        f"train_config.learning_rate={lr} seed={s}" for lr in ("1e-2", "1e-4") for s in (0, 1)
+    ]
     stopped = [r for r in rows if r["status"] == "stopped early (asha)"]
     assert stopped, rows  # the 1e-4 trials start once both 1e-2 trials ran: ASHA stops them at a rung
     for row in rows:
         run_dir = Path(row["run_dir"])
+        lr, seed = (item.split("=")[1] for item in row["parameters"].split())
+        assert run_dir.parent == exp_dir and run_dir.name.startswith("current-")
+        assert run_dir.name.endswith(f"learningrate={lr}-seed={seed}") and run_dir.name in done.stdout
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert (saved["train_config"]["learning_rate"], saved["seed"], saved["run_name"]) == (
+            float(lr),
+            int(seed),
+            run_dir.name,
+        )
         summary = json.loads((run_dir / "summary.json").read_text())
         # The table shows the run's own last value, not the last one Tune took from it.
         assert float(row["metric"]) == float(f"{summary['trainer/learning_rate']:.4g}"), (row, summary)
         logged = [int(r["trainer/iteration"]) for r in _lines(run_dir / "metrics.jsonl") if "trainer/iteration" in r]
-        assert int(row["iterations"]) == max(logged)
+        assert (run_dir / "checkpoints").is_dir() and logged[0] == 1 and int(row["iterations"]) == max(logged)
+        if row["status"] == "completed":
+            assert row["iterations"] == "100", row
+        else:  # stopped at a rung: the run finished its iteration and left a final checkpoint
+            assert row["status"] == "stopped early (asha)" and 1 <= int(row["iterations"]) < 100, row
+        assert lr == "1e-2" or row["status"] == "stopped early (asha)", row  # the low rate trails at every rung
 
 
 def test_tune_takes_the_newest_result_not_a_queue_of_past_iterations() -> None:
@@ -142,30 +161,19 @@ def test_a_stopped_trial_asks_its_run_to_stop_at_once(local_ray) -> None:
     assert seen == [True] and trial._stop.is_set()
 
 
-@pytest.mark.timeout(1500)
-def test_a_three_trial_optuna_sweep_runs_and_writes_its_results(tmp_path: Path) -> None:
-    done = _tune(
-        tmp_path,
-        "train_config.learning_rate=loguniform(1e-4,1e-2)",
-        "--search",
-        "optuna",
-        "--num-samples",
-        "3",
-        "--name",
-        "tpe",
-        "--scheduler",
-        "asha",
-    )
-    exp_dir = tmp_path / "runs" / "tpe"
+def check_optuna_sweep(exp_dir: Path, stdout: str, *, trials: int, iterations: int, low: float, high: float) -> None:
+    """What an Optuna sweep leaves: its trials, each with its own value drawn in the range, and Optuna's state.
+    Run on docs/many-runs.md's Optuna block by ``tests/test_docs_newcomer.py`` (the sweep a user copies)."""
     rows = _table(exp_dir)
-    assert len(rows) == 3 and all(r["status"] == "completed" and r["iterations"] == "3" for r in rows), rows
+    done = all(r["status"] == "completed" and r["iterations"] == str(iterations) for r in rows)
+    assert len(rows) == trials and done, rows
     rates = [float(r["parameters"].split("=")[1]) for r in rows]
-    assert len(set(rates)) == 3 and all(1e-4 <= rate <= 1e-2 for rate in rates), rates
+    assert len(set(rates)) == trials and all(low <= rate <= high for rate in rates), rates
     assert all(r["metric"] != "" for r in rows)  # episode/return_mean, the default metric, reached the table
     assert json.loads((exp_dir / "tune.json").read_text())["options"]["search"] == "optuna"
     # Tune saved a searcher's state (Optuna's study), not the grid/random generator's.
     assert list(exp_dir.glob("searcher-state-*.pkl")) and not list(exp_dir.glob("basic-variant-state-*"))
-    assert "results: " in done.stdout
+    assert "results: " in stdout
 
 
 def test_optuna_refuses_grids_before_ray_starts(tmp_path: Path) -> None:
