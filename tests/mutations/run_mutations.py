@@ -20,8 +20,10 @@ Run: ``python tests/mutations/run_mutations.py [name ...]`` (``make test`` runs 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
+import json
 import os
 import shutil
 import signal
@@ -35,7 +37,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-COPY = ("mineonline_core", "plugins", "tests", "examples", "benchmarks", "conftest.py", "pyproject.toml")
+COPY = ("mineonline_core", "plugins", "tests", "examples", "benchmarks", "docs", "conftest.py", "pyproject.toml")
+COPY += ("README.md", "Makefile")  # the docs tests run their blocks
 
 
 @dataclass(frozen=True)
@@ -206,16 +209,34 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown mutations {unknown}; known: {sorted(known)}")
     chosen = [known[n] for n in args.names] or list(MUTATIONS)
+    # Slowest first (as last measured on this machine; new ones before all), so that the check does not
+    # end on one long defect while the other jobs idle.
+    last = _last_seconds()
+    chosen.sort(key=lambda m: -last.get(m.name, float("inf")))
     start_time = time.monotonic()
     preload()
     failed = 0
     for mutation, verdict, seconds, output in run_all(chosen, jobs=max(1, args.jobs), timeout=args.timeout):
         print(f"{verdict:7s} {mutation.name:17s} {seconds:6.1f}s  {mutation.what}", flush=True)
+        last[mutation.name] = round(seconds, 1)
         if verdict != "caught":
             failed += 1
             print("        " + output.replace("\n", "\n        "), flush=True)
     print(f"{len(chosen) - failed}/{len(chosen)} defects caught in {time.monotonic() - start_time:.0f}s")
+    with contextlib.suppress(OSError):
+        TIMES.parent.mkdir(parents=True, exist_ok=True)
+        TIMES.write_text(json.dumps(last, indent=0, sort_keys=True))
     return 1 if failed else 0
+
+
+TIMES = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mineonline" / "mutation-seconds.json"
+
+
+def _last_seconds() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(TIMES.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 if __name__ == "__main__":
