@@ -336,8 +336,11 @@ def ddp_train_step(config: dict) -> None:
     from mineonline_core.config import OnlineConfig
     from mineonline_core.config.generators import import_generator
 
+    from mineonline_core.trainer.base import build_loop
+
     cls = import_generator(config["trainer_cls"], key="trainer_cls")
-    trainer = cls(
+    trainer = build_loop(
+        cls,
         rollout_manager=None,
         policy_generator=mlp_policy,
         env_generator=None,
