@@ -128,6 +128,7 @@ def main() -> None:
     from mineonline_core.config import OnlineConfig
     from mineonline_core.builtin.models import MLPPolicy
     from mineonline_ppo import PPOTrainer
+    from mineonline_core.trainer.loop import TrainLoop
 
     hidden = int((args.mbytes * 2**20 / 8) ** 0.5)  # actor and critic: a hidden x hidden layer each dominates
     policy = functools.partial(MLPPolicy, obs_dim=4, num_actions=2, hidden_sizes=[hidden, hidden])
@@ -135,7 +136,8 @@ def main() -> None:
     Receiver = make_receiver()
     worker, manager = Receiver.remote(True), Receiver.remote(False)
     try:
-        trainer = PPOTrainer(
+        trainer = TrainLoop(
+            algorithm=PPOTrainer,
             rollout_manager=manager,
             policy_generator=policy,
             env_generator=None,

@@ -54,7 +54,11 @@ def test_custom_trainer_selected_by_name_and_trains(tmp_path):
         )
         trainer = TrainLoop(
             algorithm=cls,
-            rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+            rollout_manager=None,
+            policy_generator=mlp_policy,
+            env_generator=None,
+            config=config,
+            run_dir=str(tmp_path),
         )
         trainer.setup_rank(local=True)
         streams = rollout_fragments(

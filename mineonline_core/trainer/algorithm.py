@@ -17,8 +17,9 @@ the rank and the collectives. An algorithm holds only its options and what its o
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from pydantic import BaseModel
@@ -27,6 +28,7 @@ from torch import nn
 from mineonline_core.config._fields import Section
 from mineonline_core.config.precision import PrecisionChoice, float16_problem
 from mineonline_core.errors import ConfigError
+from mineonline_core.registry import replace_between
 from mineonline_core.trainer.batch import estimate_advantages
 from mineonline_core.trainer.device import fused_adamw
 
@@ -261,17 +263,30 @@ def unmarked_overrides(cls: type, *, machinery: tuple[type, ...] = ()) -> list[s
 
 
 def hook_table() -> str:
-    """The markdown table of ``Algorithm``'s hooks: each with its signature and its doc's first sentence."""
+    """The markdown table of ``Algorithm``'s hooks, from the marks: each hook's signature and its doc's first sentence."""
     import inspect
 
-    rows = ["| Hook | Called | Default |", "|---|---|---|"]
+    rows = ["| Hook | What it is for |", "|---|---|"]
     for name in hook_names():
         fn = getattr(Algorithm, name)
-        params = ", ".join(p for p in inspect.signature(fn).parameters if p not in ("self", "cls"))
-        params = params.replace("batch, outputs", "*, batch, outputs") if name == "compute_loss" else params
-        params = "*, batch" if params == "batch" else params
-        doc = " ".join((fn.__doc__ or "").split())
-        summary, _, rest = doc.partition(". ")
-        default = "required" if name == "compute_loss" else (rest.split(". ")[0].rstrip(".") if "Default" in rest else "")
-        rows.append(f"| `{name}({params})` | {summary.rstrip('.')} | {default} |")
+        params = [p for p in inspect.signature(fn).parameters.values() if p.name not in ("self", "cls")]
+        star = "*, " if params and params[0].kind is inspect.Parameter.KEYWORD_ONLY else ""
+        summary = " ".join((fn.__doc__ or "").split()).split(". ")[0].rstrip(".")
+        kind = " (classmethod)" if isinstance(vars(Algorithm)[name], classmethod) else ""
+        required = " Required." if name == "compute_loss" else ""
+        summary = summary.replace("``", "`")
+        rows.append(f"| `{name}({star}{', '.join(p.name for p in params)})`{kind} | {summary}.{required} |")
     return "\n".join(rows) + "\n"
+
+
+# The hook table of docs/plugins.md sits between these lines; `mineonline plugins --table --output FILE`
+# rewrites it there with the kind table, and tests/test_algorithm.py checks the committed page.
+HOOK_TABLE_BEGIN = (
+    "<!-- hook table: generated from the @hook marks of mineonline_core/trainer/algorithm.py by `make docs` -->"
+)
+HOOK_TABLE_END = "<!-- end of hook table -->"
+
+
+def with_hook_table(page: str) -> str:
+    """``page`` with the text between its hook-table markers replaced by ``hook_table()``."""
+    return replace_between(page, HOOK_TABLE_BEGIN, HOOK_TABLE_END, hook_table(), what="hook table")

@@ -22,7 +22,7 @@ import torch
 from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.normalize import FIRST_SERVING, scale_rewards
 from mineonline_core.errors import RunFailedError, SampleStopped, SampleTimeout
-from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs, estimate_advantages
+from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs
 
 if TYPE_CHECKING:
     from mineonline_core.services.handles import ReplayBufferHandle, RolloutManagerHandle, StoreAccess
