@@ -3,7 +3,7 @@ costs the training loop, before and after the broadcast thread.
 
 ``sync`` is the path before issue 24, reproduced here: the state dict to numpy, a per-array finite
 scan, ``ray.put`` and the ``update_weights`` calls, all on the trainer's thread. ``async`` is
-``BaseTrainer``'s: a snapshot on the rank's device and one fused finite check on the trainer's
+``TrainLoop``'s: a snapshot on the rank's device and one fused finite check on the trainer's
 thread; the host copy, ``ray.put`` and the calls on the broadcast thread. A real ``PPOTrainer``
 holds an MLP of about ``--mbytes`` MB of float32 weights; one receiving actor gets each version as
 a rollout worker does (``ray.get`` of the ref, copy into its weights), another records it as the

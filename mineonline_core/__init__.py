@@ -18,7 +18,6 @@ __version__ = "0.1.0"
 _LAZY = {
     "Algorithm": "mineonline_core.trainer.algorithm",  # what a trainer plugin subclasses
     "TrainerOptions": "mineonline_core.trainer.algorithm",
-    "hook": "mineonline_core.trainer.algorithm",
     "TrainLoop": "mineonline_core.trainer.loop",
     "BaseTrainer": "mineonline_core.trainer.base",  # the base class before Algorithm
     "setting": "mineonline_core.config",  # a trainer option with its help text and bounds

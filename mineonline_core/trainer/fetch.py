@@ -45,7 +45,7 @@ def _unreadable(payload: Any) -> list[str]:
 
 
 class ChunkFetching:
-    """``BaseTrainer``'s data side: ``fetch_chunks``, prefetching, and the ``estimate`` hook."""
+    """``TrainLoop``'s data side: ``fetch_chunks``, prefetching, and the step that runs the ``estimate`` hook."""
 
     rollout_manager: RolloutManagerHandle | None
     _buffer: ReplayBufferHandle | None  # the manager's, once connected

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 
 class Publishing:
-    """``BaseTrainer``'s broadcasts, metric logging, checkpoints and best-checkpoint goals."""
+    """``TrainLoop``'s broadcasts, metric logging, checkpoints and best-checkpoint goals."""
 
     rollout_manager: RolloutManagerHandle | None
     logger_hub: ActorHandle[LoggerHub] | None

@@ -1,4 +1,4 @@
-"""The update loop every trainer shares; a trainer plugin supplies only ``compute_loss``.
+"""The update loop every trainer shares; the algorithm supplies ``compute_loss`` (``trainer/algorithm.py``).
 
 Per iteration and rank, ``train(batch)`` receives N chunks of L steps and, for each of
 ``epochs_per_iteration`` passes, walks them in micro-batches of ``batch_size_per_gpu`` chunks drawn
@@ -40,7 +40,7 @@ _NOT_STEPS = (F.STATE_IN, F.REF_STATE_IN, F.NEXT_OBS)
 
 
 class UpdateLoop:
-    """``BaseTrainer``'s update loop and the hooks a trainer may override (see the module doc)."""
+    """``TrainLoop``'s update loop around the algorithm's hooks (see the module doc)."""
 
     # The first model version whose rollout steps ran the current KL reference (``_stored_reference_logits``).
     reference_since: int = 0
