@@ -10,8 +10,9 @@ The core's ``TrainLoop`` (``trainer/loop.py``) holds the algorithm and calls its
 the estimate, the update loop, broadcasts, checkpoints, evaluation and goals are the loop's, never
 the plugin's. The loop's state reaches the algorithm through ``self.ctx``, a read-only
 ``TrainContext``: the policy, the optimiser, the KL reference, the iteration, the model version,
-the rank and the collectives. An algorithm holds only its options and what its own hooks keep
-(numbers, small tensors), so it is pickled to the Ray Train ranks as it is.
+the rank and the collectives. An algorithm holds only its options, that view, and what its own hooks
+keep (numbers, small tensors): the loop pickles it to the Ray Train ranks as it is, with no list of live
+attributes to drop (the loop's own live state is the loop's ``_LIVE``).
 """
 
 from __future__ import annotations
