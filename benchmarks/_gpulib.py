@@ -90,9 +90,11 @@ def build_trainer(overrides: list[str], run_dir: str, device: torch.device) -> A
     from mineonline_core.config import load_config
     from mineonline_core.registry import get_plugin_manager
     from mineonline_core.driver.resolve import resolve
+    from mineonline_core.trainer import build_loop
 
     resolved = resolve(load_config(str(CONFIG), overrides), get_plugin_manager())
-    trainer = resolved.trainer_cls(
+    trainer = build_loop(
+        resolved.trainer_cls,
         rollout_manager=None,
         policy_generator=resolved.policy_generator,
         env_generator=resolved.env_generator,
@@ -270,7 +272,7 @@ def precision_rows(trainer: Any, chunks: list[list[dict]], raw: dict, device: to
             with rollout:
                 behaviour = step_through(trainer.policy, raw["img"], raw["first"], action=raw["action"])["logprob"]
             batch = assemble_chunks(chunks, device=device)
-            with trainer.autocast():
+            with trainer.algorithm.autocast():
                 train_logp = trainer.current_policy_outputs(batch=batch)["logprob"]
             err = (train_logp.float() - behaviour.to(train_logp.device)).abs()
             off = (torch.exp(train_logp.float() - behaviour.to(train_logp.device)) - 1).abs()
@@ -324,7 +326,7 @@ def train_config_row(
                 torch.cuda.reset_peak_memory_stats(device)
             sync(device)
             t0 = time.perf_counter()
-            batch = trainer.estimate(batch=batch)
+            batch = trainer.algorithm.estimate(batch=batch)
             sync(device)
             t1 = time.perf_counter()
             estimate_peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None

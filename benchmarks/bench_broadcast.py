@@ -1,6 +1,6 @@
 """Weight broadcast: time to deliver a new state dict to N rollout workers vs one put + get.
 
-The path is mineonline's (``BaseTrainer._publish_weights``): the trainer ``ray.put``s a CPU numpy
+The path is mineonline's (``TrainLoop._publish_weights``): the trainer ``ray.put``s a CPU numpy
 state dict once and sends the *ref* (wrapped in a list, so Ray does not resolve it on the way) to
 every worker's ``update_weights`` and, without forwarding, to the manager's; each worker ``ray.get``s
 it, which on one node maps the object store's buffer without copying, and then copies it into its

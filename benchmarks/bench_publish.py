@@ -3,7 +3,7 @@ costs the training loop, before and after the broadcast thread.
 
 ``sync`` is the path before issue 24, reproduced here: the state dict to numpy, a per-array finite
 scan, ``ray.put`` and the ``update_weights`` calls, all on the trainer's thread. ``async`` is
-``BaseTrainer``'s: a snapshot on the rank's device and one fused finite check on the trainer's
+``TrainLoop``'s: a snapshot on the rank's device and one fused finite check on the trainer's
 thread; the host copy, ``ray.put`` and the calls on the broadcast thread. A real ``PPOTrainer``
 holds an MLP of about ``--mbytes`` MB of float32 weights; one receiving actor gets each version as
 a rollout worker does (``ray.get`` of the ref, copy into its weights), another records it as the
@@ -128,6 +128,7 @@ def main() -> None:
     from mineonline_core.config import OnlineConfig
     from mineonline_core.builtin.models import MLPPolicy
     from mineonline_ppo import PPOTrainer
+    from mineonline_core.trainer.loop import TrainLoop
 
     hidden = int((args.mbytes * 2**20 / 8) ** 0.5)  # actor and critic: a hidden x hidden layer each dominates
     policy = functools.partial(MLPPolicy, obs_dim=4, num_actions=2, hidden_sizes=[hidden, hidden])
@@ -135,7 +136,8 @@ def main() -> None:
     Receiver = make_receiver()
     worker, manager = Receiver.remote(True), Receiver.remote(False)
     try:
-        trainer = PPOTrainer(
+        trainer = TrainLoop(
+            algorithm=PPOTrainer,
             rollout_manager=manager,
             policy_generator=policy,
             env_generator=None,

@@ -16,8 +16,10 @@ from mineonline_core.contracts.store import FragmentStore
 __version__ = "0.1.0"
 
 _LAZY = {
-    "BaseTrainer": "mineonline_core.trainer.base",
-    "TrainerOptions": "mineonline_core.trainer.base",
+    "Algorithm": "mineonline_core.trainer.algorithm",  # what a trainer plugin subclasses
+    "TrainerOptions": "mineonline_core.trainer.algorithm",
+    "TrainLoop": "mineonline_core.trainer.loop",
+    "BaseTrainer": "mineonline_core.trainer.base",  # the base class before Algorithm
     "setting": "mineonline_core.config",  # a trainer option with its help text and bounds
     "unwrap": "mineonline_core.trainer.sequence",  # a policy inside DDP or torch.compile
     "Policy": "mineonline_core.contracts.policy",  # imports torch: not for processes that never build a network

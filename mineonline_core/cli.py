@@ -143,16 +143,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
     from mineonline_core.registry import get_plugin_manager, kind_table, with_kind_table
+    from mineonline_core.trainer.algorithm import with_hook_table
 
     if args.table:
         if not args.output:
             print(kind_table(), end="")
             return 0
         target = Path(args.output)
-        text = with_kind_table(target.read_text())
+        text = with_hook_table(with_kind_table(target.read_text()))
         if args.check and target.read_text() != text:
             raise MineOnlineError(
-                f"{target}'s kind table is out of date with the kinds. Fix: run `mineonline plugins --table "
+                f"{target}'s kind table or hook table is out of date with the kinds or the @hook marks. Fix: run `mineonline plugins --table "
                 f"--output {target}`."
             )
         target.write_text(text)
@@ -356,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="list registered components and plugin load failures")
     plugins.add_argument("--table", action="store_true", help="print the markdown table of every hook instead")
-    plugins.add_argument("--output", help="with --table: put the table between the kind-table lines of this file")
+    plugins.add_argument("--output", help="with --table: put the kind and hook tables between their lines in this file")
     plugins.add_argument("--check", action="store_true", help="with --output: fail if the file's table is stale")
     plugins.set_defaults(func=_cmd_plugins)
 

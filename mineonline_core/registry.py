@@ -250,8 +250,13 @@ def kind_table() -> str:
 
 def with_kind_table(page: str) -> str:
     """``page`` with the text between its table markers replaced by ``kind_table()``."""
-    head, begin, rest = page.partition(TABLE_BEGIN + "\n")
-    _, end, tail = rest.partition(TABLE_END)
-    if not begin or not end:
-        raise ValueError(f"the page has no lines {TABLE_BEGIN!r} ... {TABLE_END!r} to put the kind table between")
-    return head + begin + "\n" + kind_table() + "\n" + end + tail
+    return replace_between(page, TABLE_BEGIN, TABLE_END, kind_table(), what="kind table")
+
+
+def replace_between(page: str, begin: str, end: str, table: str, *, what: str) -> str:
+    """``page`` with the text between the lines ``begin`` and ``end`` replaced by ``table`` (a generated table)."""
+    head, found_begin, rest = page.partition(begin + "\n")
+    _, found_end, tail = rest.partition(end)
+    if not found_begin or not found_end:
+        raise ValueError(f"the page has no lines {begin!r} ... {end!r} to put the {what} between")
+    return head + found_begin + "\n" + table + "\n" + found_end + tail

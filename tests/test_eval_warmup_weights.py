@@ -23,6 +23,7 @@ from mineonline_core.config import OnlineConfig
 from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout_fragments
 from mineonline_core.trainer.batch import assemble_chunks
 from mineonline_core.trainer.evaluation import EvaluationClient
+from mineonline_core.trainer.loop import TrainLoop
 
 
 class RecordingEvaluator:
@@ -59,7 +60,8 @@ def test_a_warmup_iteration_is_evaluated_with_its_own_weights(tmp_path, local_ra
         "record_video_interval": 0,
         "save_interval": 1000,
     }
-    trainer = PPOTrainer(
+    trainer = TrainLoop(
+        algorithm=PPOTrainer,
         rollout_manager=SimpleNamespace(update_weights=SimpleNamespace(remote=lambda *a, **k: None)),
         policy_generator=lambda: mlp_policy(hidden=16),
         env_generator=None,
@@ -84,7 +86,7 @@ def test_a_warmup_iteration_is_evaluated_with_its_own_weights(tmp_path, local_ra
 
     assert [request["iteration"] for _, request in evaluator.calls] == [1, 2]
     (warmup, warmup_request), (trained, trained_request) = evaluator.calls
-    assert not trainer.publishes_version(1) and trainer.publishes_version(2)
+    assert not trainer.algorithm.publishes_version(1) and trainer.algorithm.publishes_version(2)
     assert warmup_request["version"] == 0 and trained_request["version"] == 1
     assert not _same(warmup, published)  # the warm-up changed the weights: the broadcast's are stale
     assert _same(warmup, weights[1])

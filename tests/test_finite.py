@@ -17,6 +17,7 @@ from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer
+from mineonline_core.trainer.loop import TrainLoop
 
 
 def make_trainer(tmp_path, **train) -> PPOTrainer:
@@ -31,8 +32,13 @@ def make_trainer(tmp_path, **train) -> PPOTrainer:
         **train,
     }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = PPOTrainer(
-        rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+    trainer = TrainLoop(
+        algorithm=PPOTrainer,
+        rollout_manager=None,
+        policy_generator=mlp_policy,
+        env_generator=None,
+        config=config,
+        run_dir=str(tmp_path),
     )
     trainer.setup_rank(local=True)
     return trainer

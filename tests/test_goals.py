@@ -12,6 +12,7 @@ from mineonline_core.config import load_config
 from mineonline_core.driver.evaluate import load_policy
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.goals import Goals
+from mineonline_core.trainer.loop import TrainLoop
 
 
 def goals(**train) -> Goals:
@@ -52,8 +53,13 @@ def test_keep_best_writes_one_loadable_checkpoint_and_survives_resume(tmp_path) 
             env_config={"name": "gymnasium", "id": "CartPole-v1"},
             policy_config={"name": "mlp", "hidden_sizes": [32, 32]},
         )
-        t = PPOTrainer(
-            rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+        t = TrainLoop(
+            algorithm=PPOTrainer,
+            rollout_manager=None,
+            policy_generator=mlp_policy,
+            env_generator=None,
+            config=config,
+            run_dir=str(tmp_path),
         )
         t.setup_rank(local=True)
         return t

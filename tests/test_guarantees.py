@@ -1,6 +1,6 @@
 """DESIGN §5.1, §5.3, §5.4 and §5.9 through the real trainer, on fragments from the real collector.
 
-Every batch goes through the trainer's own per-iteration estimate (``trainer.estimate``, what
+Every batch goes through the trainer's own per-iteration estimate (``trainer.algorithm.estimate``, what
 ``fetch_fragments_and_estimate_advantages`` runs) before ``train``. Recurrent policies (the core's
 GRU and a small VPT), ``batch_size_per_gpu > 1``, ``context_length`` shorter than a fragment and
 episodes that end inside chunks: the first optimisation step on version-0 data sees ratio 1,
@@ -27,6 +27,7 @@ from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.batch import assemble_chunks
 from mineonline_core.trainer.sequence import forward_sequence
 from mineonline_ppo import PPOTrainer
+from mineonline_core.trainer.loop import TrainLoop
 
 FRAGMENT, CONTEXT, PER_CHUNK = 8, 5, 2
 
@@ -66,8 +67,13 @@ def make_trainer(tmp_path, policy_fn, **train) -> PPOTrainer:
         train_config=train,
         rollout_config={"fragment_length": FRAGMENT, "replay_buffer_config": {"fragments_per_chunk": PER_CHUNK}},
     )
-    trainer = PPOTrainer(
-        rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config, run_dir=str(tmp_path)
+    trainer = TrainLoop(
+        algorithm=PPOTrainer,
+        rollout_manager=None,
+        policy_generator=policy_fn,
+        env_generator=None,
+        config=config,
+        run_dir=str(tmp_path),
     )
     trainer.setup_rank(local=True)
     trainer.iteration = 1
@@ -108,13 +114,13 @@ def collect(
 def batch_of(trainer: PPOTrainer, chunks: list[list[dict]]) -> dict:
     """The trainer's own per-iteration estimate over the assembled chunks: what
     ``fetch_fragments_and_estimate_advantages`` runs on a fetched batch."""
-    return trainer.estimate(batch=assemble_chunks(chunks))
+    return trainer.algorithm.estimate(batch=assemble_chunks(chunks))
 
 
 def first_step_gradients(trainer: PPOTrainer, batch: dict) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """``train`` over a batch that makes one optimiser step; the gradients it clipped and stepped with."""
     grads: dict[str, torch.Tensor] = {}
-    trainer.filter_gradients = lambda: grads.update(
+    trainer.algorithm.filter_gradients = lambda: grads.update(
         {name: p.grad.clone() for name, p in trainer.policy.named_parameters() if p.grad is not None}
     )
     return grads, trainer.train(batch)
@@ -163,7 +169,7 @@ def test_stale_data_ratio_is_taken_against_the_stored_behaviour_logprob(tmp_path
             trainer.policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=CONTEXT
         )
         log_weight = trainer.policy.pi_head.logprob(batch[F.ACTION], latents["pi_logits"]) - stored
-    batch = trainer.estimate(batch=batch)
+    batch = trainer.algorithm.estimate(batch=batch)
     expected_kl = ((log_weight.exp() - 1) - log_weight).mean().item()
     assert expected_kl > 1e-3
     metrics = trainer.train(batch)  # one optimiser step, after every micro-batch
@@ -184,7 +190,7 @@ def test_the_stored_behaviour_logprob_changes_the_update(tmp_path):
         chunks = chunks or collect(trainer.policy, None)
         batch = assemble_chunks(chunks)
         batch[F.LOGPROB][:, ::2] -= shift  # as if the behaviour policy had liked every other action less
-        trainer.train(trainer.estimate(batch=batch))
+        trainer.train(trainer.algorithm.estimate(batch=batch))
         weights.append(torch.cat([p.detach().flatten() for p in trainer.policy.parameters()]))
     same, changed = (weights[0] - weights[1]).abs().max().item(), (weights[0] - weights[2]).abs().max().item()
     assert changed > 1e-6 and changed > 100 * same  # the update is deterministic up to float rounding
@@ -193,14 +199,14 @@ def test_the_stored_behaviour_logprob_changes_the_update(tmp_path):
 def window_stats(trainer: PPOTrainer) -> list[dict[str, float]]:
     """Records the loss metrics of every window ``train`` runs (the metrics it returns are averages)."""
     seen: list[dict[str, float]] = []
-    compute_loss = trainer.compute_loss
+    compute_loss = trainer.algorithm.compute_loss
 
     def recording(*, batch: dict, outputs: dict):
         loss, stats = compute_loss(batch=batch, outputs=outputs)
         seen.append({k: float(v) for k, v in stats.items()})
         return loss, stats
 
-    trainer.compute_loss = recording
+    trainer.algorithm.compute_loss = recording
     return seen
 
 

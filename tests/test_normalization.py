@@ -66,7 +66,7 @@ def _batch(trainer: Any, *, fresh: list[bool]) -> dict[str, Any]:
     batch = assemble_chunks(tk.chunks_of(streams, 1))
     batch[FIRST_SERVING] = torch.tensor(fresh)
     batch[F.STALENESS] = torch.zeros_like(batch[F.REWARD])
-    return trainer.estimate(batch=batch)
+    return trainer.algorithm.estimate(batch=batch)
 
 
 def _set_stats(norm: RunningMeanStd, mean: Any, var: Any, count: float) -> None:

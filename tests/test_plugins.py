@@ -167,7 +167,7 @@ def test_a_trainer_with_a_config_that_is_not_a_pydantic_model_is_refused(plugin_
     bare = type("NotATrainer", (), {"name": "Bogus"})  # the issue's own example
     wrong_config = type("DictConfigTrainer", (BaseTrainer,), {"name": "DictConfig", "Config": dict})
     for cls, expected in (
-        (bare, "does not subclass mineonline_core.trainer.base.BaseTrainer"),
+        (bare, "does not subclass mineonline_core.trainer.algorithm.Algorithm"),
         (wrong_config, "'Config' is not a pydantic model class"),
     ):
         module = plugin_module("bad", mineonline_register_trainers=lambda register, cls=cls: register(cls))

@@ -24,6 +24,7 @@ from mineonline_core.config.precision import PrecisionChoice, float16_problem
 from mineonline_core.driver.resolve import resolve
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer
+from mineonline_core.trainer.loop import TrainLoop
 from mineonline_vpt import VPTPolicy
 from tests.conftest import cartpole_config
 
@@ -204,15 +205,20 @@ def test_ppo_trains_vpt_under_autocast(tmp_path, tf32_on, amp_dtype: str) -> Non
         "amp_dtype": amp_dtype,
     }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = PPOTrainer(
-        rollout_manager=None, policy_generator=tiny_vpt, env_generator=None, config=config, run_dir=str(tmp_path)
+    trainer = TrainLoop(
+        algorithm=PPOTrainer,
+        rollout_manager=None,
+        policy_generator=tiny_vpt,
+        env_generator=None,
+        config=config,
+        run_dir=str(tmp_path),
     )
     trainer.setup_rank(local=True)
     trainer.iteration = 1
     assert (
         not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     )  # set by the process itself
-    with trainer.autocast():
+    with trainer.algorithm.autocast():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == getattr(torch, amp_dtype)
     # The scaler follows the policy: float16 on CPU trains unscaled, on CUDA it would be scaled.
     assert (
@@ -220,7 +226,7 @@ def test_ppo_trains_vpt_under_autocast(tmp_path, tf32_on, amp_dtype: str) -> Non
         is PrecisionChoice.from_config(trainer.train_config).on(trainer.device).grad_scaler
         is False
     )
-    with trainer.autocast():  # what the rollout worker does (config/precision.py)
+    with trainer.algorithm.autocast():  # what the rollout worker does (config/precision.py)
         streams = tk.rollout_fragments(
             trainer.policy, lambda i: tk.TinyImageEnv(seed=i), num_envs=2, fragment_length=8, fragments_per_env=4
         )

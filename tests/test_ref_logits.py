@@ -22,6 +22,7 @@ from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.batch import assemble_chunks
 from mineonline_core.trainer.sequence import forward_sequence
 from mineonline_ppo import PPOTrainer
+from mineonline_core.trainer.loop import TrainLoop
 
 FRAGMENT, CONTEXT, PER_CHUNK, ENVS = 8, 5, 2, 4
 
@@ -42,8 +43,13 @@ def make_trainer(tmp_path) -> PPOTrainer:
         train_config=train,
         rollout_config={"fragment_length": FRAGMENT, "replay_buffer_config": {"fragments_per_chunk": PER_CHUNK}},
     )
-    trainer = PPOTrainer(
-        rollout_manager=None, policy_generator=tk.cnn_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+    trainer = TrainLoop(
+        algorithm=PPOTrainer,
+        rollout_manager=None,
+        policy_generator=tk.cnn_policy,
+        env_generator=None,
+        config=config,
+        run_dir=str(tmp_path),
     )
     trainer.setup_rank(local=True)
     trainer.iteration = 1
@@ -111,9 +117,9 @@ def train_once(tmp_path, world, chunks: list[list[dict]], *, reference_since: in
     trainer.reference.load_state_dict(source.reference.state_dict())
     trainer.reference_since = reference_since
     calls = count_reference_calls(trainer)
-    batch = trainer.estimate(batch=assemble_chunks(chunks))
+    batch = trainer.algorithm.estimate(batch=assemble_chunks(chunks))
     metrics = trainer.train(batch)
-    trainer.train(trainer.estimate(batch=assemble_chunks(chunks)))
+    trainer.train(trainer.algorithm.estimate(batch=assemble_chunks(chunks)))
     params = {name: p.detach().clone() for name, p in trainer.policy.named_parameters()}
     return metrics, params, calls[0], batch
 

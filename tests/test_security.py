@@ -218,6 +218,7 @@ def test_no_secret_reaches_checkpoints(tmp_path: Path, vault_pm) -> None:
     from mineonline_core.driver.resolve import resolve
     from mineonline_core.trainer import checkpoint as ckpt
     from mineonline_ppo import PPOTrainer
+    from mineonline_core.trainer.loop import TrainLoop
 
     data = cartpole_config(logger_config={"loggers": ["vault"], "api_token": SECRET})
     resolved = resolve(load_config(data), vault_pm, probe=False)
@@ -225,7 +226,8 @@ def test_no_secret_reaches_checkpoints(tmp_path: Path, vault_pm) -> None:
     resolved.source_text = f'online_dict = {{"logger_config": {{"api_token": "{SECRET}"}}}}\n'
     text = api._public_source(resolved)
     assert SECRET not in text and '"api_token": "<redacted>"' in text
-    trainer = PPOTrainer(
+    trainer = TrainLoop(
+        algorithm=PPOTrainer,
         rollout_manager=None,
         policy_generator=resolved.policy_generator,
         env_generator=resolved.env_generator,

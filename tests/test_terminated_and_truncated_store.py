@@ -22,7 +22,7 @@ from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.fragment import fragment_key
 from mineonline_core.contracts.store import MemoryStore
 from mineonline_core.testing.kit import TinyGRUPolicy, chunks_of, rollout_fragments, time_limited_counting
-from mineonline_core.trainer import BaseTrainer
+from mineonline_core.trainer import BaseTrainer, build_loop
 from mineonline_core.trainer.batch import assemble_chunks
 
 BOTH_AT = 3  # the step of the first fragment of each stream marked both terminated and truncated
@@ -60,11 +60,11 @@ def _estimates(tmp_path, batch: dict) -> dict[str, torch.Tensor]:
     config = OnlineConfig(train_config={"context_length": 5, "discount": 0.9, "gae_lambda": 0.8})
     out = {}
     for cls in (GAEOnly, VTraceTrainer):
-        trainer = cls(
-            rollout_manager=None, policy_generator=_gru, env_generator=None, config=config, run_dir=str(tmp_path)
+        trainer = build_loop(
+            cls, rollout_manager=None, policy_generator=_gru, env_generator=None, config=config, run_dir=str(tmp_path)
         )
         trainer.setup_rank(local=True)
-        out[cls.name] = trainer.estimate(batch=dict(batch))[F.ADVANTAGE]
+        out[cls.name] = trainer.algorithm.estimate(batch=dict(batch))[F.ADVANTAGE]
     return out
 
 

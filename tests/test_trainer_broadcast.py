@@ -23,16 +23,22 @@ from mineonline_core.testing.fakecuda import FakeCuda
 from mineonline_core.testing.kit import mlp_policy
 from mineonline_core.trainer import publish
 from mineonline_core.trainer.snapshot import WeightSnapshot
+from mineonline_core.trainer.loop import TrainLoop
 from mineonline_ppo import PPOTrainer
 
 
-def make_trainer(tmp_path, manager=None, cls=PPOTrainer) -> PPOTrainer:
+def make_trainer(tmp_path, manager=None, cls=TrainLoop) -> TrainLoop:
     config = OnlineConfig(
         train_config={"context_length": 8, "batches_per_iteration": 2, "gradient_accumulation": 1},
         rollout_config={"fragment_length": 8},
     )
     trainer = cls(
-        rollout_manager=manager, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+        algorithm=PPOTrainer,
+        rollout_manager=manager,
+        policy_generator=mlp_policy,
+        env_generator=None,
+        config=config,
+        run_dir=str(tmp_path),
     )
     trainer.setup_rank(local=True)
     return trainer
@@ -97,7 +103,7 @@ def test_nonfinite_weights_are_refused_before_the_broadcast_thread(tmp_path) -> 
     assert trainer._broadcast is None and trainer._broadcaster is None  # nothing was handed to the thread
 
 
-class StoreFull(PPOTrainer):
+class StoreFull(TrainLoop):
     def _put_weights(self, weights):
         raise MemoryError("object store full")
 
@@ -128,7 +134,7 @@ class Recorder:
         self.sent.append((version, {k: v.clone() for k, v in refs[0].items()}))
 
 
-class Unput(PPOTrainer):
+class Unput(TrainLoop):
     """No Ray: the "ref" is the packed weights themselves."""
 
     def _put_weights(self, weights):

@@ -10,6 +10,7 @@ from mineonline_core.config import load_config
 from mineonline_core.driver.resolve import resolve
 from mineonline_core.registry import get_plugin_manager
 from mineonline_core.testing.kit import cartpole, mlp_policy
+from mineonline_core.trainer import build_loop
 
 BUILDS: list[str] = []  # the device each call of counting_policy built on
 
@@ -29,7 +30,8 @@ def _trainer(tmp_path, **train):  # type: ignore[no-untyped-def]
     )
     loaded.policy_generator, loaded.env_generator = counting_policy, cartpole
     resolved = resolve(loaded, get_plugin_manager())
-    return resolved.trainer_cls(
+    return build_loop(
+        resolved.trainer_cls,
         rollout_manager=None,
         policy_generator=resolved.policy_generator,
         env_generator=resolved.env_generator,
@@ -58,7 +60,7 @@ def test_resolve_preflight_rank_and_reference_share_one_build(tmp_path) -> None:
     fresh, _ = _fresh(trainer)
     torch.testing.assert_close(trainer.reference.state_dict(), fresh.state_dict(), rtol=0, atol=0)
     fresh, _ = _fresh(trainer)
-    trainer.init_policy(fresh)
+    trainer.algorithm.init_policy(fresh)
     torch.testing.assert_close(trainer.policy.state_dict(), fresh.state_dict(), rtol=0, atol=0)
     assert trainer.reference is not trainer.policy
     assert not any(p.requires_grad for p in trainer.reference.parameters())

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mineonline_core.trainer.device import indexed_device
+from mineonline_core.trainer.loop import TrainLoop
 
 
 class FakeCuda:
@@ -56,8 +57,13 @@ def test_setup_rank_on_a_bare_cuda_device_sets_the_current_gpu(monkeypatch: pyte
     config = load_config(
         {"output_dir": str(tmp_path), "train_config": {"batch_size_per_gpu": 2, "context_length": 4}}
     ).config
-    trainer = PPOTrainer(
-        rollout_manager=None, policy_generator=mlp_policy, env_generator=cartpole, config=config, run_dir=str(tmp_path)
+    trainer = TrainLoop(
+        algorithm=PPOTrainer,
+        rollout_manager=None,
+        policy_generator=mlp_policy,
+        env_generator=cartpole,
+        config=config,
+        run_dir=str(tmp_path),
     )
     # The rank's numerics as on the CPU: the fake GPU cannot answer torch's bf16 and TF32 queries.
     monkeypatch.setattr(

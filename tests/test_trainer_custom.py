@@ -12,7 +12,7 @@ import torch
 from mineonline_core.config import OnlineConfig
 from mineonline_core.errors import UnknownComponentError
 from mineonline_core.registry import Origin, get_plugin_manager
-from mineonline_core.trainer import BaseTrainer
+from mineonline_core.trainer import Algorithm, TrainLoop
 from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout_fragments
 from mineonline_core.testing.trainer_conformance import TrainerConformance
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
@@ -35,7 +35,7 @@ class TestReinforceConformance(TrainerConformance):
 def test_ppo_trainer_is_registered_by_its_plugin():
     pm = get_plugin_manager()
     cls = pm.lookup("trainer", "PPOTrainer")
-    assert issubclass(cls, BaseTrainer) and cls.name == "PPOTrainer"
+    assert issubclass(cls, Algorithm) and cls.name == "PPOTrainer"
     assert pm.registries["trainer"].origin("PPOTrainer").distribution == "mineonline-ppo"
 
 
@@ -52,8 +52,13 @@ def test_custom_trainer_selected_by_name_and_trains(tmp_path):
         config = OnlineConfig(
             trainer_name="ReinforceTrainer", train_config={"learning_rate": 1e-2, "context_length": 8, "vf_coef": 0.25}
         )
-        trainer = cls(
-            rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+        trainer = TrainLoop(
+            algorithm=cls,
+            rollout_manager=None,
+            policy_generator=mlp_policy,
+            env_generator=None,
+            config=config,
+            run_dir=str(tmp_path),
         )
         trainer.setup_rank(local=True)
         streams = rollout_fragments(

@@ -34,6 +34,7 @@ from mineonline_core.testing.kit import (
     rollout_fragments,
 )
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
+from mineonline_core.trainer.loop import TrainLoop
 
 # The loop and the trainer below travel to the ranks, which cannot import this file.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -101,7 +102,7 @@ class NaNOnRank1(PPOTrainer):
         self, *, batch: dict[str, Any], outputs: dict[str, Any]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss, stats = super().compute_loss(batch=batch, outputs=outputs)
-        if self.rank == 1 and self.iteration == 1 and not self.injected:
+        if self.ctx.rank == 1 and self.ctx.iteration == 1 and not self.injected:
             self.injected = True
             nan = torch.tensor(float("nan"))
             return loss + nan, {**stats, "injected": nan}
@@ -114,7 +115,8 @@ class NaNOnRank1(PPOTrainer):
 def _first_iteration(config: dict) -> None:
     """A Ray Train loop: iteration 1 on this rank at version 5; saves what the rank was served, its
     parameters before and after, and the iteration's metrics."""
-    trainer = NaNOnRank1(
+    trainer = TrainLoop(
+        algorithm=NaNOnRank1,
         rollout_manager=None,
         policy_generator=mlp_policy,
         env_generator=None,
@@ -128,7 +130,7 @@ def _first_iteration(config: dict) -> None:
     metrics = trainer.run_iteration(1)
     params = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
     torch.save(
-        {"served": trainer.served, "initial": initial, "params": params, "metrics": metrics},
+        {"served": trainer.algorithm.served, "initial": initial, "params": params, "metrics": metrics},
         Path(config["run_dir"]) / f"rank{trainer.rank}.pt",
     )
 

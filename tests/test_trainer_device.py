@@ -20,6 +20,7 @@ from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.services.gpulease import lease_gpu
 from mineonline_core.trainer.device import rank_device
 from mineonline_ppo import PPOTrainer
+from mineonline_core.trainer.loop import TrainLoop
 
 
 @pytest.fixture
@@ -85,8 +86,13 @@ def online(tmp_path, **train) -> dict:
 
 def trainer_for(data: dict, manager=None) -> PPOTrainer:
     cfg = load_config(data).config
-    return PPOTrainer(
-        rollout_manager=manager, policy_generator=mlp_policy, env_generator=None, config=cfg, run_dir=str(cfg.run_dir())
+    return TrainLoop(
+        algorithm=PPOTrainer,
+        rollout_manager=manager,
+        policy_generator=mlp_policy,
+        env_generator=None,
+        config=cfg,
+        run_dir=str(cfg.run_dir()),
     )
 
 

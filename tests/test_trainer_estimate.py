@@ -36,7 +36,7 @@ def test_current_policy_outputs_reproduce_the_rollout_and_feed_the_default_estim
     assert current["next_value"].shape == (batch[F.REWARD].shape[0],)
     torch.testing.assert_close(current["logprob"], batch[F.LOGPROB], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(current["value"], batch[F.VPRED], atol=1e-5, rtol=1e-5)
-    estimated = trainer.estimate(batch=dict(batch))
+    estimated = trainer.algorithm.estimate(batch=dict(batch))
     torch.testing.assert_close(estimated[F.VALUE], current["value"])
     assert estimated[F.ADVANTAGE].shape == batch[F.REWARD].shape
 
@@ -75,7 +75,7 @@ def test_an_estimate_override_feeds_the_loss(tmp_path):
     streams = rollout_fragments(
         trainer.policy, lambda i: TinyImageEnv(seed=i), num_envs=2, fragment_length=4, fragments_per_env=2
     )
-    batch = trainer.estimate(batch=assemble_chunks(chunks_of(streams, 2)))
+    batch = trainer.algorithm.estimate(batch=assemble_chunks(chunks_of(streams, 2)))
     metrics = trainer.train(batch)
     assert len(seen) == 3 and all(bool((a == 1).all()) for a in seen)  # windows of 3, 3 and 2 steps
     assert [a.shape[1] for a in seen] == [3, 3, 2]
@@ -101,7 +101,7 @@ def test_the_estimate_pass_runs_micro_batches_and_equals_the_whole_batch_pass(tm
         lambda m, args, kwargs, out: sizes.append(kwargs["input"]["image"].shape[0]), with_kwargs=True
     )
     try:
-        estimated = trainer.estimate(batch=dict(batch))
+        estimated = trainer.algorithm.estimate(batch=dict(batch))
     finally:
         hook.remove()
     # 5 chunks of 8 steps: slices of 2, 2 and 1 chunks, each in 3 windows and one next_obs step.

@@ -31,6 +31,7 @@ def test_the_update_keeps_one_windows_graph_at_a_time(tmp_path) -> None:
     """Each window's backward frees its graph before the next window's forward (truncated BPTT)."""
     from mineonline_core.config import OnlineConfig
     from mineonline_ppo import PPOTrainer
+    from mineonline_core.trainer.loop import TrainLoop
 
     config = OnlineConfig(
         train_config={
@@ -40,15 +41,20 @@ def test_the_update_keeps_one_windows_graph_at_a_time(tmp_path) -> None:
             "kl_divergence_coef_rho": 0.0,
         }
     )
-    trainer = PPOTrainer(
-        rollout_manager=None, policy_generator=cnn_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+    trainer = TrainLoop(
+        algorithm=PPOTrainer,
+        rollout_manager=None,
+        policy_generator=cnn_policy,
+        env_generator=None,
+        config=config,
+        run_dir=str(tmp_path),
     )
     trainer.setup_rank(local=True)
     trainer.iteration = 1
     streams = rollout_fragments(
         trainer.policy, lambda i: TinyImageEnv(seed=i), num_envs=2, fragment_length=8, fragments_per_env=2
     )
-    batch = trainer.estimate(batch=assemble_chunks(chunks_of(streams, 2)))
+    batch = trainer.algorithm.estimate(batch=assemble_chunks(chunks_of(streams, 2)))
     with GraphTracker(trainer.policy) as tracker:
         trainer.train(batch)
     assert tracker.call == 4  # four windows of one micro-batch

@@ -19,10 +19,16 @@ from mineonline_core.trainer.device import fused_adamw
 def _trainer(tmp_path, **train):  # type: ignore[no-untyped-def]
     from mineonline_core.config import load_config
     from mineonline_ppo import PPOTrainer
+    from mineonline_core.trainer.loop import TrainLoop
 
     config = load_config({"output_dir": str(tmp_path), "seed": 3, "train_config": train}).config
-    trainer = PPOTrainer(
-        rollout_manager=None, policy_generator=mlp_policy, env_generator=cartpole, config=config, run_dir=str(tmp_path)
+    trainer = TrainLoop(
+        algorithm=PPOTrainer,
+        rollout_manager=None,
+        policy_generator=mlp_policy,
+        env_generator=cartpole,
+        config=config,
+        run_dir=str(tmp_path),
     )
     trainer.setup_rank(local=True)
     return trainer
@@ -37,7 +43,7 @@ def _estimated_batch(trainer, *, fragments: int) -> dict:  # type: ignore[no-unt
         trainer.policy, lambda i: cartpole(), num_envs=4, fragment_length=4, fragments_per_env=fragments
     )
     trainer.iteration = 1
-    return trainer.estimate(batch=assemble_chunks(chunks_of(streams, fragments)))
+    return trainer.algorithm.estimate(batch=assemble_chunks(chunks_of(streams, fragments)))
 
 
 def test_reads_per_iteration_do_not_grow_with_windows(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout_fragments
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer
+from mineonline_core.trainer.loop import TrainLoop
 
 
 class _Remote:
@@ -33,8 +34,8 @@ class RecordingManager:
         self.record_videos = _Remote([])
 
 
-class FixedDataPPO(PPOTrainer):
-    """PPO whose fetch returns the same chunks every iteration (advantages from the current model)."""
+class FixedDataPPO(TrainLoop):
+    """The loop around PPO, whose fetch returns the same chunks every iteration (advantages from the current model)."""
 
     chunks: list = []
 
@@ -77,6 +78,7 @@ def make(tmp_path, chunks, **train):
     FixedDataPPO.chunks = chunks
     manager = RecordingManager()
     trainer = FixedDataPPO(
+        algorithm=PPOTrainer,
         rollout_manager=manager,
         policy_generator=mlp_policy,
         env_generator=None,
@@ -131,6 +133,7 @@ def test_bad_resume_fails_before_training(tmp_path, chunks):
     run(full)
     with pytest.raises(CheckpointError, match="mis-shaped keys"):
         FixedDataPPO(
+            algorithm=PPOTrainer,
             rollout_manager=None,
             policy_generator=lambda: mlp_policy(hidden=8),
             env_generator=None,

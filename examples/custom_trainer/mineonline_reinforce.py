@@ -25,7 +25,7 @@ class ReinforceConfig(mineonline_core.TrainerOptions):
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
 
 
-class ReinforceTrainer(mineonline_core.BaseTrainer):
+class ReinforceTrainer(mineonline_core.Algorithm):
     name = "ReinforceTrainer"
     Config = ReinforceConfig
 
@@ -33,7 +33,7 @@ class ReinforceTrainer(mineonline_core.BaseTrainer):
         self, *, batch: dict[str, Any], outputs: dict[str, Any]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One window of one micro-batch: ``batch`` columns are (chunks, steps) slices."""
-        pi_head, logits = self.policy.pi_head, outputs["pi_logits"]
+        pi_head, logits = self.ctx.policy.pi_head, outputs["pi_logits"]
         # The policy gradient theorem: raise the log-probability of actions in proportion to how much
         # better than expected they turned out; the value head is the baseline. No importance ratio:
         # keep max_staleness small.

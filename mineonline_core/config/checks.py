@@ -208,7 +208,7 @@ def ignored_key_warnings(section: BaseModel, prefix: str = "train_config") -> li
     """One line per key of ``section`` declared ``setting(ignored=...)`` (MineStudio keys that configure
     machinery mineonline does not have) that the config sets to other than its default, saying it has
     no effect. The one check of ignored keys: ``load_config`` runs it on the core's ``train_config``,
-    ``BaseTrainer.preflight`` on the trainer's own options."""
+    ``TrainLoop.preflight`` on the trainer's own options."""
     out = []
     for key, info in type(section).model_fields.items():
         why = (info.json_schema_extra or {}).get(IGNORED) if isinstance(info.json_schema_extra, dict) else None

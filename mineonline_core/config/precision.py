@@ -7,7 +7,7 @@ per process against the device it computes on (``PrecisionChoice.on`` -> ``Preci
   ``auto`` means bfloat16, which CPUs and CUDA devices from Ampere (compute capability 8.0) on
   compute. float16 is used only when asked: its range ends at 65504, so idioms like a ``-1e9`` mask
   fill overflow in it, and a policy must declare ``supports_float16 = True`` (refused otherwise
-  before Ray by ``driver/resolve.py`` and on each rank by ``BaseTrainer.check_policy``).
+  before Ray by ``driver/resolve.py`` and on each rank by ``Algorithm.check_policy``).
   bfloat16 asked of a CUDA device without it is a ``ConfigError`` (``float16``, or ``use_amp: false``).
 * **GradScaler**: only float16 on CUDA needs one (bfloat16 has float32's exponent range; CPU autocast
   in float16 trains unscaled, as the scaler is a CUDA tool).

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from mineonline_core.rollout.manager import RolloutManager
     from mineonline_core.services.loggerhub import LoggerHub
     from mineonline_core.services.runlog import RunLog
-    from mineonline_core.trainer.base import BaseTrainer
+    from mineonline_core.trainer.loop import TrainLoop
 
 log = logging.getLogger("mineonline")
 
@@ -172,9 +172,12 @@ def start_trainer(
 
 def _trainer(
     resolved: ResolvedRun, manager: ActorHandle[RolloutManager] | None, hub: ActorHandle[LoggerHub] | None
-) -> BaseTrainer:
+) -> TrainLoop:
+    from mineonline_core.trainer.base import build_loop
+
     cfg = resolved.config
-    return resolved.trainer_cls(
+    return build_loop(
+        resolved.trainer_cls,
         rollout_manager=manager,
         policy_generator=resolved.policy_generator,
         env_generator=resolved.env_generator,

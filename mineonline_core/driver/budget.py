@@ -5,7 +5,7 @@ The policy is built on PyTorch's ``meta`` device, which records shapes and alloc
 until the kernel kills the process. The estimate adds, per process kind:
 
 * each trainer rank: the weights, their gradients, Adam's two moments, and the KL reference when the
-  trainer keeps one (``BaseTrainer.has_reference``); and the chunks it holds: this iteration's
+  trainer keeps one (``Algorithm.has_reference``); and the chunks it holds: this iteration's
   (``batches_per_iteration`` micro-batches of ``batch_size_per_gpu`` chunks, with the estimate's
   columns) and the next ``prefetch_batches`` iterations' chunks, fetched ahead;
 * each rollout worker: two copies of the weights (live and standby), three with a KL reference, and

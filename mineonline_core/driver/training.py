@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from mineonline_core.rollout.manager import RolloutManager
     from mineonline_core.services.handles import Remote
     from mineonline_core.services.loggerhub import LoggerHub
-    from mineonline_core.trainer.base import BaseTrainer
+    from mineonline_core.trainer.loop import TrainLoop
 
 log = logging.getLogger("mineonline")
 
@@ -36,7 +36,7 @@ _T = TypeVar("_T")
 
 
 def train_with_progress(
-    trainer: BaseTrainer,
+    trainer: TrainLoop,
     manager: ActorHandle[RolloutManager],
     hub: ActorHandle[LoggerHub],
     cfg: OnlineConfig,

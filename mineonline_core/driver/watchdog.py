@@ -3,7 +3,7 @@
 * ``ProgressWatchdog``: the driver's; no new env step or no new training iteration for
   ``progress_timeout`` seconds fails the run with ``stall_report``: the last error of every rollout
   worker and the replay buffer's account of why no chunk is eligible.
-* The trainer's wait for chunks is bounded by the same ``progress_timeout`` (``BaseTrainer._sample``).
+* The trainer's wait for chunks is bounded by the same ``progress_timeout`` (``TrainLoop._sample``).
 * ``sigterm_as_ctrl_c``: SIGTERM (a preempted node, ``kill``, a scheduler's stop) takes Ctrl-C's
   path: the trainer finishes its iteration, writes a final checkpoint and the run stops cleanly; a
   second SIGTERM aborts, like a second Ctrl-C.

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from mineonline_core.contracts.envs import DictObservation
 from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy
 from mineonline_core.config.rollout import RolloutConfig, WorkerConfig
 from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.envs import DictObservation
 from mineonline_core.contracts.policy import CategoricalHead, Policy, ValueHead
 from mineonline_core.contracts.tree import tree_index, tree_map, tree_stack
 
@@ -335,9 +335,11 @@ def ddp_train_step(config: dict) -> None:
 
     from mineonline_core.config import OnlineConfig
     from mineonline_core.config.generators import import_generator
+    from mineonline_core.trainer.base import build_loop
 
     cls = import_generator(config["trainer_cls"], key="trainer_cls")
-    trainer = cls(
+    trainer = build_loop(
+        cls,
         rollout_manager=None,
         policy_generator=mlp_policy,
         env_generator=None,

@@ -7,8 +7,8 @@ A trainer plugin tests itself with a small subclass::
         trainer_options = {"my_coef": 0.1}   # its own train_config keys, if any
 
 On real CartPole fragments from a step-by-step rollout of the core's MLP policy, the suite checks
-that the class is a ``BaseTrainer`` with a ``name`` and a pydantic ``Config`` whose keys are
-described, that an unknown key is refused naming the key, the trainer and the closest key, that
+that the class is an ``Algorithm`` with a ``name`` and a pydantic ``Config`` whose keys are
+described, that it overrides only the methods marked ``@hook`` (``unmarked_overrides``), that an unknown key is refused naming the key, the trainer and the closest key, that
 ``estimate`` fills its columns, that ``compute_loss`` returns a finite scalar loss with a
 gradient and scalar metrics per window, and that one iteration through the core's loop (epochs,
 micro-batches, BPTT windows, accumulation) updates the policy and logs only finite, namespaced
@@ -30,21 +30,23 @@ from mineonline_core.config.messages import validate_trainer_options
 from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import ConfigError
 from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout_fragments
-from mineonline_core.trainer.base import BaseTrainer
+from mineonline_core.trainer.algorithm import Algorithm, hook_names, unmarked_overrides
+from mineonline_core.trainer.base import BaseTrainer, build_loop
 from mineonline_core.trainer.batch import assemble_chunks
+from mineonline_core.trainer.loop import TrainLoop
 
 FRAGMENT, PER_CHUNK, CONTEXT = 8, 2, 5  # windows of 5 steps over chunks of 16: the last one is short
 
 
 class TrainerConformance:
-    trainer_cls: ClassVar[type[BaseTrainer]]
+    trainer_cls: ClassVar[type[Algorithm]]
     #: The trainer's own ``train_config`` keys for the suite's runs (validated by its ``Config``).
     trainer_options: ClassVar[dict[str, Any]] = {}
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def make_trainer(self, tmp_path: Path, **train: Any) -> BaseTrainer:
-        """A trainer set up as one local CPU rank: 2 micro-batches of 2 chunks per step, 2 epochs."""
+    def make_trainer(self, tmp_path: Path, **train: Any) -> TrainLoop:
+        """The core's loop around the trainer, set up as one local CPU rank: 2 micro-batches of 2 chunks per step, 2 epochs."""
         train = {
             "num_iterations": 3,
             "batches_per_iteration": 2,
@@ -63,27 +65,32 @@ class TrainerConformance:
             train_config=train,
             rollout_config={"fragment_length": FRAGMENT, "replay_buffer_config": {"fragments_per_chunk": PER_CHUNK}},
         )
-        trainer = self.trainer_cls(
-            rollout_manager=None, policy_generator=mlp_policy, env_generator=None, config=config, run_dir=str(tmp_path)
+        trainer = build_loop(
+            self.trainer_cls,
+            rollout_manager=None,
+            policy_generator=mlp_policy,
+            env_generator=None,
+            config=config,
+            run_dir=str(tmp_path),
         )
         trainer.setup_rank(local=True)
         trainer.iteration = 1
         return trainer
 
-    def make_batch(self, trainer: BaseTrainer) -> dict[str, Any]:
+    def make_batch(self, trainer: TrainLoop) -> dict[str, Any]:
         """Four chunks of real CartPole fragments (episodes end inside them), through ``estimate``."""
         streams = rollout_fragments(
             trainer.policy, lambda i: cartpole(12), num_envs=2, fragment_length=FRAGMENT, fragments_per_env=4
         )
         batch = assemble_chunks(chunks_of(streams, PER_CHUNK))
         batch[F.STALENESS] = (trainer.version - batch[F.VERSION]).float()
-        return trainer.estimate(batch=batch)
+        return trainer.algorithm.estimate(batch=batch)
 
     # -- the suite --------------------------------------------------------------------------
 
     def test_is_a_base_trainer_with_a_name_and_a_described_config(self) -> None:
         cls = self.trainer_cls
-        assert isinstance(cls, type) and issubclass(cls, BaseTrainer), "subclass mineonline_core.BaseTrainer"
+        assert isinstance(cls, type) and issubclass(cls, Algorithm), "subclass mineonline_core.Algorithm"
         assert isinstance(cls.name, str) and cls.name, "set the class attribute `name`: it is what trainer_name selects"
         assert isinstance(cls.Config, type) and issubclass(cls.Config, BaseModel), "set `Config` to a pydantic model"
         assert cls.Config.model_config.get("extra") == "forbid", "Config must refuse unknown keys (extra='forbid')"
@@ -93,6 +100,16 @@ class TrainerConformance:
         )
         assert isinstance(
             validate_trainer_options(cls, OnlineConfig(train_config=self.trainer_options).train_config), cls.Config
+        )
+
+    def test_overrides_only_the_marked_hooks(self) -> None:
+        # A method of the loop (or of Algorithm's own, unmarked) redefined here is never called as the plugin
+        # expects, or replaces the core's machinery: either way the class's author meant a hook.
+        found = unmarked_overrides(self.trainer_cls, machinery=(BaseTrainer,))
+        assert not found, (
+            f"{self.trainer_cls.__name__} overrides {', '.join(found)}, which "
+            f"{'is' if len(found) == 1 else 'are'} not marked @hook: the loop's, not a plugin's. "
+            f"Override only the hooks: {', '.join(hook_names())}"
         )
 
     def test_an_unknown_key_names_the_key_the_trainer_and_the_closest_key(self) -> None:
@@ -108,7 +125,7 @@ class TrainerConformance:
         # The pre-Ray memory estimate sizes the reference's weights and per-fragment state from has_reference.
         trainer = self.make_trainer(tmp_path)
         assert (trainer.reference is not None) == self.trainer_cls.has_reference(trainer.options), (
-            "has_reference(options) must say whether setup_model_and_optimizer builds self.reference"
+            "has_reference(options) must say whether the rank keeps a KL reference (ctx.reference)"
         )
 
     def test_estimate_fills_advantage_return_and_value(self, tmp_path: Path) -> None:
@@ -121,14 +138,14 @@ class TrainerConformance:
     def test_compute_loss_is_a_finite_scalar_with_scalar_metrics(self, tmp_path: Path) -> None:
         trainer = self.make_trainer(tmp_path)
         calls: list[tuple[dict, torch.Tensor, dict]] = []
-        compute_loss = trainer.compute_loss
+        compute_loss = trainer.algorithm.compute_loss
 
         def recording(*, batch: dict, outputs: dict) -> tuple[torch.Tensor, dict]:
             loss, metrics = compute_loss(batch=batch, outputs=outputs)
             calls.append((batch, loss, metrics))
             return loss, metrics
 
-        trainer.compute_loss = recording
+        trainer.algorithm.compute_loss = recording
         trainer.train(self.make_batch(trainer))
         # 2 epochs x 2 micro-batches x ceil(16 / 5) windows, each (2 chunks, <= 5 steps).
         assert len(calls) == 2 * 2 * math.ceil(FRAGMENT * PER_CHUNK / CONTEXT)
@@ -145,15 +162,15 @@ class TrainerConformance:
         before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
         batch = self.make_batch(trainer)
         returned: set[str] = set()
-        compute_loss = trainer.compute_loss
+        compute_loss = trainer.algorithm.compute_loss
 
         def recording(*, batch: dict, outputs: dict) -> tuple[torch.Tensor, dict]:
             loss, metrics = compute_loss(batch=batch, outputs=outputs)
             returned.update(metrics)
             return loss, metrics
 
-        trainer.compute_loss = recording
-        metrics = {**trainer.train(batch), **trainer.iteration_metrics()}
+        trainer.algorithm.compute_loss = recording
+        metrics = {**trainer.train(batch), **trainer.algorithm.iteration_metrics()}
         moved = [k for k, v in trainer.policy.named_parameters() if not torch.equal(before[k], v.detach())]
         assert moved, "one iteration changed no parameter of the policy"
         assert {f"trainer/{k}" for k in returned} | {"trainer/grad_norm"} <= set(metrics)

@@ -6,7 +6,7 @@ for the KL reference (``make_reference``). Now ``preflight`` builds it at the ru
 ``setup_rank`` would, and keeps it with the RNG state its build left; a rank in the driver's process
 takes that build, and the reference is a deep copy taken before ``init_policy`` or a checkpoint change
 the policy: the generator's weights at the run's seed, as a fresh build gives. A Ray Train rank runs in
-another process, receives the trainer pickled without either (``_LIVE``), and builds its own.
+another process, receives the loop pickled without either (``_LIVE``), and builds its own.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import nn
 
 
 class PolicyBuilding:
-    """``BaseTrainer``'s policy builds (see the module doc)."""
+    """``TrainLoop``'s policy builds (see the module doc)."""
 
     _built: tuple[nn.Module, torch.Tensor] | None  # preflight's build and the RNG state after it
     _pristine: tuple[nn.Module, torch.Tensor] | None  # the copy make_reference takes
@@ -40,15 +40,17 @@ class PolicyBuilding:
         else:
             policy, rng = built
             torch.random.set_rng_state(rng)  # as if built here, right after the seed
-        if self.has_reference(self.options):
+        if self.algorithm.has_reference(self.options):
             # A copy costs a memcpy of the weights; a second build costs VPT-2x seconds.
             self._pristine = (copy.deepcopy(policy), rng)
         return policy
 
     def make_reference(self) -> nn.Module:
         """A frozen copy of the initial policy (``policy_generator()`` at the run's seed) on this
-        rank's device: assign it to ``self.reference`` in ``setup_model_and_optimizer`` and the
-        core runs it beside the policy in rollout and in the update loop (``ref_logits``)."""
+        rank's device, built once per rank when the algorithm ``has_reference``: the core runs it
+        beside the policy in rollout and in the update loop (``ref_logits``)."""
+        if self.reference is not None:  # a BaseTrainer subclass asks again in its setup_model_and_optimizer
+            return self.reference
         torch.manual_seed(self.config.seed)  # same weights as the initial policy
         if self._pristine is not None:
             reference, rng = self._pristine

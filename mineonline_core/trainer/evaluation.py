@@ -171,7 +171,7 @@ class EvaluationClient:
 
 
 class Evaluating:
-    """``BaseTrainer``'s evaluation while training (rank 0); see the module doc."""
+    """``TrainLoop``'s evaluation while training (rank 0); see the module doc."""
 
     def start_evaluation(self) -> None:
         """Rank 0, before the first broadcast: start the evaluator actor when ``eval_interval`` is on."""

@@ -22,7 +22,7 @@ import torch
 from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.normalize import FIRST_SERVING, scale_rewards
 from mineonline_core.errors import RunFailedError, SampleStopped, SampleTimeout
-from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs, estimate_advantages
+from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs
 
 if TYPE_CHECKING:
     from mineonline_core.services.handles import ReplayBufferHandle, RolloutManagerHandle, StoreAccess
@@ -45,28 +45,11 @@ def _unreadable(payload: Any) -> list[str]:
 
 
 class ChunkFetching:
-    """``BaseTrainer``'s data side: ``fetch_chunks``, prefetching, and the ``estimate`` hook."""
+    """``TrainLoop``'s data side: ``fetch_chunks``, prefetching, and the step that runs the ``estimate`` hook."""
 
     rollout_manager: RolloutManagerHandle | None
     _buffer: ReplayBufferHandle | None  # the manager's, once connected
     _store: StoreAccess | None
-
-    def estimate(self, *, batch: dict[str, Any]) -> dict[str, Any]:
-        """Add ``value``, ``advantage`` and ``return`` ((N, L) float32, values denormalised) to this
-        iteration's batch, with the model as it is before the update. Default: GAE with
-        ``discount`` and ``gae_lambda``, plus ``logprob_prox`` and ``old_vpred`` from the same pass
-        (``trainer.batch.estimate_advantages``). An override may use ``current_policy_outputs``."""
-        tc = self.train_config
-        return estimate_advantages(
-            self.model,
-            batch,
-            version=self.version,
-            context_length=tc.context_length,
-            discount=tc.discount,
-            gae_lambda=tc.gae_lambda,
-            batch_size=tc.batch_size_per_gpu,
-            autocast=self.autocast,
-        )
 
     def current_policy_outputs(self, *, batch: dict[str, Any]) -> dict[str, Any]:
         """The current model over whole chunks from their stored recurrent states, without
@@ -79,7 +62,7 @@ class ChunkFetching:
             batch,
             context_length=tc.context_length,
             batch_size=tc.batch_size_per_gpu,
-            autocast=self.autocast,
+            autocast=self.algorithm.autocast,
         )
 
     def fetch_fragments_and_estimate_advantages(self, num_chunks: int) -> dict:
@@ -106,14 +89,14 @@ class ChunkFetching:
         for iteration in range(last + 1, min(self.iteration + tc.prefetch_batches, tc.num_iterations) + 1):
             # Iteration j trains at the version the iterations before it will have published: the
             # buffer judges staleness against that, so fetching early never loosens max_staleness.
-            bumps = sum(1 for k in range(self.iteration, iteration) if self.publishes_version(k))
+            bumps = sum(1 for k in range(self.iteration, iteration) if self.algorithm.publishes_version(k))
             ahead.append(
                 (iteration, num_chunks, self._fetch_in_background(num_chunks, self.version + bumps, iteration))
             )
         batch[F.STALENESS] = (self.version - batch[F.VERSION]).float()
         # normalize_rewards: the estimate (any trainer's) sees scaled rewards; a no-op otherwise.
         batch = scale_rewards(self.policy, batch, discount=tc.discount, gather=self.all_gather)
-        batch = self.estimate(batch=batch)
+        batch = self.algorithm.estimate(batch=batch)
         self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)  # what the loop waited for, not the fetch itself
         self.perf["perf/gae_ms"] = 1e3 * (time.perf_counter() - fetched)
         return batch

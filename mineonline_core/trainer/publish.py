@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 
 class Publishing:
-    """``BaseTrainer``'s broadcasts, metric logging, checkpoints and best-checkpoint goals."""
+    """``TrainLoop``'s broadcasts, metric logging, checkpoints and best-checkpoint goals."""
 
     rollout_manager: RolloutManagerHandle | None
     logger_hub: ActorHandle[LoggerHub] | None
@@ -165,7 +165,7 @@ class Publishing:
             if self.rank == 0
             else None
         )
-        self.on_checkpoint(path)
+        self.algorithm.on_checkpoint(path)
         return path
 
     def _write_checkpoint(self, root: Path, *, keep_interval: int | None) -> Path:
@@ -182,7 +182,7 @@ class Publishing:
                 "learning_rate": self.learning_rate,
                 "env_steps": self.env_steps,
                 "best_return": self.goals.best_return,
-                "extra": self.trainer_state(),
+                "extra": self.algorithm.trainer_state(),
             },
             config_yaml=yaml.safe_dump(self.saved_config, sort_keys=False),
             source_text=self.whole_config,

@@ -1,4 +1,4 @@
-"""Where ``BaseTrainer``'s ranks run, and what a run returns.
+"""Where ``TrainLoop``'s ranks run, and what a run returns.
 
 ``fit`` runs the loop on Ray Train ranks (``TorchTrainer``, restarted from the latest checkpoint when a
 rank dies, see ``recovery.py``) or, for one rank, in the driver's own process: on its CPU, or on the
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class DriverSide:
-    """``BaseTrainer``'s ``fit``: Ray Train ranks or the driver's process."""
+    """``TrainLoop``'s ``fit``: Ray Train ranks or the driver's process."""
 
     def uses_ray_train(self) -> bool:
         """Ray Train for several ranks (or when asked); otherwise the driver's process, which may

@@ -1,7 +1,7 @@
 """Trainer recovery: a train worker (rank) whose process dies is restarted from this run's latest checkpoint.
 
 Ray Train's ``FailureConfig`` retries every failure of the worker group, a deliberate error included (the
-non-finite guard, a config mistake), which would only fail again. So ``BaseTrainer.fit`` runs its own
+non-finite guard, a config mistake), which would only fail again. So ``TrainLoop.fit`` runs its own
 loop: an attempt that ended because a rank's process died (a ``RayActorError`` among its causes) is
 started again, at most ``train_config.max_trainer_restarts`` times; any other failure ends the run. A
 rank lost with its node is a dead rank too: Ray Train's health check of it then fails with an

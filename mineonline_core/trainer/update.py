@@ -1,4 +1,4 @@
-"""The update loop every trainer shares; a trainer plugin supplies only ``compute_loss``.
+"""The update loop every trainer shares; the algorithm supplies ``compute_loss`` (``trainer/algorithm.py``).
 
 Per iteration and rank, ``train(batch)`` receives N chunks of L steps and, for each of
 ``epochs_per_iteration`` passes, walks them in micro-batches of ``batch_size_per_gpu`` chunks drawn
@@ -40,40 +40,10 @@ _NOT_STEPS = (F.STATE_IN, F.REF_STATE_IN, F.NEXT_OBS)
 
 
 class UpdateLoop:
-    """``BaseTrainer``'s update loop and the hooks a trainer may override (see the module doc)."""
+    """``TrainLoop``'s update loop around the algorithm's hooks (see the module doc)."""
 
     # The first model version whose rollout steps ran the current KL reference (``_stored_reference_logits``).
     reference_since: int = 0
-
-    # -- hooks ------------------------------------------------------------------------------------
-
-    def compute_loss(
-        self, *, batch: dict[str, Any], outputs: dict[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss to minimise over one window of one micro-batch, and scalar metrics (unprefixed)."""
-        raise NotImplementedError(f"{type(self).__name__} implements no compute_loss(*, batch, outputs)")
-
-    def prepare_batch(self, *, batch: dict[str, Any]) -> dict[str, Any]:
-        """Once per iteration on the whole rank's batch, before the loop (every rank: collectives allowed)."""
-        return batch
-
-    def prepare_minibatch(self, *, batch: dict[str, Any]) -> dict[str, Any]:
-        """Once per micro-batch on its rows (whole chunks), before its windows."""
-        return batch
-
-    def uses_reference(self) -> bool:
-        """Whether this iteration runs the KL reference (``self.reference``) beside the policy."""
-        return self.reference is not None
-
-    def filter_gradients(self) -> None:
-        """Called with unscaled gradients before clipping: set ``param.grad = None`` to leave a parameter out."""
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The numerics of every training-side forward (the update's and the estimate pass's)."""
-        from mineonline_core.config.precision import PrecisionChoice
-
-        # One decision for rollout and training (config/precision.py): rollout infers in the same dtype.
-        return PrecisionChoice.from_config(self.train_config).on(self.device).autocast()
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -82,7 +52,7 @@ class UpdateLoop:
         tc = self.train_config
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate
-        batch = self.prepare_batch(batch=self._with_value_targets(batch))
+        batch = self.algorithm.prepare_batch(batch=self._with_value_targets(batch))
         n, per_batch, accum = batch[F.REWARD].shape[0], tc.batch_size_per_gpu, tc.gradient_accumulation
         num_batches = math.ceil(n / per_batch)
         # Stats stay on the device (float64: the same sums as Python floats) and are read once at the
@@ -145,11 +115,11 @@ class UpdateLoop:
         tc = self.train_config
         n, length = batch[F.REWARD].shape[:2]
         steps = {k: tree_index(v, rows) for k, v in batch.items() if k not in _NOT_STEPS and _per_step(v, n, length)}
-        steps = self.prepare_minibatch(batch=steps)
+        steps = self.algorithm.prepare_minibatch(batch=steps)
         state = tree_index(batch[F.STATE_IN], rows)
         # The reference carries its own recurrent state, recorded by rollout at each fragment start (§5.4).
         ref_state = tree_index(batch[F.REF_STATE_IN], rows) if batch.get(F.REF_STATE_IN) is not None else None
-        use_reference = self.uses_reference()
+        use_reference = self.algorithm.uses_reference()
         stored_ref = use_reference and self._stored_reference_logits(batch, rows)
         if use_reference and not stored_ref and ref_state is None and state is not None:
             raise RunFailedError(
@@ -166,7 +136,7 @@ class UpdateLoop:
             part = {k: slice_time(v, window) for k, v in steps.items()}
             context = {"first": part[F.FIRST]}
             with no_sync:
-                with self.autocast():
+                with self.algorithm.autocast():
                     latents, state_out = self.model(input=part[F.OBS], state_in=state, context=context)
                     outputs = {
                         **latents,
@@ -182,7 +152,7 @@ class UpdateLoop:
                                 input=part[F.OBS], state_in=ref_state, context=context
                             )
                         outputs["ref_logits"] = _float(ref_latents["pi_logits"])
-                loss, stats = self.compute_loss(batch=part, outputs=outputs)
+                loss, stats = self.algorithm.compute_loss(batch=part, outputs=outputs)
                 weight = (window.stop - window.start) / length
                 self.scaler.scale(loss * weight * scale).backward()
             state = detach_state(state_out)
@@ -204,7 +174,7 @@ class UpdateLoop:
     def _optimizer_step(self, loss_terms: dict[str, torch.Tensor]) -> float | None:
         """Clip and step; None when the step was skipped for non-finite loss terms or gradients."""
         self.scaler.unscale_(self.optimizer)
-        self.filter_gradients()
+        self.algorithm.filter_gradients()
         params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.train_config.max_grad_norm)
         # The finite check needs numbers on the host: the norm and the loss terms come in one read.

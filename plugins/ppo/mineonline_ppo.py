@@ -2,7 +2,7 @@
 
 Install with ``pip install mineonline-ppo`` and select it with ``trainer_name: PPOTrainer``.
 
-The core's ``BaseTrainer`` runs everything around the algorithm: fetching chunks, GAE, the update
+The core's ``TrainLoop`` runs everything around the algorithm: fetching chunks, GAE, the update
 loop (epochs, micro-batches, BPTT windows, accumulation, DDP, AMP, clipping), broadcasts and
 checkpoints. This module is the algorithm: its options (``PPOConfig``, the ``train_config`` keys the
 core does not own), its loss (``ppo_loss``, per window) and the schedule around it.
@@ -47,7 +47,7 @@ from pydantic import Field
 from torch import nn
 
 import mineonline_core
-from mineonline_core import BaseTrainer, TrainerOptions, setting
+from mineonline_core import Algorithm, TrainerOptions, setting
 from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.policy import zero_value_head
 from mineonline_core.errors import ConfigError, RunFailedError
@@ -223,7 +223,7 @@ def ppo_loss(
     return loss, stats
 
 
-class PPOTrainer(BaseTrainer):
+class PPOTrainer(Algorithm):
     """Decoupled PPO (clipped against the proximal policy, importance-weighted from the behaviour
     policy), KL to a reference policy and a value warm-up."""
 
@@ -238,7 +238,7 @@ class PPOTrainer(BaseTrainer):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         o = self.options
         return ppo_loss(
-            pi_head=self.policy.pi_head,
+            pi_head=self.ctx.policy.pi_head,
             pi_logits=outputs["pi_logits"],
             vpred=outputs["vpred"],
             action=batch[F.ACTION],
@@ -265,10 +265,10 @@ class PPOTrainer(BaseTrainer):
                 f"{type(self).__name__}'s decoupled objective needs the proximal log-prob of the stored actions "
                 f"(batch column {F.LOGPROB_PROX!r}), which the default estimate records, but this trainer's "
                 "estimate returned no such column. Add it from the estimate's own pass: "
-                "batch[F.LOGPROB_PROX] = self.current_policy_outputs(batch=batch)['logprob']."
+                "batch[F.LOGPROB_PROX] = self.ctx.current_policy_outputs(batch=batch)['logprob']."
             )
         if self.options.normalize_advantage_full_batch:
-            mean, std = self.global_mean_std(batch[F.ADVANTAGE])
+            mean, std = self.ctx.global_mean_std(batch[F.ADVANTAGE])
             batch = {**batch, F.ADVANTAGE: (batch[F.ADVANTAGE] - mean) / (std + 1e-8)}
         return batch
 
@@ -286,23 +286,23 @@ class PPOTrainer(BaseTrainer):
     @property
     def rho(self) -> float:
         """The KL weight of the current iteration."""
-        return self.rho_at(self.iteration)
+        return self.rho_at(self.ctx.iteration)
 
     @property
     def warmup(self) -> bool:
         """The current iteration is one of the first ``vf_warmup``."""
-        return self.iteration <= self.options.vf_warmup
+        return self.ctx.iteration <= self.options.vf_warmup
 
     def publishes_version(self, iteration: int) -> bool:
         return iteration > self.options.vf_warmup
 
     def uses_reference(self) -> bool:
-        return self.reference is not None and (self.rho > 0 or self.warmup)
+        return self.ctx.reference is not None and (self.rho > 0 or self.warmup)
 
     def filter_gradients(self) -> None:
         if self.warmup and self.options.vf_warmup_value_head_only:
-            keep = {id(p) for p in self.policy.value_head.parameters()}
-            for group in self.optimizer.param_groups:
+            keep = {id(p) for p in self.ctx.policy.value_head.parameters()}
+            for group in self.ctx.optimizer.param_groups:
                 for param in group["params"]:
                     if id(param) not in keep:
                         param.grad = None  # AdamW skips it entirely: no step, no weight decay
@@ -336,18 +336,17 @@ class PPOTrainer(BaseTrainer):
         if self.options.freeze_pi_head:
             for param in policy.pi_head.parameters():
                 param.requires_grad_(False)
-        self.reference = self.make_reference() if self.has_reference(self.options) else None
         return super().setup_model_and_optimizer(policy)
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
-        if self.reference is not None and self.options.ref_update_at_checkpoint:
-            self.reference.load_state_dict(self.policy.state_dict())
-            self.reference_changed()  # the store may hold logits of the reference before the resume
+        if self.ctx.reference is not None and self.options.ref_update_at_checkpoint:
+            self.ctx.reference.load_state_dict(self.ctx.policy.state_dict())
+            self.ctx.reference_changed()  # the store may hold logits of the reference before the resume
 
     def on_checkpoint(self, path: Any) -> None:
-        if self.reference is not None and self.options.ref_update_at_checkpoint:
-            self.reference.load_state_dict(self.policy.state_dict())
-            self.reference_changed()
+        if self.ctx.reference is not None and self.options.ref_update_at_checkpoint:
+            self.ctx.reference.load_state_dict(self.ctx.policy.state_dict())
+            self.ctx.reference_changed()
 
 
 @mineonline_core.hookimpl

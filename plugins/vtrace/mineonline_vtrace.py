@@ -21,7 +21,7 @@ from pydantic import Field
 from torch import nn
 
 import mineonline_core
-from mineonline_core import BaseTrainer, TrainerOptions, unwrap
+from mineonline_core import Algorithm, TrainerOptions, unwrap
 from mineonline_core.contracts import fragment as F
 
 # Batch columns added by VTraceTrainer.estimate, (N, L): the truncated importance weight rho_s of the
@@ -154,7 +154,7 @@ class VTraceOptions(TrainerOptions):
     entropy_bonus_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
 
 
-class VTraceTrainer(BaseTrainer):
+class VTraceTrainer(Algorithm):
     """IMPALA's actor-critic with V-trace targets computed once per iteration (APPO-style)."""
 
     name = "VTraceTrainer"
@@ -166,7 +166,7 @@ class VTraceTrainer(BaseTrainer):
         ``advantage`` (the §4.2 advantage), ``vtrace_rho`` and ``vtrace_pg_delta`` to the batch, from
         the current network run over whole chunks."""
         opts = self.options
-        current = self.current_policy_outputs(batch=batch)
+        current = self.ctx.current_policy_outputs(batch=batch)
         targets = vtrace(
             behaviour_logprob=batch[F.LOGPROB],
             target_logprob=current["logprob"],
@@ -176,7 +176,7 @@ class VTraceTrainer(BaseTrainer):
             terminated=batch[F.TERMINATED],
             truncated=batch[F.TRUNCATED],
             bootstrap=batch[F.BOOTSTRAP],
-            discount=self.train_config.discount,
+            discount=self.ctx.train_config.discount,
             rho_bar=opts.rho_bar,
             c_bar=opts.c_bar,
         )
@@ -194,7 +194,7 @@ class VTraceTrainer(BaseTrainer):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """IMPALA's loss over one window; the core's loop put ``value_target`` (v_s) in the value
         head's normalised units."""
-        opts, policy = self.options, unwrap(self.model)
+        opts, policy = self.options, unwrap(self.ctx.model)
         return vtrace_loss(
             pi_head=policy.pi_head,
             pi_logits=outputs["pi_logits"],

@@ -1,5 +1,5 @@
 """The product's side of the PPO oracle test: the kit's tiny policies in float64, seeded random batches, and
-``PPOTrainer.run_iteration`` driven without Ray (one rank in-process, or a gloo rank in a spawned process).
+``TrainLoop.run_iteration`` around ``PPOTrainer`` driven without Ray (one rank in-process, or a gloo rank in a spawned process).
 
 Only two things are stubbed: ``fetch_chunks`` hands out the test's batch, and the weight broadcast
 bumps the version without sending anything. Everything else (estimate, staleness, value normaliser,
@@ -19,6 +19,7 @@ from mineonline_ppo import PPOTrainer
 from mineonline_core.config import OnlineConfig
 from mineonline_core.contracts import fragment as F
 from mineonline_core.testing.kit import TinyGRUPolicy, TinyMLPPolicy
+from mineonline_core.trainer.loop import TrainLoop
 
 OBS_DIM, ACTIONS = 3, 4
 
@@ -106,10 +107,9 @@ def oracle_view(batch: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class OracleHarnessPPO(PPOTrainer):
-    """PPOTrainer fed the test's batches; its broadcast only bumps the version."""
+class OracleHarnessPPO(TrainLoop):
+    """The core's loop around PPOTrainer, fed the test's batches; its broadcast only bumps the version."""
 
-    name = "OracleHarnessPPO"
     feed: list[dict[str, Any]]
 
     def fetch_chunks(self, num_chunks: int, for_version: int | None = None, for_iteration: int | None = None) -> dict:
@@ -162,6 +162,7 @@ def build_trainer(*, spec: dict, settings: Any, run_dir: str, seed: int) -> Orac
     keys = {**train_config(settings), "zero_initial_vf": bool(spec.get("zero_initial_vf", False))}
     config = OnlineConfig(seed=seed, train_config=keys)
     trainer = OracleHarnessPPO(
+        algorithm=PPOTrainer,
         rollout_manager=None,
         policy_generator=policy_generator(spec),
         env_generator=None,

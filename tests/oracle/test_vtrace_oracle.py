@@ -22,6 +22,7 @@ from mineonline_core.config import OnlineConfig
 from mineonline_core.contracts import fragment as F
 from mineonline_core.contracts.policy import ValueHead
 from mineonline_core.testing.kit import TinyGRUPolicy
+from mineonline_core.trainer.loop import TrainLoop
 
 sys.path.insert(0, str(Path(__file__).parent))  # the oracles beside this file, as test_ppo_oracle imports them
 import vtrace_reference as ref
@@ -129,7 +130,7 @@ SETTINGS = {
 SETTINGS["one_step"] = {**SETTINGS["several_steps"], "batch_size": 6, "accumulation": 1, "epochs": 1}
 
 
-def make_trainer(tmp_path: Path, s: dict) -> VTraceTrainer:
+def make_trainer(tmp_path: Path, s: dict) -> TrainLoop:
     n = 6
     train = {
         "num_iterations": s["num_iterations"],
@@ -153,7 +154,8 @@ def make_trainer(tmp_path: Path, s: dict) -> VTraceTrainer:
         "save_interval": 1000,
     }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 4})
-    trainer = VTraceTrainer(
+    trainer = TrainLoop(
+        algorithm=VTraceTrainer,
         rollout_manager=None,
         policy_generator=policy_generator,
         env_generator=None,
@@ -174,7 +176,7 @@ def close(actual, expected, *, what: str, rel: float = 1e-6) -> None:
     assert error <= rel * scale, f"{what}: off by {error:.3g} at scale {scale:.3g}"
 
 
-def run_both(tmp_path: Path, name: str, iterations: int) -> tuple[VTraceTrainer, object, list, list]:
+def run_both(tmp_path: Path, name: str, iterations: int) -> tuple[TrainLoop, object, list, list]:
     s = SETTINGS[name]
     trainer = make_trainer(tmp_path, s)
     oracle = ref.VTraceOracle(policy=copy.deepcopy(trainer.policy), settings=ref.OracleSettings(**s))
@@ -192,7 +194,7 @@ def run_both(tmp_path: Path, name: str, iterations: int) -> tuple[VTraceTrainer,
     return trainer, oracle, product_metrics, oracle_metrics
 
 
-def compare_parameters(trainer: VTraceTrainer, oracle) -> None:
+def compare_parameters(trainer: TrainLoop, oracle) -> None:
     mine = dict(oracle.policy.named_parameters())
     for name, p in trainer.policy.named_parameters():
         if p.requires_grad:

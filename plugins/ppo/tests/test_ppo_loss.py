@@ -14,6 +14,7 @@ from mineonline_core.errors import ConfigError
 from mineonline_core.contracts.policy import CategoricalHead
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer, ppo_loss
+from mineonline_core.trainer.loop import TrainLoop
 from mineonline_core.testing.kit import TinyImageEnv, cartpole, chunks_of, cnn_policy, mlp_policy, rollout_fragments
 
 HEAD = CategoricalHead(4, 3)
@@ -144,8 +145,13 @@ def make_trainer(tmp_path, policy_fn=mlp_policy, **train):
         **train,
     }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = PPOTrainer(
-        rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config, run_dir=str(tmp_path)
+    trainer = TrainLoop(
+        algorithm=PPOTrainer,
+        rollout_manager=None,
+        policy_generator=policy_fn,
+        env_generator=None,
+        config=config,
+        run_dir=str(tmp_path),
     )
     trainer.setup_rank(local=True)
     return trainer
@@ -211,7 +217,7 @@ def test_vf_warmup_minestudio_meaning_trains_everything_on_value_loss_and_kl(tmp
     trainer.iteration = 1
     trainer.policy.actor[0].weight.data.add_(0.5)  # the reference differs, so the KL pulls the actor
     before = params(trainer.policy)
-    metrics = {**trainer.train(make_batch(trainer)), **trainer.iteration_metrics()}
+    metrics = {**trainer.train(make_batch(trainer)), **trainer.algorithm.iteration_metrics()}
     moved = changed(before, trainer.policy)
     assert metrics["trainer/vf_warmup"] == 1.0 and metrics["trainer/kl_ref"] > 0
     assert {"actor.0.weight", "value_head.linear.weight"} <= moved and not metrics["trainer/value_only"]
@@ -282,7 +288,7 @@ def test_kl_reference_and_ref_update_at_checkpoint(tmp_path):
     assert not torch.equal(ref.actor[0].weight, trainer.policy.actor[0].weight)
     trainer.save_checkpoint()  # a checkpoint refreshes the reference
     assert torch.equal(ref.actor[0].weight, trainer.policy.actor[0].weight)
-    assert trainer.rho_at(3) == pytest.approx(0.5 * 0.9995**2)
+    assert trainer.algorithm.rho_at(3) == pytest.approx(0.5 * 0.9995**2)
     # enable_ref_update alone (MineStudio's PPOTrainer reads it nowhere) keeps the reference.
     minestudio = make_trainer(tmp_path, kl_divergence_coef_rho=0.5, enable_ref_update=True)
     minestudio.iteration = 1

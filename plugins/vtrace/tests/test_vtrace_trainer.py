@@ -24,6 +24,7 @@ from mineonline_core.testing.kit import (
 from mineonline_core.trainer.batch import assemble_chunks, denormalized_value
 from mineonline_core.trainer.sequence import forward_sequence
 from mineonline_vtrace import RHO, VTraceTrainer, vtrace
+from mineonline_core.trainer.loop import TrainLoop
 
 
 def gru_policy() -> TinyGRUPolicy:
@@ -43,8 +44,13 @@ def make_trainer(tmp_path, policy_fn=gru_policy, **train) -> VTraceTrainer:
         **train,
     }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = VTraceTrainer(
-        rollout_manager=None, policy_generator=policy_fn, env_generator=None, config=config, run_dir=str(tmp_path)
+    trainer = TrainLoop(
+        algorithm=VTraceTrainer,
+        rollout_manager=None,
+        policy_generator=policy_fn,
+        env_generator=None,
+        config=config,
+        run_dir=str(tmp_path),
     )
     trainer.setup_rank(local=True)
     trainer.iteration = 1
@@ -60,7 +66,7 @@ def chunks(behaviour: torch.nn.Module, env_fn=lambda i: time_limited_counting(i,
 def test_on_policy_chunks_have_unit_importance_weights(tmp_path):
     """The trainer's forward over chunks (windows of 5, resets mid-chunk) reproduces the behaviour log-probs."""
     trainer = make_trainer(tmp_path)
-    batch = trainer.estimate(batch=chunks(trainer.policy))
+    batch = trainer.algorithm.estimate(batch=chunks(trainer.policy))
     assert batch[F.TRUNCATED].any()
     assert (batch[RHO] - 1).abs().max().item() < 1e-5
     assert torch.allclose(batch[F.VALUE], batch[F.VPRED], atol=1e-5)
@@ -73,7 +79,7 @@ def test_stale_chunks_are_weighted_by_pi_over_mu(tmp_path):
     behaviour = copy.deepcopy(trainer.policy)
     with torch.no_grad():
         trainer.policy.pi_head.linear.weight.add_(torch.randn_like(trainer.policy.pi_head.linear.weight))
-    batch = trainer.estimate(batch=chunks(behaviour))
+    batch = trainer.algorithm.estimate(batch=chunks(behaviour))
     with torch.no_grad():
         latents, _ = forward_sequence(
             trainer.policy, batch[F.OBS], batch[F.STATE_IN], batch[F.FIRST], context_length=16
@@ -107,8 +113,10 @@ def test_an_iteration_moves_the_value_towards_the_vtrace_targets(tmp_path):
     )
     batch = chunks(trainer.policy, env_fn=lambda i: cartpole(12))
     before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
-    batch = trainer.estimate(batch=batch)  # the iteration's targets (return = v_s) and values, before the update
-    metrics = {**trainer.train(batch), **trainer.iteration_metrics()}
+    batch = trainer.algorithm.estimate(
+        batch=batch
+    )  # the iteration's targets (return = v_s) and values, before the update
+    metrics = {**trainer.train(batch), **trainer.algorithm.iteration_metrics()}
     assert all(math.isfinite(v) for v in metrics.values())
     assert {"trainer/policy_loss", "trainer/value_loss", "trainer/entropy", "trainer/vtrace_rho_mean"} <= set(metrics)
     assert all(not torch.equal(before[k], v) for k, v in trainer.policy.named_parameters())
