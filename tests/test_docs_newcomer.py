@@ -1,4 +1,4 @@
-"""The docs' slow blocks (the README's newcomer path, the plugin page's trainer switch) run in CI.
+"""The docs' slow blocks (the README's newcomer path, the trainer tutorial's install and run) run in CI.
 
 ``tests/test_docs.py`` runs them only with ``MINEONLINE_DOCS_SLOW=1``, at full length. This test runs
 every command of every ``runnable slow`` block, in order, as written, with changes that keep the
@@ -152,6 +152,6 @@ def test_every_check_finds_its_block() -> None:
 
 
 def test_the_newcomers_runs_are_named_in_the_blocks() -> None:
-    """The run directories the blocks must leave are the ones the README and the plugin page promise."""
+    """The run directories the blocks must leave are the ones the README and the trainer tutorial promise."""
     named = set().union(*(_run_names(block.code) for block in SLOW_BLOCKS))
-    assert {"demo-lr", "my-reinforce", "reinforce-demo"} <= named, named
+    assert {"demo-lr", "my-reinforce", "a2c-tutorial"} <= named, named

@@ -4,7 +4,8 @@ Install it next to mineonline (``pip install -e examples/custom_trainer``) and s
 ``trainer_name: ReinforceTrainer``; its two keys sit in ``train_config`` beside the core's. The
 core runs everything else: fetching chunks, GAE (the ``advantage`` column), epochs, micro-batches
 of ``batch_size_per_gpu`` chunks, ``context_length`` windows, ``gradient_accumulation``, DDP,
-``use_amp``, gradient clipping and checkpoints. ``docs/plugins.md`` walks through this file.
+``use_amp``, gradient clipping and checkpoints. ``docs/plugins.md`` describes it and
+``docs/tutorial-trainer-plugin.md`` builds a trainer of the same shape step by step.
 """
 
 from __future__ import annotations
