@@ -199,7 +199,7 @@ class Algorithm:
 
     @hook
     def uses_reference(self) -> bool:
-        """Whether this iteration runs the KL reference beside the policy (``outputs[Outputs.REF_LOGITS]``)."""
+        """Whether this iteration runs the KL reference beside the policy (``outputs["ref_logits"]``)."""
         return self.ctx.reference is not None
 
     @hook
