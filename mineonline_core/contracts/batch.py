@@ -36,7 +36,7 @@ units otherwise). Compare a value only with one in the same units.
                                               rank (``normalize_advantage_full_batch``, default on) and/or
                                               per micro-batch (``normalize_advantage_per_minibatch``) in
                                               its ``prepare_batch``/``prepare_minibatch``; the core never does
-``return``          float32 (B, T)            the value target in return units (GAE's lambda-return)
+``return``          float32 (B, T)            the value target, return units (GAE's lambda-return; V-trace's v_s)
 ``logprob_prox``    float32 (B, T)            the current model's log-prob of ``action`` at the start of
                                               the update (the default estimate's; absent when an
                                               algorithm's own ``estimate`` does not add it)
