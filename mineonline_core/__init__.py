@@ -21,6 +21,10 @@ _LAZY = {
     "TrainLoop": "mineonline_core.trainer.loop",
     "BaseTrainer": "mineonline_core.trainer.base",  # the base class before Algorithm
     "setting": "mineonline_core.config",  # a trainer option with its help text and bounds
+    "Columns": "mineonline_core.contracts.batch",  # compute_loss's batch keys: batch[Columns.ADVANTAGE]
+    "Outputs": "mineonline_core.contracts.batch",  # compute_loss's outputs keys: outputs[Outputs.PI_LOGITS]
+    "TrainBatch": "mineonline_core.contracts.batch",
+    "ModelOutputs": "mineonline_core.contracts.batch",
     "unwrap": "mineonline_core.trainer.sequence",  # a policy inside DDP or torch.compile
     "Policy": "mineonline_core.contracts.policy",  # imports torch: not for processes that never build a network
     "EnvFactory": "mineonline_core.contracts.envs",

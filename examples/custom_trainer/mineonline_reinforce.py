@@ -16,7 +16,7 @@ import torch
 from pydantic import Field
 
 import mineonline_core
-from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.batch import Columns, ModelOutputs, Outputs, TrainBatch
 
 
 class ReinforceConfig(mineonline_core.TrainerOptions):
@@ -30,16 +30,14 @@ class ReinforceTrainer(mineonline_core.Algorithm):
     name = "ReinforceTrainer"
     Config = ReinforceConfig
 
-    def compute_loss(
-        self, *, batch: dict[str, Any], outputs: dict[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(self, *, batch: TrainBatch, outputs: ModelOutputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One window of one micro-batch: ``batch`` columns are (chunks, steps) slices."""
-        pi_head, logits = self.ctx.policy.pi_head, outputs["pi_logits"]
+        pi_head, logits = self.ctx.policy.pi_head, outputs[Outputs.PI_LOGITS]
         # The policy gradient theorem: raise the log-probability of actions in proportion to how much
         # better than expected they turned out; the value head is the baseline. No importance ratio:
         # keep max_staleness small.
-        policy_loss = -(pi_head.logprob(batch[F.ACTION], logits) * batch[F.ADVANTAGE]).mean()
-        value_loss = 0.5 * (outputs["vpred"] - batch[F.VALUE_TARGET]).pow(2).mean()
+        policy_loss = -(pi_head.logprob(batch[Columns.ACTION], logits) * batch[Columns.ADVANTAGE]).mean()
+        value_loss = 0.5 * (outputs[Outputs.VPRED] - batch[Columns.VALUE_TARGET]).pow(2).mean()
         entropy = pi_head.entropy(logits).mean()
         loss = policy_loss + self.options.vf_coef * value_loss - self.options.entropy_coef * entropy
         return loss, {

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from torch import nn
 
 from mineonline_core.errors import ConfigError
+from mineonline_core.contracts.batch import Outputs
 from mineonline_core.contracts.policy import CategoricalHead, GaussianHead, MultiCategoricalHead, Policy, ValueHead
 from mineonline_core.builtin.recurrent import RecurrentPolicy, ResettingGRU
 
@@ -99,7 +100,10 @@ class MLPPolicy(Policy):
 
     def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
         x = input["obs"].float().flatten(2)
-        return {"pi_logits": self.pi_head(self.actor(x)), "vpred": self.value_head(self.critic(x))}, state_in
+        return {
+            Outputs.PI_LOGITS: self.pi_head(self.actor(x)),
+            Outputs.VPRED: self.value_head(self.critic(x)),
+        }, state_in
 
 
 def _images(input: dict) -> tuple[torch.Tensor, int, int]:  # noqa: A002
@@ -147,7 +151,7 @@ class _FeedForwardImagePolicy(Policy):
     def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
         x, b, t = _images(input)
         latent = self.torso(x).reshape(b, t, -1)
-        return {"pi_logits": self.pi_head(latent), "vpred": self.value_head(latent)}, state_in
+        return {Outputs.PI_LOGITS: self.pi_head(latent), Outputs.VPRED: self.value_head(latent)}, state_in
 
 
 class CNNPolicy(_FeedForwardImagePolicy):

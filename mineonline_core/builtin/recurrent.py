@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mineonline_core.contracts.batch import Outputs
 from mineonline_core.contracts.policy import Policy, ValueHead
 
 
@@ -50,4 +51,4 @@ class RecurrentPolicy(Policy):
 
     def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
         latent, state_out = self.gru.unroll(self.embed_steps(input), state_in, context["first"])
-        return {"pi_logits": self.pi_head(latent), "vpred": self.value_head(latent)}, state_out
+        return {Outputs.PI_LOGITS: self.pi_head(latent), Outputs.VPRED: self.value_head(latent)}, state_out

@@ -42,47 +42,43 @@ import zlib
 
 import numpy as np
 
+from mineonline_core.contracts.batch import Columns
 from mineonline_core.contracts.store import payload_nbytes
 
-OBS = "obs"
-NEXT_OBS = "next_obs"
-ACTION = "action"
-REWARD = "reward"
-TERMINATED = "terminated"
-TRUNCATED = "truncated"
-FIRST = "first"
-LOGPROB = "logprob"
-VPRED = "vpred"
-BOOTSTRAP = "bootstrap"
-STATE_IN = "state_in"
-REF_STATE_IN = "ref_state_in"
-REF_LOGITS = "ref_logits"
-EPISODE_ID = "episode_id"
-VERSION = "version"
-STREAM = "stream"
-INDEX = "index"
-WORKER_ID = "worker_id"
-ENV_ID = "env_id"
+# The column names, declared once in ``contracts.batch.Columns`` (with the batch's dtypes, shapes and units).
+OBS = Columns.OBS
+NEXT_OBS = Columns.NEXT_OBS
+ACTION = Columns.ACTION
+REWARD = Columns.REWARD
+TERMINATED = Columns.TERMINATED
+TRUNCATED = Columns.TRUNCATED
+FIRST = Columns.FIRST
+LOGPROB = Columns.LOGPROB
+VPRED = Columns.VPRED
+BOOTSTRAP = Columns.BOOTSTRAP
+STATE_IN = Columns.STATE_IN
+REF_STATE_IN = Columns.REF_STATE_IN
+REF_LOGITS = Columns.REF_LOGITS
+EPISODE_ID = Columns.EPISODE_ID
+VERSION = Columns.VERSION
+STREAM = Columns.STREAM
+INDEX = Columns.INDEX
+WORKER_ID = Columns.WORKER_ID
+ENV_ID = Columns.ENV_ID
 
 # Per-step columns, concatenated along time when fragments are chained into a chunk.
 STEP_COLUMNS = (OBS, ACTION, REWARD, TERMINATED, TRUNCATED, FIRST, LOGPROB, VPRED, BOOTSTRAP, EPISODE_ID, VERSION)
 # Per-step columns a fragment may lack (concatenated like the others when every fragment of a chunk has them).
 OPTIONAL_STEP_COLUMNS = (REF_LOGITS,)
 
-# Columns the trainer adds to a batch (float32, (N, L)).
-ADVANTAGE = "advantage"
-RETURN = "return"
-VALUE = "value"  # the trainer's own value estimate at fetch time, denormalised
-# The trainer's version minus the version that chose each action, at fetch time (logged, never trained on).
-STALENESS = "staleness"
-# The current model's log-prob of the stored action at the start of the update, in the training
-# numerics and micro-batch shapes: the proximal policy of PPO's decoupled objective.
-LOGPROB_PROX = "logprob_prox"
-# Added by the update loop, in the value head's normalised units (``use_normalized_vf``).
-VALUE_TARGET = "value_target"  # ``return`` normalised: what the value head regresses
-# The value head's own output at the start of the update (the current model's, from the estimate
-# pass, taken before the normaliser moves): the centre of PPO's clipped value loss.
-OLD_VPRED = "old_vpred"
+# Columns the trainer adds to a batch (float32, (N, L)): see ``contracts.batch`` for what each holds.
+ADVANTAGE = Columns.ADVANTAGE
+RETURN = Columns.RETURN
+VALUE = Columns.VALUE
+STALENESS = Columns.STALENESS
+LOGPROB_PROX = Columns.LOGPROB_PROX
+VALUE_TARGET = Columns.VALUE_TARGET
+OLD_VPRED = Columns.OLD_VPRED
 
 
 def stream_name(worker_id: int, incarnation: int, env_id: int) -> str:

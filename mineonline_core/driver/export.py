@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from mineonline_core.contracts.batch import Outputs
 from mineonline_core.errors import ConfigError
 from mineonline_core.services.episodes import LoadedPolicy
 
@@ -80,7 +81,7 @@ class DeterministicPolicy(nn.Module):
                 torch.ones_like(reference.reshape(reference.shape[0], 1, -1)[:, :, 0], dtype=torch.bool),
             )
         latents, state = self.policy(input=obs, state_in=state, context={"first": first})
-        action = self.policy.pi_head.sample(latents["pi_logits"], deterministic=True)
+        action = self.policy.pi_head.sample(latents[Outputs.PI_LOGITS], deterministic=True)
         outputs = [leaf[:, 0] for leaf in pytree.tree_leaves(action)]
         if self.clip:
             outputs = [torch.minimum(torch.maximum(outputs[0], self.low), self.high)]

@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import torch
 
+from mineonline_core.contracts.batch import Outputs
 from mineonline_core.contracts.tree import tree_cat, tree_leaves, tree_map
 
 
@@ -63,10 +64,10 @@ def policy_step(policy: Any, obs: Any, state: Any, first: Any) -> tuple[Any, Any
     """One batched rollout forward (call under ``torch.no_grad``): sampled action, its log-prob,
     the denormalised value and the state after the step."""
     latents, state_out = policy(input=obs, state_in=state, context={"first": first})
-    pi_logits, rows = latents["pi_logits"], first.shape[0]
+    pi_logits, rows = latents[Outputs.PI_LOGITS], first.shape[0]
     action = policy.pi_head.sample(pi_logits)
     logprob = policy.pi_head.logprob(action, pi_logits).reshape(rows)
-    vpred = policy.value_head.denormalize(latents["vpred"]).reshape(rows)
+    vpred = policy.value_head.denormalize(latents[Outputs.VPRED]).reshape(rows)
     return action, logprob, vpred, state_out
 
 
@@ -205,7 +206,7 @@ def run_batch(
             ref_latents, ref_out = reference(input=ref_obs, state_in=ref_in, context={"first": ref_first})
         # Kept with the fragment so that training need not run the reference again; float32
         # holds an autocast forward's bfloat16 or float16 logits exactly.
-        ref_logits = ref_latents["pi_logits"]
+        ref_logits = ref_latents[Outputs.PI_LOGITS]
         pos = np.concatenate([np.arange(starts[j], starts[j] + n) for j, n in ref_parts])
         ref_block, ref_spec = _pack_ref(ref_logits, torch.as_tensor(pos).to(device, non_blocking=True), starts[-1])
         width = packed.shape[1]

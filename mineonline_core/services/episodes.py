@@ -18,6 +18,7 @@ from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS, crafter_score
 from mineonline_core.config import OnlineConfig
 from mineonline_core.errors import ConfigError
 from mineonline_core.contracts.envs import clip_action
+from mineonline_core.contracts.batch import Outputs
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map
 
 # Evaluation episodes reset with seeds seed + EVAL_SEED_OFFSET + i, held out from rollout's (seed + worker, env),
@@ -122,11 +123,11 @@ class LoadedPolicy:
         latents, state = self.policy(input=batch, state_in=state, context=context)
         head = self.policy.pi_head
         action = (
-            head.sample(latents["pi_logits"], deterministic=True)
+            head.sample(latents[Outputs.PI_LOGITS], deterministic=True)
             if deterministic
-            else head.sample(latents["pi_logits"])
+            else head.sample(latents[Outputs.PI_LOGITS])
         )
-        value = to_numpy(self.policy.value_head.denormalize(latents["vpred"]).reshape(n))
+        value = to_numpy(self.policy.value_head.denormalize(latents[Outputs.VPRED]).reshape(n))
         # The env gets the sampled action clipped to its bounds (a Gaussian head's samples have none).
         action = clip_action(tree_map(lambda a: a[:, 0], to_numpy(action)), self.action_space)
         return (action, state, value) if batched else (tree_map(lambda a: a[0], action), state, value[0])

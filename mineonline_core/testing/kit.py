@@ -27,6 +27,7 @@ from torch import nn
 from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy
 from mineonline_core.config.rollout import RolloutConfig, WorkerConfig
 from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.batch import Outputs
 from mineonline_core.contracts.envs import DictObservation
 from mineonline_core.contracts.policy import CategoricalHead, Policy, ValueHead
 from mineonline_core.contracts.tree import tree_index, tree_map, tree_stack
@@ -116,7 +117,7 @@ class TinyMLPPolicy(Policy):
 
     def forward(self, input: dict, state_in: Any, context: dict) -> tuple[dict, Any]:  # noqa: A002
         x = self.body(input["obs"].to(self.body[0].weight.dtype))  # float32, or float64 after .double()
-        return {"pi_logits": self.pi_head(x), "vpred": self.value_head(x)}, None
+        return {Outputs.PI_LOGITS: self.pi_head(x), Outputs.VPRED: self.value_head(x)}, None
 
 
 class TinyGRUPolicy(Policy):
@@ -144,7 +145,7 @@ class TinyGRUPolicy(Policy):
             h = self.cell(x[:, t], h)
             outs.append(h)
         y = torch.stack(outs, 1)
-        return {"pi_logits": self.pi_head(y), "vpred": self.value_head(y)}, [h]
+        return {Outputs.PI_LOGITS: self.pi_head(y), Outputs.VPRED: self.value_head(y)}, [h]
 
 
 # Env factories (module-level, so that env subprocesses can import them by reference).
@@ -225,7 +226,7 @@ def cnn_policy(seed: int = 0) -> RecurrentCNNPolicy:
 
 
 def _value(policy: torch.nn.Module, latents: dict) -> torch.Tensor:
-    v = latents["vpred"]
+    v = latents[Outputs.VPRED]
     v = v[..., 0] if v.dim() == 3 else v
     return policy.value_head.denormalize(v)
 
@@ -263,11 +264,11 @@ def rollout_fragments(
                 ref_latents, ref_state = reference(
                     input=_batch_obs(obs), state_in=ref_state, context={"first": torch.as_tensor(first)[:, None]}
                 )
-                cols[F.REF_LOGITS].append(tree_map(lambda x: x[:, 0].float().numpy(), ref_latents["pi_logits"]))
+                cols[F.REF_LOGITS].append(tree_map(lambda x: x[:, 0].float().numpy(), ref_latents[Outputs.PI_LOGITS]))
             latents, state = policy(
                 input=_batch_obs(obs), state_in=state, context={"first": torch.as_tensor(first)[:, None]}
             )
-            logits = latents["pi_logits"][:, 0]
+            logits = latents[Outputs.PI_LOGITS][:, 0]
             action = policy.pi_head.sample(logits)
             logprob = policy.pi_head.logprob(action, logits)
             vpred = _value(policy, latents)[:, 0]

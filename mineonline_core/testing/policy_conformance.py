@@ -28,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from mineonline_core.contracts.batch import Outputs
 from mineonline_core.contracts.tree import tree_leaves, tree_map
 
 
@@ -83,10 +84,12 @@ class PolicyConformance:
     def test_forward_returns_logits_values_and_a_state_like_the_initial_one(self) -> None:
         policy, b, t = self._policy(), self.batch, self.steps
         latents, state = policy(self._inputs(b, t), policy.initial_state(b), {"first": self._first(b, t)})
-        assert {"pi_logits", "vpred"} <= set(latents), f"latents hold {sorted(latents)}"
-        for leaf in tree_leaves(latents["pi_logits"]):
+        assert {Outputs.PI_LOGITS, Outputs.VPRED} <= set(latents), f"latents hold {sorted(latents)}"
+        for leaf in tree_leaves(latents[Outputs.PI_LOGITS]):
             assert tuple(leaf.shape[:2]) == (b, t)
-        assert latents["vpred"].reshape(b, t, -1).shape[-1] == 1, f"vpred of shape {tuple(latents['vpred'].shape)}"
+        assert latents[Outputs.VPRED].reshape(b, t, -1).shape[-1] == 1, (
+            f"vpred of shape {tuple(latents['vpred'].shape)}"
+        )
         initial = policy.initial_state(b)
         assert [tuple(x.shape) for x in tree_leaves(state)] == [tuple(x.shape) for x in tree_leaves(initial)]
 
@@ -98,11 +101,11 @@ class PolicyConformance:
         state, logits, values = policy.initial_state(b), [], []
         for i in range(t):
             step, state = policy({k: v[:, i : i + 1] for k, v in inputs.items()}, state, {"first": first[:, i : i + 1]})
-            logits.append(step["pi_logits"])
-            values.append(step["vpred"])
+            logits.append(step[Outputs.PI_LOGITS])
+            values.append(step[Outputs.VPRED])
         stepwise = tree_map(lambda *xs: torch.cat(xs, dim=1), *logits)
-        self._close(chunk["pi_logits"], stepwise, self.atol, "pi_logits, chunk vs stepwise")
-        self._close(chunk["vpred"], torch.cat(values, dim=1), self.atol, "vpred, chunk vs stepwise")
+        self._close(chunk[Outputs.PI_LOGITS], stepwise, self.atol, "pi_logits, chunk vs stepwise")
+        self._close(chunk[Outputs.VPRED], torch.cat(values, dim=1), self.atol, "vpred, chunk vs stepwise")
 
     @torch.no_grad()
     def test_an_episode_start_forgets_the_state_in(self) -> None:
@@ -112,14 +115,14 @@ class PolicyConformance:
         warm, state = policy(inputs, policy.initial_state(b), {"first": self._first(b, t)})
         fresh, _ = policy({k: v[:, :1] for k, v in inputs.items()}, policy.initial_state(b), {"first": first})
         carried, _ = policy({k: v[:, :1] for k, v in inputs.items()}, state, {"first": first})
-        self._close(carried["pi_logits"], fresh["pi_logits"], self.atol, "pi_logits at first=True")
-        self._close(carried["vpred"], fresh["vpred"], self.atol, "vpred at first=True")
+        self._close(carried[Outputs.PI_LOGITS], fresh[Outputs.PI_LOGITS], self.atol, "pi_logits at first=True")
+        self._close(carried[Outputs.VPRED], fresh[Outputs.VPRED], self.atol, "vpred at first=True")
 
     @torch.no_grad()
     def test_heads_sample_score_and_compare_actions(self) -> None:
         policy, b, t = self._policy(), self.batch, self.steps
         latents, _ = policy(self._inputs(b, t), policy.initial_state(b), {"first": self._first(b, t)})
-        logits = latents["pi_logits"]
+        logits = latents[Outputs.PI_LOGITS]
         action = policy.pi_head.sample(logits)
         for leaf in tree_leaves(action):
             assert tuple(leaf.shape[:2]) == (b, t)

@@ -28,6 +28,7 @@ from torch import nn
 
 from mineonline_core.config._fields import Section
 from mineonline_core.config.precision import PrecisionChoice, float16_problem
+from mineonline_core.contracts.batch import ModelOutputs, TrainBatch
 from mineonline_core.errors import ConfigError
 from mineonline_core.registry import replace_between
 from mineonline_core.trainer.batch import estimate_advantages
@@ -120,12 +121,12 @@ class Algorithm:
     # -- the loss ---------------------------------------------------------------------------------
 
     @hook
-    def compute_loss(
-        self, *, batch: dict[str, Any], outputs: dict[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(self, *, batch: TrainBatch, outputs: ModelOutputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss to minimise over one window of one micro-batch, and scalar metrics (unprefixed,
-        logged as ``trainer/<name>``). ``batch``: every per-step column sliced to the window (B, W);
-        ``outputs``: the policy's ``pi_logits``, ``vpred`` (B, W) and ``ref_logits`` (or None)."""
+        logged as ``trainer/<name>``). ``batch``: every per-step column sliced to the window (B, T),
+        ``batch[Columns.ADVANTAGE]``; ``outputs``: the policy's ``outputs[Outputs.PI_LOGITS]``,
+        ``Outputs.VPRED`` (B, T, the value head's units) and ``Outputs.REF_LOGITS`` (or None).
+        ``mineonline_core/contracts/batch.py`` gives every key's dtype, shape and units."""
         raise NotImplementedError(f"{type(self).__name__} implements no compute_loss(*, batch, outputs)")
 
     # -- the data, once per iteration ------------------------------------------------------------

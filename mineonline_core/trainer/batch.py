@@ -13,16 +13,18 @@ memory is bounded by the micro-batch, and the log-probs it records are the updat
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.batch import Outputs
+from mineonline_core.contracts.tree import to_torch, tree_cat, tree_index, tree_map, tree_stack
 from mineonline_core.trainer.gae import compute_gae
 from mineonline_core.trainer.sequence import detach_state, slice_time, squeeze_value, unwrap, windows
-from mineonline_core.contracts.tree import to_torch, tree_cat, tree_index, tree_map, tree_stack
 
 
 def assemble_chunks(chunks: list[list[dict]], *, device: torch.device | str = "cpu") -> dict[str, Any]:
@@ -104,17 +106,26 @@ def _slice_outputs(
             latents, state_out = policy(
                 input=slice_time(obs, window), state_in=state, context={"first": first[:, window]}
             )
-            pieces.append(detach_state({"pi_logits": latents["pi_logits"], "vpred": squeeze_value(latents["vpred"])}))
+            pieces.append(
+                detach_state(
+                    {
+                        Outputs.PI_LOGITS: latents[Outputs.PI_LOGITS],
+                        Outputs.VPRED: squeeze_value(latents[Outputs.VPRED]),
+                    }
+                )
+            )
             state = detach_state(state_out)
             del latents, state_out
         done_last = (batch[F.TERMINATED][rows, -1:] | batch[F.TRUNCATED][rows, -1:]).bool()
         next_obs = tree_index(batch[F.NEXT_OBS], rows)
-        next_vpred = squeeze_value(policy(input=next_obs, state_in=state, context={"first": done_last})[0]["vpred"])
+        next_vpred = squeeze_value(
+            policy(input=next_obs, state_in=state, context={"first": done_last})[0][Outputs.VPRED]
+        )
         next_vpred = next_vpred.detach().float()[:, 0]
     latents = {key: tree_cat([piece[key] for piece in pieces], axis=1) for key in pieces[0]}
     # Scored as the update scores them: float32 logits, outside autocast.
-    logits = tree_map(lambda x: x.float(), latents["pi_logits"])
-    vpred = latents["vpred"].float()
+    logits = tree_map(lambda x: x.float(), latents[Outputs.PI_LOGITS])
+    vpred = latents[Outputs.VPRED].float()
     return {
         "logprob": policy.pi_head.logprob(tree_index(batch[F.ACTION], rows), logits).float(),
         "vpred": vpred,

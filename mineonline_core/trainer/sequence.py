@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mineonline_core.contracts.batch import Outputs
 from mineonline_core.contracts.tree import tree_cat, tree_map
 
 
@@ -64,7 +65,7 @@ def forward_sequence(
     for _, latents, state in iter_windows(policy, obs, state_in, first, context_length=context_length):
         pieces.append(latents)
     out = {key: tree_cat([piece[key] for piece in pieces], axis=1) for key in pieces[0]}
-    out["vpred"] = squeeze_value(out["vpred"])
+    out[Outputs.VPRED] = squeeze_value(out[Outputs.VPRED])
     return out, state
 
 

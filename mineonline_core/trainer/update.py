@@ -10,7 +10,8 @@ the last backward before a step (``no_sync`` elsewhere). Autocast and the fp16 `
 ``use_amp``, the global gradient norm is clipped to ``max_grad_norm``, and a step whose loss terms or
 gradients are not finite is skipped on every rank (``update_is_finite``).
 
-``compute_loss(batch=..., outputs=...)`` sees one window of one micro-batch: ``batch`` holds every
+``compute_loss(batch=..., outputs=...)`` sees one window of one micro-batch (``contracts/batch.py`` declares
+every key, dtype, shape and unit: ``TrainBatch``, ``ModelOutputs``): ``batch`` holds every
 per-step column sliced to it (the estimate's ``logprob_prox`` among them; plus, in the value head's
 normalised units, ``value_target`` and ``old_vpred``, the head's output at the start of the
 update), ``outputs`` the policy's forward outputs for it (``pi_logits``, ``vpred`` (B, W)) and
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.batch import ModelOutputs, Outputs
 from mineonline_core.contracts.normalize import update_observation_statistics
 from mineonline_core.contracts.tree import tree_index, tree_leaves, tree_map
 from mineonline_core.errors import RunFailedError
@@ -138,20 +140,20 @@ class UpdateLoop:
             with no_sync:
                 with self.algorithm.autocast():
                     latents, state_out = self.model(input=part[F.OBS], state_in=state, context=context)
-                    outputs = {
+                    outputs: ModelOutputs = {
                         **latents,
-                        "pi_logits": _float(latents["pi_logits"]),
-                        "vpred": squeeze_value(latents["vpred"]).float(),
-                        "ref_logits": None,
+                        Outputs.PI_LOGITS: _float(latents[Outputs.PI_LOGITS]),
+                        Outputs.VPRED: squeeze_value(latents[Outputs.VPRED]).float(),
+                        Outputs.REF_LOGITS: None,
                     }
                     if stored_ref:
-                        outputs["ref_logits"] = _float(part[F.REF_LOGITS])
+                        outputs[Outputs.REF_LOGITS] = _float(part[F.REF_LOGITS])
                     elif use_reference:
                         with torch.no_grad():
                             ref_latents, ref_state = self.reference(
                                 input=part[F.OBS], state_in=ref_state, context=context
                             )
-                        outputs["ref_logits"] = _float(ref_latents["pi_logits"])
+                        outputs[Outputs.REF_LOGITS] = _float(ref_latents[Outputs.PI_LOGITS])
                 loss, stats = self.algorithm.compute_loss(batch=part, outputs=outputs)
                 weight = (window.stop - window.start) / length
                 self.scaler.scale(loss * weight * scale).backward()

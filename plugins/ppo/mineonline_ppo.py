@@ -48,7 +48,7 @@ from torch import nn
 
 import mineonline_core
 from mineonline_core import Algorithm, TrainerOptions, setting
-from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.batch import Columns, ModelOutputs, Outputs, TrainBatch
 from mineonline_core.contracts.policy import zero_value_head
 from mineonline_core.errors import ConfigError, RunFailedError
 
@@ -233,21 +233,19 @@ class PPOTrainer(Algorithm):
 
     # -- the loss ---------------------------------------------------------------------------------
 
-    def compute_loss(
-        self, *, batch: dict[str, Any], outputs: dict[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(self, *, batch: TrainBatch, outputs: ModelOutputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         o = self.options
         return ppo_loss(
             pi_head=self.ctx.policy.pi_head,
-            pi_logits=outputs["pi_logits"],
-            vpred=outputs["vpred"],
-            action=batch[F.ACTION],
-            behaviour_logprob=batch[F.LOGPROB],
-            proximal_logprob=batch[F.LOGPROB_PROX],
-            old_vpred=batch[F.OLD_VPRED],
-            advantage=batch[F.ADVANTAGE],
-            value_target=batch[F.VALUE_TARGET],
-            ref_logits=outputs["ref_logits"],
+            pi_logits=outputs[Outputs.PI_LOGITS],
+            vpred=outputs[Outputs.VPRED],
+            action=batch[Columns.ACTION],
+            behaviour_logprob=batch[Columns.LOGPROB],
+            proximal_logprob=batch[Columns.LOGPROB_PROX],
+            old_vpred=batch[Columns.OLD_VPRED],
+            advantage=batch[Columns.ADVANTAGE],
+            value_target=batch[Columns.VALUE_TARGET],
+            ref_logits=outputs[Outputs.REF_LOGITS],
             rho=self.rho,
             clip=o.ppo_clip,
             behaviour_weight_clip=o.behaviour_weight_clip,
@@ -260,22 +258,22 @@ class PPOTrainer(Algorithm):
         )
 
     def prepare_batch(self, *, batch: dict[str, Any]) -> dict[str, Any]:
-        if F.LOGPROB_PROX not in batch:
+        if Columns.LOGPROB_PROX not in batch:
             raise RunFailedError(
                 f"{type(self).__name__}'s decoupled objective needs the proximal log-prob of the stored actions "
-                f"(batch column {F.LOGPROB_PROX!r}), which the default estimate records, but this trainer's "
+                f"(batch column {Columns.LOGPROB_PROX!r}), which the default estimate records, but this trainer's "
                 "estimate returned no such column. Add it from the estimate's own pass: "
-                "batch[F.LOGPROB_PROX] = self.ctx.current_policy_outputs(batch=batch)['logprob']."
+                "batch[Columns.LOGPROB_PROX] = self.ctx.current_policy_outputs(batch=batch)['logprob']."
             )
         if self.options.normalize_advantage_full_batch:
-            mean, std = self.ctx.global_mean_std(batch[F.ADVANTAGE])
-            batch = {**batch, F.ADVANTAGE: (batch[F.ADVANTAGE] - mean) / (std + 1e-8)}
+            mean, std = self.ctx.global_mean_std(batch[Columns.ADVANTAGE])
+            batch = {**batch, Columns.ADVANTAGE: (batch[Columns.ADVANTAGE] - mean) / (std + 1e-8)}
         return batch
 
     def prepare_minibatch(self, *, batch: dict[str, Any]) -> dict[str, Any]:
         if self.options.normalize_advantage_per_minibatch:
-            advantage = batch[F.ADVANTAGE]
-            batch = {**batch, F.ADVANTAGE: (advantage - advantage.mean()) / (advantage.std(correction=0) + 1e-8)}
+            advantage = batch[Columns.ADVANTAGE]
+            batch = {**batch, Columns.ADVANTAGE: (advantage - advantage.mean()) / (advantage.std(correction=0) + 1e-8)}
         return batch
 
     # -- schedules --------------------------------------------------------------------------------

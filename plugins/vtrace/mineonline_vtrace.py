@@ -22,7 +22,7 @@ from torch import nn
 
 import mineonline_core
 from mineonline_core import Algorithm, TrainerOptions, unwrap
-from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.batch import Columns, ModelOutputs, Outputs, TrainBatch
 
 # Batch columns added by VTraceTrainer.estimate, (N, L): the truncated importance weight rho_s of the
 # network before the update, and r_s + gamma v_{s+1} - V(x_s) of the policy gradient.
@@ -168,40 +168,42 @@ class VTraceTrainer(Algorithm):
         opts = self.options
         current = self.ctx.current_policy_outputs(batch=batch)
         targets = vtrace(
-            behaviour_logprob=batch[F.LOGPROB],
+            behaviour_logprob=batch[Columns.LOGPROB],
             target_logprob=current["logprob"],
-            reward=batch[F.REWARD],
+            reward=batch[Columns.REWARD],
             value=current["value"],
             next_value=current["next_value"],
-            terminated=batch[F.TERMINATED],
-            truncated=batch[F.TRUNCATED],
-            bootstrap=batch[F.BOOTSTRAP],
+            terminated=batch[Columns.TERMINATED],
+            truncated=batch[Columns.TRUNCATED],
+            bootstrap=batch[Columns.BOOTSTRAP],
             discount=self.ctx.train_config.discount,
             rho_bar=opts.rho_bar,
             c_bar=opts.c_bar,
         )
-        batch[F.VALUE], batch[F.RETURN], batch[F.ADVANTAGE] = current["value"], targets.vs, targets.pg_advantage
+        batch[Columns.VALUE], batch[Columns.RETURN], batch[Columns.ADVANTAGE] = (
+            current["value"],
+            targets.vs,
+            targets.pg_advantage,
+        )
         batch[RHO], batch[PG_DELTA] = targets.rho, targets.pg_delta
-        ratio = (current["logprob"] - batch[F.LOGPROB].float()).exp()
+        ratio = (current["logprob"] - batch[Columns.LOGPROB].float()).exp()
         self._rho_metrics = {
             "trainer/vtrace_rho_mean": float(targets.rho.mean()),
             "trainer/vtrace_rho_clipfrac": float((ratio > opts.rho_bar).float().mean()),
         }
         return batch
 
-    def compute_loss(
-        self, *, batch: dict[str, Any], outputs: dict[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute_loss(self, *, batch: TrainBatch, outputs: ModelOutputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """IMPALA's loss over one window; the core's loop put ``value_target`` (v_s) in the value
         head's normalised units."""
         opts, policy = self.options, unwrap(self.ctx.model)
         return vtrace_loss(
             pi_head=policy.pi_head,
-            pi_logits=outputs["pi_logits"],
-            vpred=outputs["vpred"],
-            action=batch[F.ACTION],
-            behaviour_logprob=batch[F.LOGPROB],
-            value_target=batch[F.VALUE_TARGET],
+            pi_logits=outputs[Outputs.PI_LOGITS],
+            vpred=outputs[Outputs.VPRED],
+            action=batch[Columns.ACTION],
+            behaviour_logprob=batch[Columns.LOGPROB],
+            value_target=batch[Columns.VALUE_TARGET],
             pg_delta=batch[PG_DELTA] / _value_scale(policy),
             rho_bar=opts.rho_bar,
             vf_coef=opts.vf_coef,
