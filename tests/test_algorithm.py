@@ -11,7 +11,7 @@ import torch
 from mineonline_ppo import PPOTrainer
 
 from mineonline_core.config import OnlineConfig
-from mineonline_core.testing.kit import mlp_policy
+from mineonline_core.testing.kit import local_loop
 from mineonline_core.testing.trainer_conformance import TrainerConformance
 from mineonline_core.trainer import Algorithm, BaseTrainer, TrainLoop
 from mineonline_core.trainer.algorithm import hook_names, hook_table, with_hook_table
@@ -82,15 +82,7 @@ def test_the_committed_hook_table_is_generated_from_the_marks() -> None:
 
 def _loop(tmp_path: Path) -> TrainLoop:
     config = OnlineConfig(train_config={"kl_divergence_coef_rho": 0.1})
-    loop = TrainLoop(
-        algorithm=PPOTrainer,
-        rollout_manager=None,
-        policy_generator=mlp_policy,
-        env_generator=None,
-        config=config,
-        run_dir=str(tmp_path),
-    )
-    loop.setup_rank(local=True)
+    loop = local_loop(PPOTrainer, config, run_dir=str(tmp_path))
     return loop
 
 

@@ -8,16 +8,15 @@ import math
 import numpy as np
 import pytest
 import torch
+from mineonline_ppo import PPOTrainer
 
-from mineonline_core.contracts import fragment as F
 from mineonline_core.config import OnlineConfig
+from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import RunFailedError
 from mineonline_core.services.finite import env_answer_problem, nonfinite_leaves
-from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout_fragments
+from mineonline_core.testing.kit import cartpole, chunks_of, local_loop, rollout_fragments
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
-from mineonline_ppo import PPOTrainer
-from mineonline_core.trainer.loop import TrainLoop
 
 
 def make_trainer(tmp_path, **train) -> PPOTrainer:
@@ -32,15 +31,7 @@ def make_trainer(tmp_path, **train) -> PPOTrainer:
         **train,
     }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = TrainLoop(
-        algorithm=PPOTrainer,
-        rollout_manager=None,
-        policy_generator=mlp_policy,
-        env_generator=None,
-        config=config,
-        run_dir=str(tmp_path),
-    )
-    trainer.setup_rank(local=True)
+    trainer = local_loop(PPOTrainer, config, run_dir=str(tmp_path))
     return trainer
 
 

@@ -6,13 +6,11 @@ import json
 
 import pytest
 
-from mineonline_core.config import OnlineConfig
-from mineonline_core.errors import ConfigError
-from mineonline_core.config import load_config
+from mineonline_core.config import OnlineConfig, load_config
 from mineonline_core.driver.evaluate import load_policy
+from mineonline_core.errors import ConfigError
 from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.goals import Goals
-from mineonline_core.trainer.loop import TrainLoop
 
 
 def goals(**train) -> Goals:
@@ -43,8 +41,9 @@ def test_best_improves_only_on_a_higher_full_window() -> None:
 
 
 def test_keep_best_writes_one_loadable_checkpoint_and_survives_resume(tmp_path) -> None:
-    from mineonline_core.testing.kit import mlp_policy
     from mineonline_ppo import PPOTrainer
+
+    from mineonline_core.testing.kit import local_loop
 
     def trainer(**train):
         config = OnlineConfig(
@@ -53,15 +52,7 @@ def test_keep_best_writes_one_loadable_checkpoint_and_survives_resume(tmp_path) 
             env_config={"name": "gymnasium", "id": "CartPole-v1"},
             policy_config={"name": "mlp", "hidden_sizes": [32, 32]},
         )
-        t = TrainLoop(
-            algorithm=PPOTrainer,
-            rollout_manager=None,
-            policy_generator=mlp_policy,
-            env_generator=None,
-            config=config,
-            run_dir=str(tmp_path),
-        )
-        t.setup_rank(local=True)
+        t = local_loop(PPOTrainer, config, run_dir=str(tmp_path))
         return t
 
     t = trainer()

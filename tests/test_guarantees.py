@@ -20,14 +20,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from mineonline_ppo import PPOTrainer
 
-from mineonline_core.contracts import fragment as F
 from mineonline_core.config import OnlineConfig
+from mineonline_core.contracts import fragment as F
 from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.batch import assemble_chunks
 from mineonline_core.trainer.sequence import forward_sequence
-from mineonline_ppo import PPOTrainer
-from mineonline_core.trainer.loop import TrainLoop
 
 FRAGMENT, CONTEXT, PER_CHUNK = 8, 5, 2
 
@@ -67,15 +66,7 @@ def make_trainer(tmp_path, policy_fn, **train) -> PPOTrainer:
         train_config=train,
         rollout_config={"fragment_length": FRAGMENT, "replay_buffer_config": {"fragments_per_chunk": PER_CHUNK}},
     )
-    trainer = TrainLoop(
-        algorithm=PPOTrainer,
-        rollout_manager=None,
-        policy_generator=policy_fn,
-        env_generator=None,
-        config=config,
-        run_dir=str(tmp_path),
-    )
-    trainer.setup_rank(local=True)
+    trainer = tk.local_loop(PPOTrainer, config, run_dir=str(tmp_path), policy=policy_fn)
     trainer.iteration = 1
     return trainer
 

@@ -12,20 +12,19 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from mineonline_ppo import PPOTrainer
+from mineonline_vpt import VPTPolicy
 
 import mineonline_core.testing.kit as tk
 from mineonline_core.config import OnlineConfig, check_consistency, load_config
-from mineonline_core.contracts import fragment as F
-from mineonline_core.contracts.tree import to_torch
-from mineonline_core.errors import ConfigError
-from mineonline_core.registry import get_plugin_manager
 from mineonline_core.config import precision as P
 from mineonline_core.config.precision import PrecisionChoice, float16_problem
+from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.tree import to_torch
 from mineonline_core.driver.resolve import resolve
+from mineonline_core.errors import ConfigError
+from mineonline_core.registry import get_plugin_manager
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
-from mineonline_ppo import PPOTrainer
-from mineonline_core.trainer.loop import TrainLoop
-from mineonline_vpt import VPTPolicy
 from tests.conftest import cartpole_config
 
 SMALL_VPT = {
@@ -205,15 +204,7 @@ def test_ppo_trains_vpt_under_autocast(tmp_path, tf32_on, amp_dtype: str) -> Non
         "amp_dtype": amp_dtype,
     }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = TrainLoop(
-        algorithm=PPOTrainer,
-        rollout_manager=None,
-        policy_generator=tiny_vpt,
-        env_generator=None,
-        config=config,
-        run_dir=str(tmp_path),
-    )
-    trainer.setup_rank(local=True)
+    trainer = tk.local_loop(PPOTrainer, config, run_dir=str(tmp_path), policy=tiny_vpt)
     trainer.iteration = 1
     assert (
         not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32

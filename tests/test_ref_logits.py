@@ -15,14 +15,13 @@ import functools
 import numpy as np
 import pytest
 import torch
+from mineonline_ppo import PPOTrainer
 
 from mineonline_core.config import OnlineConfig
 from mineonline_core.contracts import fragment as F
 from mineonline_core.testing import kit as tk
 from mineonline_core.trainer.batch import assemble_chunks
 from mineonline_core.trainer.sequence import forward_sequence
-from mineonline_ppo import PPOTrainer
-from mineonline_core.trainer.loop import TrainLoop
 
 FRAGMENT, CONTEXT, PER_CHUNK, ENVS = 8, 5, 2, 4
 
@@ -43,15 +42,7 @@ def make_trainer(tmp_path) -> PPOTrainer:
         train_config=train,
         rollout_config={"fragment_length": FRAGMENT, "replay_buffer_config": {"fragments_per_chunk": PER_CHUNK}},
     )
-    trainer = TrainLoop(
-        algorithm=PPOTrainer,
-        rollout_manager=None,
-        policy_generator=tk.cnn_policy,
-        env_generator=None,
-        config=config,
-        run_dir=str(tmp_path),
-    )
-    trainer.setup_rank(local=True)
+    trainer = tk.local_loop(PPOTrainer, config, run_dir=str(tmp_path), policy=tk.cnn_policy)
     trainer.iteration = 1
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():  # a reference away from the policy: a KL term far from 0

@@ -12,9 +12,9 @@ import torch
 from mineonline_core.config import OnlineConfig
 from mineonline_core.errors import UnknownComponentError
 from mineonline_core.registry import Origin, get_plugin_manager
-from mineonline_core.trainer import Algorithm, TrainLoop
-from mineonline_core.testing.kit import cartpole, chunks_of, mlp_policy, rollout_fragments
+from mineonline_core.testing.kit import cartpole, chunks_of, local_loop, rollout_fragments
 from mineonline_core.testing.trainer_conformance import TrainerConformance
+from mineonline_core.trainer import Algorithm
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_trainer" / "mineonline_reinforce.py"
@@ -52,15 +52,7 @@ def test_custom_trainer_selected_by_name_and_trains(tmp_path):
         config = OnlineConfig(
             trainer_name="ReinforceTrainer", train_config={"learning_rate": 1e-2, "context_length": 8, "vf_coef": 0.25}
         )
-        trainer = TrainLoop(
-            algorithm=cls,
-            rollout_manager=None,
-            policy_generator=mlp_policy,
-            env_generator=None,
-            config=config,
-            run_dir=str(tmp_path),
-        )
-        trainer.setup_rank(local=True)
+        trainer = local_loop(cls, config, run_dir=str(tmp_path))
         streams = rollout_fragments(
             trainer.policy, lambda i: cartpole(12), num_envs=2, fragment_length=8, fragments_per_env=2
         )

@@ -6,7 +6,7 @@ window still alive while the next one runs doubles the pass's peak (an OOM for t
 from __future__ import annotations
 
 from mineonline_core.testing.graphs import GraphTracker
-from mineonline_core.testing.kit import TinyImageEnv, chunks_of, cnn_policy, rollout_fragments
+from mineonline_core.testing.kit import TinyImageEnv, chunks_of, cnn_policy, local_loop, rollout_fragments
 from mineonline_core.trainer.batch import assemble_chunks, current_policy_outputs
 
 
@@ -29,9 +29,9 @@ def test_the_estimate_pass_keeps_one_windows_graph_at_a_time() -> None:
 
 def test_the_update_keeps_one_windows_graph_at_a_time(tmp_path) -> None:
     """Each window's backward frees its graph before the next window's forward (truncated BPTT)."""
-    from mineonline_core.config import OnlineConfig
     from mineonline_ppo import PPOTrainer
-    from mineonline_core.trainer.loop import TrainLoop
+
+    from mineonline_core.config import OnlineConfig
 
     config = OnlineConfig(
         train_config={
@@ -41,15 +41,7 @@ def test_the_update_keeps_one_windows_graph_at_a_time(tmp_path) -> None:
             "kl_divergence_coef_rho": 0.0,
         }
     )
-    trainer = TrainLoop(
-        algorithm=PPOTrainer,
-        rollout_manager=None,
-        policy_generator=cnn_policy,
-        env_generator=None,
-        config=config,
-        run_dir=str(tmp_path),
-    )
-    trainer.setup_rank(local=True)
+    trainer = local_loop(PPOTrainer, config, run_dir=str(tmp_path), policy=cnn_policy)
     trainer.iteration = 1
     streams = rollout_fragments(
         trainer.policy, lambda i: TinyImageEnv(seed=i), num_envs=2, fragment_length=8, fragments_per_env=2

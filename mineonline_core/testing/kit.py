@@ -220,6 +220,23 @@ def mlp_policy(seed: int = 0, hidden: int = 32) -> MLPPolicy:
     return MLPPolicy(obs_dim=4, num_actions=2, hidden_sizes=[hidden, hidden])
 
 
+def local_loop(algorithm: type, config: Any, *, run_dir: str, policy: Callable[[], nn.Module] = mlp_policy) -> Any:
+    """A ``TrainLoop`` around ``algorithm`` set up on one local CPU rank with no rollout side, for tests
+    that hand it batches themselves."""
+    from mineonline_core.trainer.loop import TrainLoop
+
+    loop = TrainLoop(
+        algorithm=algorithm,
+        rollout_manager=None,
+        policy_generator=policy,
+        env_generator=None,
+        config=config,
+        run_dir=run_dir,
+    )
+    loop.setup_rank(local=True)
+    return loop
+
+
 def cnn_policy(seed: int = 0) -> RecurrentCNNPolicy:
     torch.manual_seed(seed)
     return RecurrentCNNPolicy(image_shape=(64, 64, 3), num_actions=3, channels=[8, 16, 16], hidden_size=32)

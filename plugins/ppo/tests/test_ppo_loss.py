@@ -7,15 +7,22 @@ import math
 
 import pytest
 import torch
-
-from mineonline_core.contracts import fragment as F
-from mineonline_core.config import OnlineConfig
-from mineonline_core.errors import ConfigError
-from mineonline_core.contracts.policy import CategoricalHead
-from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 from mineonline_ppo import PPOTrainer, ppo_loss
-from mineonline_core.trainer.loop import TrainLoop
-from mineonline_core.testing.kit import TinyImageEnv, cartpole, chunks_of, cnn_policy, mlp_policy, rollout_fragments
+
+from mineonline_core.config import OnlineConfig
+from mineonline_core.contracts import fragment as F
+from mineonline_core.contracts.policy import CategoricalHead
+from mineonline_core.errors import ConfigError
+from mineonline_core.testing.kit import (
+    TinyImageEnv,
+    cartpole,
+    chunks_of,
+    cnn_policy,
+    local_loop,
+    mlp_policy,
+    rollout_fragments,
+)
+from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 
 HEAD = CategoricalHead(4, 3)
 
@@ -145,15 +152,7 @@ def make_trainer(tmp_path, policy_fn=mlp_policy, **train):
         **train,
     }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = TrainLoop(
-        algorithm=PPOTrainer,
-        rollout_manager=None,
-        policy_generator=policy_fn,
-        env_generator=None,
-        config=config,
-        run_dir=str(tmp_path),
-    )
-    trainer.setup_rank(local=True)
+    trainer = local_loop(PPOTrainer, config, run_dir=str(tmp_path), policy=policy_fn)
     return trainer
 
 

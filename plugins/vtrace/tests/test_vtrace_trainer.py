@@ -8,23 +8,23 @@ import math
 
 import pytest
 import torch
+from mineonline_vtrace import RHO, VTraceTrainer, vtrace
 
 from mineonline_core.config import OnlineConfig
 from mineonline_core.config.messages import validate_trainer_options
-from mineonline_core.errors import ConfigError
 from mineonline_core.contracts import fragment as F
+from mineonline_core.errors import ConfigError
 from mineonline_core.testing.kit import (
     TinyGRUPolicy,
     cartpole,
     chunks_of,
+    local_loop,
     mlp_policy,
     rollout_fragments,
     time_limited_counting,
 )
 from mineonline_core.trainer.batch import assemble_chunks, denormalized_value
 from mineonline_core.trainer.sequence import forward_sequence
-from mineonline_vtrace import RHO, VTraceTrainer, vtrace
-from mineonline_core.trainer.loop import TrainLoop
 
 
 def gru_policy() -> TinyGRUPolicy:
@@ -44,15 +44,7 @@ def make_trainer(tmp_path, policy_fn=gru_policy, **train) -> VTraceTrainer:
         **train,
     }
     config = OnlineConfig(train_config=train, rollout_config={"fragment_length": 8})
-    trainer = TrainLoop(
-        algorithm=VTraceTrainer,
-        rollout_manager=None,
-        policy_generator=policy_fn,
-        env_generator=None,
-        config=config,
-        run_dir=str(tmp_path),
-    )
-    trainer.setup_rank(local=True)
+    trainer = local_loop(VTraceTrainer, config, run_dir=str(tmp_path), policy=policy_fn)
     trainer.iteration = 1
     return trainer
 
