@@ -64,3 +64,19 @@ def test_a_restarted_in_memory_store_host_lost_its_records_and_the_fetch_goes_on
     assert np.array_equal(batch[F.LOGPROB].numpy()[0], fresh[F.LOGPROB])
     assert trainer.corrupt_fragments == 2 and trainer.perf["buffer/corrupt_records"] == 0.0  # absent, not damaged
     assert all(f"refused fragment {key}" in caplog.text for key in lost) and "KeyError" in caplog.text
+
+
+def test_a_restarted_lmdb_store_host_keeps_the_runs_records(local_ray, tmp_path) -> None:
+    """The store host of an LMDB store is SIGKILLed: Ray restarts it, and it reopens the run's store as it is
+    (a run started with ``resume=False`` must not have its records cleared by its own host's restart)."""
+    ray = local_ray
+    trainer, add, store = setup(local_ray, tmp_path, LMDBStore)
+    kept = fragment("a", seed=1)
+    key = add(kept)
+    pid = ray.get(store.host.__ray_call__.remote(lambda self: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+    assert ray.get(store.host.__ray_call__.remote(lambda self: os.getpid())) != pid  # restarted, not dead
+    # What the restarted host itself holds (this process's own reader would still see the files it opened).
+    assert ray.get(store.host.keys.remote()) == [key]
+    batch = trainer.fetch_chunks(1)
+    assert np.array_equal(batch[F.LOGPROB].numpy()[0], kept[F.LOGPROB]) and trainer.corrupt_fragments == 0

@@ -1,0 +1,76 @@
+"""Ray restarts a run's bookkeeping actors in place when their process dies, and each restart is counted where
+the run's metrics go: the episode statistics actor and the logging actor, each SIGKILLed on a local cluster.
+
+The same deaths inside a whole CLI run, four kills in one run, are ``tests/faults/test_actor_deaths.py``; these
+take seconds, so the mutation check runs them first for the defects both catch. The store host's restart is in
+``tests/test_unreadable_records.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from mineonline_core.rollout.stats import ACTOR_OPTIONS, RESTARTS_METRIC, EpisodeStatistics
+from mineonline_core.services import loggerhub
+
+
+@ray.remote(num_cpus=0)
+class Recorder:
+    """A logging actor's one method the statistics actor calls, recording what it was given."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, float]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.records.append(dict(metrics))
+
+    def seen(self) -> list[dict[str, float]]:
+        return self.records
+
+
+def _sigkill(handle: Any) -> int:
+    pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def _within(seconds: float, done: Callable[[], bool], what: str) -> None:
+    """Polls ``done`` until it holds: the restarted actor's record comes from its own process, in no
+    order with this process's calls."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_killed_statistics_actor_is_restarted_and_counts_it(local_ray) -> None:
+    recorder = Recorder.remote()
+    stats = (
+        ray.remote(EpisodeStatistics)
+        .options(**ACTOR_OPTIONS, name="restarts-test/episode_statistics")
+        .remote(logger_hub=recorder, window=4)
+    )
+    pid = _sigkill(stats)
+    assert ray.get(stats.__ray_call__.remote(lambda self: os.getpid())) != pid  # restarted, same handle
+    assert ray.get(stats.summary.remote()) == {"episode/count": 0.0}  # it serves calls; its window died with it
+    _within(60, lambda: {RESTARTS_METRIC: 1.0} in ray.get(recorder.seen.remote()), "no stats/restarts record")
+
+
+def test_a_killed_logging_actor_is_restarted_counts_it_and_keeps_the_step_axis(local_ray, tmp_path) -> None:
+    hub = loggerhub.start_logger_hub(
+        run_name="restarts-test", run_dir=str(tmp_path), loggers=[], config={}, num_iterations=2, video_dir="videos"
+    )
+    ray.get(hub.add_env_steps.remote(100))
+    assert ray.get(hub.log_metrics.remote({"rollout/env_steps": 100.0})) == 100
+    pid = _sigkill(hub)
+    assert ray.get(hub.__ray_call__.remote(lambda self: os.getpid())) != pid
+    # The step axis goes on from where the dead hub left it: a record of the restarted hub is never stamped
+    # below one the loggers already have.
+    assert ray.get(hub.env_steps.remote()) == 100
+    assert ray.get(hub.latest.remote())[loggerhub.RESTARTS_METRIC] == 1.0
