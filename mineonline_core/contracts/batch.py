@@ -70,51 +70,9 @@ from typing import Any, TypedDict
 import torch
 from typing_extensions import NotRequired  # in typing from Python 3.11; pydantic brings it
 
+from mineonline_core.contracts.columns import Columns, Outputs
 
-class Columns:
-    """The name of every column of a fragment and of a training batch (``mineonline_core.contracts.fragment``
-    keeps its module constants, ``F.OBS`` and the rest, as aliases of these)."""
-
-    # Written by rollout, one per step (a fragment's, then a chunk's along time).
-    OBS = "obs"
-    ACTION = "action"
-    REWARD = "reward"
-    TERMINATED = "terminated"
-    TRUNCATED = "truncated"
-    FIRST = "first"
-    LOGPROB = "logprob"
-    VPRED = "vpred"
-    BOOTSTRAP = "bootstrap"
-    EPISODE_ID = "episode_id"
-    VERSION = "version"
-    REF_LOGITS = "ref_logits"  # optional: only where rollout ran the KL reference
-    # Written by rollout, once per fragment (never sliced into windows).
-    NEXT_OBS = "next_obs"
-    STATE_IN = "state_in"
-    REF_STATE_IN = "ref_state_in"
-    STREAM = "stream"
-    INDEX = "index"
-    WORKER_ID = "worker_id"
-    ENV_ID = "env_id"
-    # Added by the trainer before the update (fetch, then ``estimate``).
-    STALENESS = "staleness"
-    VALUE = "value"
-    ADVANTAGE = "advantage"
-    RETURN = "return"
-    LOGPROB_PROX = "logprob_prox"
-    # Added by the update loop, in head units.
-    OLD_VPRED = "old_vpred"
-    VALUE_TARGET = "value_target"
-    # Added under ``normalize_rewards`` (``contracts.normalize.RAW_REWARD``).
-    REWARD_RAW = "reward_raw"
-
-
-class Outputs:
-    """The keys of ``compute_loss``'s ``outputs`` (and of a policy's latents: ``PI_LOGITS``, ``VPRED``)."""
-
-    PI_LOGITS = "pi_logits"
-    VPRED = "vpred"
-    REF_LOGITS = "ref_logits"
+__all__ = ["COLUMN_DTYPES", "OUTPUT_DTYPES", "Columns", "ModelOutputs", "Outputs", "TrainBatch"]
 
 
 # Functional form: ``return`` is a Python keyword. Per-key facts: the module docstring's table.

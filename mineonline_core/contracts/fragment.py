@@ -42,7 +42,7 @@ import zlib
 
 import numpy as np
 
-from mineonline_core.contracts.batch import Columns
+from mineonline_core.contracts.columns import Columns
 from mineonline_core.contracts.store import payload_nbytes
 
 # The column names, declared once in ``contracts.batch.Columns`` (with the batch's dtypes, shapes and units).

@@ -18,7 +18,7 @@ from mineonline_core.builtin.envs import CRAFTER_ACHIEVEMENTS, crafter_score
 from mineonline_core.config import OnlineConfig
 from mineonline_core.errors import ConfigError
 from mineonline_core.contracts.envs import clip_action
-from mineonline_core.contracts.batch import Outputs
+from mineonline_core.contracts.columns import Outputs
 from mineonline_core.contracts.tree import to_numpy, to_torch, tree_map
 
 # Evaluation episodes reset with seeds seed + EVAL_SEED_OFFSET + i, held out from rollout's (seed + worker, env),
