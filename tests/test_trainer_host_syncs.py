@@ -12,25 +12,16 @@ import types
 import pytest
 import torch
 
-from mineonline_core.testing.kit import cartpole, mlp_policy
+from mineonline_core.testing.kit import cartpole, local_loop
 from mineonline_core.trainer.device import fused_adamw
 
 
 def _trainer(tmp_path, **train):  # type: ignore[no-untyped-def]
     from mineonline_core.config import load_config
     from mineonline_ppo import PPOTrainer
-    from mineonline_core.trainer.loop import TrainLoop
 
     config = load_config({"output_dir": str(tmp_path), "seed": 3, "train_config": train}).config
-    trainer = TrainLoop(
-        algorithm=PPOTrainer,
-        rollout_manager=None,
-        policy_generator=mlp_policy,
-        env_generator=cartpole,
-        config=config,
-        run_dir=str(tmp_path),
-    )
-    trainer.setup_rank(local=True)
+    trainer = local_loop(PPOTrainer, config, run_dir=str(tmp_path), env=cartpole)
     return trainer
 
 

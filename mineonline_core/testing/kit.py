@@ -220,7 +220,14 @@ def mlp_policy(seed: int = 0, hidden: int = 32) -> MLPPolicy:
     return MLPPolicy(obs_dim=4, num_actions=2, hidden_sizes=[hidden, hidden])
 
 
-def local_loop(algorithm: type, config: Any, *, run_dir: str, policy: Callable[[], nn.Module] = mlp_policy) -> Any:
+def local_loop(
+    algorithm: type,
+    config: Any,
+    *,
+    run_dir: str,
+    policy: Callable[[], nn.Module] = mlp_policy,
+    env: Callable[[], Any] | None = None,
+) -> Any:
     """A ``TrainLoop`` around ``algorithm`` set up on one local CPU rank with no rollout side, for tests
     that hand it batches themselves."""
     from mineonline_core.trainer.loop import TrainLoop
@@ -229,7 +236,7 @@ def local_loop(algorithm: type, config: Any, *, run_dir: str, policy: Callable[[
         algorithm=algorithm,
         rollout_manager=None,
         policy_generator=policy,
-        env_generator=None,
+        env_generator=env,
         config=config,
         run_dir=run_dir,
     )
