@@ -139,7 +139,7 @@ class ChunkFetching:
         batch[FIRST_SERVING] = torch.tensor(fresh, dtype=torch.bool, device=self.device)
         self.perf["perf/fetch_chunks_ms"] = 1e3 * (time.perf_counter() - start)
         self.perf["trainer/corrupt_fragments"] = float(self.corrupt_fragments)
-        self.perf["buffer/corrupt_records"] = float(self.__dict__.get("_corrupt_records", 0))
+        self.perf["buffer/corrupt_records"] = float(self.corrupt_records)
         return batch
 
     def _read_payloads(self, keys: list[str]) -> list[Any]:
@@ -162,14 +162,13 @@ class ChunkFetching:
 
     def _count_unreadable(self, exc: BaseException) -> None:
         if not isinstance(exc, KeyError):  # absent (a restarted in-memory store) is no damage
-            self.__dict__["_corrupt_records"] = self.__dict__.get("_corrupt_records", 0) + 1
+            self.corrupt_records += 1
 
     def _refuse(self, chunk_id: str, bad: dict[str, list[str]]) -> None:
         # A refused chunk stays in the buffer until used up: count and name each fragment once only.
-        seen = self.__dict__.setdefault("_refused_keys", set())
         for key, problems in bad.items():
-            if key not in seen:
-                seen.add(key)
+            if key not in self._refused_keys:
+                self._refused_keys.add(key)
                 self.corrupt_fragments += 1
                 if self.corrupt_fragments <= REFUSALS_NAMED or self.corrupt_fragments % 100 == 0:
                     log.warning(

@@ -134,7 +134,9 @@ class TrainLoop(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishin
         # The rollout workers' handles (rank 0), for broadcasts without the manager's hop.
         self._workers: list[WeightReceiverHandle] = []
         self._prefetch: deque[tuple[int, int, Future]] = deque()  # (iteration, num_chunks, its batch)
-        self.corrupt_fragments = 0
+        self.corrupt_fragments = 0  # refused fragments, each counted once (trainer/fetch.py)
+        self.corrupt_records = 0  # records the store could not decode
+        self._refused_keys: set[str] = set()  # a refused chunk is served again until used up
         # A KL reference policy, if the algorithm has one: rollout runs it beside the behaviour
         # policy so that each fragment records the reference's own recurrent state at its start.
         self.reference: nn.Module | None = None
