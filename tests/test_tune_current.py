@@ -183,3 +183,39 @@ def test_optuna_refuses_grids_before_ray_starts(tmp_path: Path) -> None:
     config, output = str(tmp_path / "cartpole.yaml"), f"output_dir={tmp_path / 'runs'}"
     assert main(["tune", config, output, "--search", "optuna", "--seeds", "0,1"]) == 2
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_optuna_sweep_hands_tune_optunas_seeded_search(tmp_path: Path) -> None:
+    """``--search optuna`` gives Tune Optuna's searcher, seeded by the config's seed: its proposals stay in
+    the space, the same seed proposes the same values, another seed others. ``--search random`` leaves
+    Tune's own grid and random draws. The whole sweep runs in docs/many-runs.md's block."""
+    from mineonline_core.driver.sweep import Space
+    from mineonline_core.driver.tune import _plan, _search
+
+    config = tmp_path / "cartpole.yaml"
+    config.write_text(CARTPOLE.format(iterations=3, save=50))
+    space = "train_config.learning_rate=loguniform(1e-4,3e-3)"
+    rate = Space("train_config.learning_rate", "loguniform", ("1e-4", "3e-3"))
+
+    def proposals(seed: int, name: str, search: str = "optuna") -> list[float] | None:
+        common = {"seeds": None, "scheduler": "asha", "metric": "m", "mode": "max", "num_samples": 3}
+        overrides = [space, f"seed={seed}", f"output_dir={tmp_path / 'runs'}"]
+        _, _, options = _plan(
+            str(config), overrides, name=name, **common, grace_period=None, perturbation_interval=None, search=search
+        )
+        searcher = _search(options)
+        if searcher is None:
+            return None
+        assert searcher.set_search_properties("m", "max", {rate.key: rate.to_tune()})
+        drawn = []
+        for n in range(3):
+            drawn.append(searcher.suggest(f"t{n}")[rate.key])
+            searcher.on_trial_complete(f"t{n}", {"m": float(n), "trainer/iteration": 3.0})
+        return drawn
+
+    first = proposals(7, "a")
+    assert first is not None, "--search optuna left Tune's random draws"
+    assert len(set(first)) == 3 and all(1e-4 <= value <= 3e-3 for value in first), first
+    assert proposals(7, "b") == first  # seeded by the config's seed
+    assert proposals(8, "c") != first
+    assert proposals(7, "d", search="random") is None
