@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -121,19 +122,33 @@ def test_tune_takes_the_newest_result_not_a_queue_of_past_iterations() -> None:
         raise AssertionError("step() returned past the run's error")
 
 
-def test_a_stopped_trial_asks_its_run_to_stop_at_once(local_ray) -> None:
-    """Tune's stop (``cleanup``) asks the run's rollout manager to stop before waiting for the run, instead of
-    leaving it to the run's monitor a second later (several CartPole iterations)."""
+def _bare_trial(run_dir: Path, metric: str = "trainer/learning_rate") -> Any:
+    """A ``TrialRun`` as ``setup`` leaves it, without Tune's actor: its monitor, ``step`` and ``cleanup`` run as in a
+    trial whose run directory is ``run_dir``."""
+    import queue
     import threading
-    import time
 
+    from mineonline_core.driver.sweep import TrialSpec
+    from mineonline_core.driver.trial import TrialRun
+
+    spec = TrialSpec(
+        source=None, fixed=(), keys=(), experiment="e", experiment_dir=str(run_dir.parent), metric=metric, cwd="."
+    )
+    trial = TrialRun.__new__(TrialRun)
+    trial.spec, trial.name, trial.run_dir = spec, run_dir.name, run_dir
+    trial._events, trial._stop, trial._thread, trial._restore_from = queue.Queue(), threading.Event(), None, None
+    trial._reported, trial._offset, trial._running = 0.0, 0, {}
+    return trial
+
+
+def _rollout_manager(run_name: str) -> Any:
+    """A named actor where the run's rollout manager would be, with what the trial calls on it: its stop flag."""
     import ray
 
-    from mineonline_core.driver.trial import TrialRun
     from mineonline_core.services.names import NAMESPACE, ROLLOUT_MANAGER, actor_name
 
     @ray.remote
-    class Manager:  # what the trial calls on the run's rollout manager: its stop flag
+    class Manager:
         def __init__(self) -> None:
             self.stop = False
 
@@ -143,7 +158,50 @@ def test_a_stopped_trial_asks_its_run_to_stop_at_once(local_ray) -> None:
         def stop_requested(self) -> bool:
             return self.stop
 
-    manager = Manager.options(name=actor_name("trial-run", ROLLOUT_MANAGER), namespace=NAMESPACE).remote()
+    return Manager.options(name=actor_name(run_name, ROLLOUT_MANAGER), namespace=NAMESPACE).remote()
+
+
+def test_a_stopped_trial_tells_its_runs_monitor_and_manager_before_waiting_for_it(local_ray, tmp_path: Path) -> None:
+    """Tune's stop (``cleanup``) of a running trial: the run's monitor answers stop at its next call, and the run's
+    rollout manager has been asked to stop by the time ``cleanup`` returns, so the trial ends within the iteration
+    it is in instead of training on to ``num_iterations``. The run here polls its monitor as the driver loop does."""
+    import threading
+    import time
+
+    import ray
+
+    trial = _bare_trial(tmp_path / "e-stopped")
+    manager = _rollout_manager(trial.name)
+    ray.get(manager.stop_requested.remote())  # created before the trial's stop looks it up
+    ended: list[str] = []
+
+    def run() -> None:
+        deadline = time.monotonic() + 5  # the flag is set before anything else: a loaded machine still sees it
+        while time.monotonic() < deadline:
+            if trial._on_latest({}):
+                ended.append("monitor")
+                return
+            time.sleep(0.01)
+        ended.append("trained on")
+
+    trial._thread = threading.Thread(target=run)
+    trial._thread.start()
+    trial.cleanup()
+    assert ended == ["monitor"]
+    assert ray.get(manager.stop_requested.remote()), "the run's manager was left to the monitor's next call"
+
+
+def test_a_stopped_trial_asks_its_run_to_stop_at_once(local_ray) -> None:
+    """Tune's stop (``cleanup``) asks the run's rollout manager to stop before waiting for the run, instead of
+    leaving it to the run's monitor a second later (several CartPole iterations)."""
+    import threading
+    import time
+
+    import ray
+
+    from mineonline_core.driver.trial import TrialRun
+
+    manager = _rollout_manager("trial-run")
     seen: list[bool] = []
 
     def run() -> None:  # the run's trainer: goes on until its manager says stop
