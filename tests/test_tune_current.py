@@ -191,6 +191,34 @@ def test_a_stopped_trial_tells_its_runs_monitor_and_manager_before_waiting_for_i
     assert ray.get(manager.stop_requested.remote()), "the run's manager was left to the monitor's next call"
 
 
+def test_a_stopped_trials_row_shows_its_runs_last_value_not_tunes_last_result(tmp_path: Path) -> None:
+    """A trial the scheduler stops ends the iteration it is in and logs it after Tune took its last result: the
+    table shows the run's own last value (its console logger's summary), with the run's last checkpoint."""
+    import threading
+
+    from ray.tune import Result
+
+    from mineonline_core.builtin.console import ConsoleLogger
+    from mineonline_core.driver.tune import _rows
+
+    run_dir = tmp_path / "e-00000"
+    trial = _bare_trial(run_dir, metric="m")
+    trial._thread = threading.current_thread()  # step() takes the monitor's results; no run thread
+    logger = ConsoleLogger(run_dir=str(run_dir))
+    for iteration in (1, 2):
+        logger.log_metrics({"trainer/iteration": float(iteration), "m": 1.0 / iteration}, step=100 * iteration)
+    trial._on_latest({})
+    taken = trial.step()  # the last result Tune takes: the scheduler stops the trial on it
+    logger.log_metrics({"trainer/iteration": 3.0, "m": 1.0 / 3}, step=300)  # the iteration the run was in
+    logger.finish()
+    (run_dir / "checkpoints" / "checkpoint_000003").mkdir(parents=True)
+    (run_dir / "checkpoints" / "checkpoint_000003" / "manifest.json").write_text("{}")
+    result = Result(metrics={**taken, "done": True}, checkpoint=None, error=None, path=str(run_dir))
+    [row] = _rows([result], trial.spec, {"iterations": 8, "scheduler": "asha"})
+    assert (taken["trainer/iteration"], taken["m"]) == (2.0, 0.5)
+    assert (row["metric"], row["iterations"], row["status"]) == ("0.3333", 3, "stopped early (asha)"), row
+
+
 def test_a_stopped_trial_asks_its_run_to_stop_at_once(local_ray) -> None:
     """Tune's stop (``cleanup``) asks the run's rollout manager to stop before waiting for the run, instead of
     leaving it to the run's monitor a second later (several CartPole iterations)."""
