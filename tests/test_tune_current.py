@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_tune import CARTPOLE
+from tests.test_tune import CARTPOLE, bare_trial
 
 
 def _tune(tmp_path: Path, *args: str, iterations: int = 3) -> subprocess.CompletedProcess:
@@ -122,25 +122,6 @@ def test_tune_takes_the_newest_result_not_a_queue_of_past_iterations() -> None:
         raise AssertionError("step() returned past the run's error")
 
 
-def _bare_trial(run_dir: Path, metric: str = "trainer/learning_rate") -> Any:
-    """A ``TrialRun`` as ``setup`` leaves it, without Tune's actor: its monitor, ``step`` and ``cleanup`` run as in a
-    trial whose run directory is ``run_dir``."""
-    import queue
-    import threading
-
-    from mineonline_core.driver.sweep import TrialSpec
-    from mineonline_core.driver.trial import TrialRun
-
-    spec = TrialSpec(
-        source=None, fixed=(), keys=(), experiment="e", experiment_dir=str(run_dir.parent), metric=metric, cwd="."
-    )
-    trial = TrialRun.__new__(TrialRun)
-    trial.spec, trial.name, trial.run_dir = spec, run_dir.name, run_dir
-    trial._events, trial._stop, trial._thread, trial._restore_from = queue.Queue(), threading.Event(), None, None
-    trial._reported, trial._offset, trial._running = 0.0, 0, {}
-    return trial
-
-
 def _rollout_manager(run_name: str) -> Any:
     """A named actor where the run's rollout manager would be, with what the trial calls on it: its stop flag."""
     import ray
@@ -170,7 +151,7 @@ def test_a_stopped_trial_tells_its_runs_monitor_and_manager_before_waiting_for_i
 
     import ray
 
-    trial = _bare_trial(tmp_path / "e-stopped")
+    trial = bare_trial(tmp_path / "e-stopped")
     manager = _rollout_manager(trial.name)
     ray.get(manager.stop_requested.remote())  # created before the trial's stop looks it up
     ended: list[str] = []
@@ -202,7 +183,7 @@ def test_a_stopped_trials_row_shows_its_runs_last_value_not_tunes_last_result(tm
     from mineonline_core.driver.tune import _rows
 
     run_dir = tmp_path / "e-00000"
-    trial = _bare_trial(run_dir, metric="m")
+    trial = bare_trial(run_dir, metric="m")
     trial._thread = threading.current_thread()  # step() takes the monitor's results; no run thread
     logger = ConsoleLogger(run_dir=str(run_dir))
     for iteration in (1, 2):
