@@ -210,3 +210,34 @@ def test_a_trial_restarted_by_resume_continues_its_runs_checkpoint(tmp_path, mon
     [call] = calls
     assert (call["source"], call["overrides"], call.get("resume")) == (None, [], str(trial.run_dir)), call
     assert trial._events.get_nowait()[0] == "end"
+
+
+def test_an_interrupted_sweeps_warning_names_mineonlines_resume_not_rays_api(tmp_path):
+    """While the experiment runs, Tune's interruption warning (``ray.tune.tune``'s logger, the words Ray writes)
+    reads as the command that continues it; outside the experiment Tune's logger is left as it was.
+    The real Ctrl-C of a sweep is in ``test_an_interrupted_experiment_resumes``."""
+    import logging
+
+    from mineonline_core.driver.tune import resume_hint
+
+    seen: list[str] = []
+
+    class Console(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    tune_log, console = logging.getLogger("ray.tune.tune"), Console(level=logging.WARNING)
+    interrupted = (
+        "Experiment has been interrupted, but the most recent state was saved.\n"
+        f'Resume experiment with: Tuner.restore(path="{tmp_path}", trainable=...)'
+    )
+    tune_log.addHandler(console)
+    try:
+        with resume_hint(tmp_path):
+            tune_log.warning(interrupted)
+        tune_log.warning(interrupted)
+    finally:
+        tune_log.removeHandler(console)
+    during, after = seen
+    assert f"Continue it with: mineonline tune --resume {tmp_path}" in during and "Tuner.restore" not in during
+    assert after == interrupted
