@@ -240,3 +240,30 @@ def test_quiet_prints_the_last_line_alone(tmp_path) -> None:
     assert last.get("rollout/env_steps_per_s", 0) > 0 and last["rollout/env_steps"] > 0, last
     summary = json.loads((tmp_path / "runs" / "hush" / "summary.json").read_text())
     assert summary["rollout/env_steps_per_s"] == last["rollout/env_steps_per_s"]
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_quiet_leaves_out_the_summary_table_and_the_progress(tmp_path, monkeypatch, capsys, quiet: bool) -> None:
+    """What the driver prints around the run (``api.run``, every check before Ray included) with and without
+    ``quiet``; the run itself (Ray, actors, training) stands in as its outcome, a completed run's summary.
+    The real quiet run is ``test_quiet_prints_the_last_line_alone``."""
+    import yaml
+
+    from mineonline_core.driver import api
+
+    launched: list[bool | None] = []
+
+    def launch(resolved, pm, run_dir, *, progress, **_) -> tuple[str, dict]:
+        launched.append(progress)
+        return "completed", {"summary": {"env_steps": 4096, "episode/return_mean": 21.5, "trainer/iteration": 3}}
+
+    monkeypatch.setattr(api, "_launch", launch)
+    config = yaml.safe_load(CARTPOLE.format(name="hush", out=tmp_path / "runs"))
+    result = api.run(config, progress=False, quiet=quiet)
+    out = capsys.readouterr().out
+    assert result["status"] == "completed" and launched == [None if quiet else False]
+    last = f"run hush completed: {tmp_path / 'runs' / 'hush'}"
+    if quiet:
+        assert out.strip().splitlines() == [last], out
+    else:
+        assert "return_mean" in out and "21.5" in out and out.strip().splitlines()[-1] == last, out
