@@ -267,3 +267,23 @@ def test_quiet_leaves_out_the_summary_table_and_the_progress(tmp_path, monkeypat
         assert out.strip().splitlines() == [last], out
     else:
         assert "return_mean" in out and "21.5" in out and out.strip().splitlines()[-1] == last, out
+
+
+@pytest.mark.parametrize("progress", [None, False])
+def test_the_watch_loop_prints_plain_progress_lines_and_none_when_quiet(local_ray, tmp_path, capsys, progress) -> None:
+    """The driver's watch loop (``training.train_with_progress``, real logging actor): ``--no-progress``
+    (``progress=False``) prints plain lines, ``--quiet`` (``None``, what ``run`` passes) prints none."""
+    from mineonline_core.driver.training import train_with_progress
+    from tests.faults.test_driver_faults import BlockingTrainer, _actors, _config
+
+    run = "watch-quiet" if progress is None else "watch-plain"
+    hub, manager = _actors(local_ray, run, tmp_path)
+    trainer = BlockingTrainer()
+    trainer.release.set()  # one pass of the loop: a line, then the last one as the display closes
+    result = train_with_progress(trainer, manager, hub, _config(run), progress=progress)
+    out = capsys.readouterr().out
+    assert result["status"] == "completed"
+    if progress is None:
+        assert out == "", out
+    else:
+        assert out.splitlines() and all(line.startswith("iter ") and "elapsed" in line for line in out.splitlines())
