@@ -155,10 +155,11 @@ def test_a_stopped_trial_tells_its_runs_monitor_and_manager_before_waiting_for_i
     manager = _rollout_manager(trial.name)
     ray.get(manager.stop_requested.remote())  # created before the trial's stop looks it up
     ended: list[str] = []
+    stopping_at: list[float] = []
 
     def run() -> None:
-        deadline = time.monotonic() + 5  # the flag is set before anything else: a loaded machine still sees it
-        while time.monotonic() < deadline:
+        # The flag is set first thing in cleanup: 5 s after it was called, even a loaded machine has seen it.
+        while not stopping_at or time.monotonic() < stopping_at[0] + 5:
             if trial._on_latest({}):
                 ended.append("monitor")
                 return
@@ -167,6 +168,7 @@ def test_a_stopped_trial_tells_its_runs_monitor_and_manager_before_waiting_for_i
 
     trial._thread = threading.Thread(target=run)
     trial._thread.start()
+    stopping_at.append(time.monotonic())
     trial.cleanup()
     assert ended == ["monitor"]
     assert ray.get(manager.stop_requested.remote()), "the run's manager was left to the monitor's next call"
