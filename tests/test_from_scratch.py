@@ -90,3 +90,20 @@ def test_the_first_line_comes_before_anything_slow(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stdout.splitlines()[0].startswith("mineonline run: checking the config, then starting a local Ray")
     assert "SACTrainer" in done.stderr and "A2CTrainer" not in done.stderr  # no suggestion of an unrelated name
+
+
+def test_the_defaults_filled_in_are_shown_at_start_and_not_in_the_quiet_mode(tmp_path: Path, capsys) -> None:
+    """The from-scratch defaults are printed as the run starts, before its later checks and Ray: here an
+    unknown trainer then stops it (exit 2). ``--quiet`` leaves them out (its one line is the last).
+    The whole run that learns with them is ``test_a_minimal_config_learns_cartpole_from_the_command_line``."""
+    from mineonline_core.cli import main
+
+    (tmp_path / "minimal.yaml").write_text(yaml.safe_dump({**MINIMAL, "trainer_name": "SACTrainer"}))
+    config = str(tmp_path / "minimal.yaml")
+    assert main(["run", config, f"output_dir={tmp_path / 'runs'}", "--no-progress"]) == 2
+    shown = capsys.readouterr()
+    assert "from-scratch defaults: train_config.learning_rate=0.0003, train_config.discount=0.99," in shown.out
+    assert "SACTrainer" in shown.err
+    assert main(["run", config, f"output_dir={tmp_path / 'runs'}", "--quiet"]) == 2
+    assert "from-scratch defaults" not in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists()

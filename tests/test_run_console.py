@@ -240,3 +240,50 @@ def test_quiet_prints_the_last_line_alone(tmp_path) -> None:
     assert last.get("rollout/env_steps_per_s", 0) > 0 and last["rollout/env_steps"] > 0, last
     summary = json.loads((tmp_path / "runs" / "hush" / "summary.json").read_text())
     assert summary["rollout/env_steps_per_s"] == last["rollout/env_steps_per_s"]
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_quiet_leaves_out_the_summary_table_and_the_progress(tmp_path, monkeypatch, capsys, quiet: bool) -> None:
+    """What the driver prints around the run (``api.run``, every check before Ray included) with and without
+    ``quiet``; the run itself (Ray, actors, training) stands in as its outcome, a completed run's summary.
+    The real quiet run is ``test_quiet_prints_the_last_line_alone``."""
+    import yaml
+
+    from mineonline_core.driver import api
+
+    launched: list[bool | None] = []
+
+    def launch(resolved, pm, run_dir, *, progress, **_) -> tuple[str, dict]:
+        launched.append(progress)
+        return "completed", {"summary": {"env_steps": 4096, "episode/return_mean": 21.5, "trainer/iteration": 3}}
+
+    monkeypatch.setattr(api, "_launch", launch)
+    config = yaml.safe_load(CARTPOLE.format(name="hush", out=tmp_path / "runs"))
+    result = api.run(config, progress=False, quiet=quiet)
+    out = capsys.readouterr().out
+    assert result["status"] == "completed" and launched == [None if quiet else False]
+    last = f"run hush completed: {tmp_path / 'runs' / 'hush'}"
+    if quiet:
+        assert out.strip().splitlines() == [last], out
+    else:
+        assert "return_mean" in out and "21.5" in out and out.strip().splitlines()[-1] == last, out
+
+
+@pytest.mark.parametrize("progress", [None, False])
+def test_the_watch_loop_prints_plain_progress_lines_and_none_when_quiet(local_ray, tmp_path, capsys, progress) -> None:
+    """The driver's watch loop (``training.train_with_progress``, real logging actor): ``--no-progress``
+    (``progress=False``) prints plain lines, ``--quiet`` (``None``, what ``run`` passes) prints none."""
+    from mineonline_core.driver.training import train_with_progress
+    from tests.faults.test_driver_faults import BlockingTrainer, _actors, _config
+
+    run = "watch-quiet" if progress is None else "watch-plain"
+    hub, manager = _actors(local_ray, run, tmp_path)
+    trainer = BlockingTrainer()
+    trainer.release.set()  # one pass of the loop: a line, then the last one as the display closes
+    result = train_with_progress(trainer, manager, hub, _config(run), progress=progress)
+    out = capsys.readouterr().out
+    assert result["status"] == "completed"
+    if progress is None:
+        assert out == "", out
+    else:
+        assert out.splitlines() and all(line.startswith("iter ") and "elapsed" in line for line in out.splitlines())

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from mineonline_core.cli import main
 from mineonline_core.driver.tune import RESULTS_FILE
@@ -57,6 +58,25 @@ def _table(exp_dir: Path) -> list[dict]:
 def _iterations(run_dir: Path) -> list[int]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [int(r["trainer/iteration"]) for r in records if "trainer/iteration" in r]
+
+
+def bare_trial(run_dir: Path, metric: str = "trainer/learning_rate") -> Any:
+    """A ``TrialRun`` as ``setup`` leaves it, without Tune's actor: its monitor, ``step`` and ``cleanup`` run as in a
+    trial whose run directory is ``run_dir``."""
+    import queue
+    import threading
+
+    from mineonline_core.driver.sweep import TrialSpec
+    from mineonline_core.driver.trial import TrialRun
+
+    spec = TrialSpec(
+        source=None, fixed=(), keys=(), experiment="e", experiment_dir=str(run_dir.parent), metric=metric, cwd="."
+    )
+    trial = TrialRun.__new__(TrialRun)
+    trial.spec, trial.name, trial.run_dir = spec, run_dir.name, run_dir
+    trial._events, trial._stop, trial._thread, trial._restore_from = queue.Queue(), threading.Event(), None, None
+    trial._reported, trial._offset, trial._running = 0.0, 0, {}
+    return trial
 
 
 def test_bad_search_space_fails_before_ray_starts(tmp_path, capsys):
@@ -168,3 +188,56 @@ def test_the_table_reports_each_trials_end_and_a_failures_root_cause(tmp_path):
         "status",
         "run_dir",
     ]
+
+
+def test_a_trial_restarted_by_resume_continues_its_runs_checkpoint(tmp_path, monkeypatch):
+    """``mineonline tune --resume`` restarts an unfinished trial in a new actor: its run continues from the run
+    directory's latest checkpoint (``run(resume=...)``), never a fresh run of the trial's config over it.
+    The whole interruption and resume runs in ``test_an_interrupted_experiment_resumes``."""
+    from mineonline_core.driver import api
+
+    calls: list[dict] = []
+
+    def run(source, overrides=(), **options):  # records what the trial asks of the driver
+        calls.append({"source": source, "overrides": list(overrides), **options})
+        return {"status": "completed", "iteration": 40, "summary": {}}
+
+    monkeypatch.setattr(api, "run", run)
+    trial = bare_trial(tmp_path / "exp" / "exp-00000-seed=0")
+    trial.config = {}
+    (trial.run_dir / "checkpoints" / "checkpoint_000002").mkdir(parents=True)
+    trial._run()
+    [call] = calls
+    assert (call["source"], call["overrides"], call.get("resume")) == (None, [], str(trial.run_dir)), call
+    assert trial._events.get_nowait()[0] == "end"
+
+
+def test_an_interrupted_sweeps_warning_names_mineonlines_resume_not_rays_api(tmp_path):
+    """While the experiment runs, Tune's interruption warning (``ray.tune.tune``'s logger, the words Ray writes)
+    reads as the command that continues it; outside the experiment Tune's logger is left as it was.
+    The real Ctrl-C of a sweep is in ``test_an_interrupted_experiment_resumes``."""
+    import logging
+
+    from mineonline_core.driver.tune import resume_hint
+
+    seen: list[str] = []
+
+    class Console(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    tune_log, console = logging.getLogger("ray.tune.tune"), Console(level=logging.WARNING)
+    interrupted = (
+        "Experiment has been interrupted, but the most recent state was saved.\n"
+        f'Resume experiment with: Tuner.restore(path="{tmp_path}", trainable=...)'
+    )
+    tune_log.addHandler(console)
+    try:
+        with resume_hint(tmp_path):
+            tune_log.warning(interrupted)
+        tune_log.warning(interrupted)
+    finally:
+        tune_log.removeHandler(console)
+    during, after = seen
+    assert f"Continue it with: mineonline tune --resume {tmp_path}" in during and "Tuner.restore" not in during
+    assert after == interrupted

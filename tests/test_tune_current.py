@@ -17,11 +17,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from tests.test_tune import CARTPOLE
+from tests.test_tune import CARTPOLE, bare_trial
 
 
 def _tune(tmp_path: Path, *args: str, iterations: int = 3) -> subprocess.CompletedProcess:
@@ -121,19 +122,14 @@ def test_tune_takes_the_newest_result_not_a_queue_of_past_iterations() -> None:
         raise AssertionError("step() returned past the run's error")
 
 
-def test_a_stopped_trial_asks_its_run_to_stop_at_once(local_ray) -> None:
-    """Tune's stop (``cleanup``) asks the run's rollout manager to stop before waiting for the run, instead of
-    leaving it to the run's monitor a second later (several CartPole iterations)."""
-    import threading
-    import time
-
+def _rollout_manager(run_name: str) -> Any:
+    """A named actor where the run's rollout manager would be, with what the trial calls on it: its stop flag."""
     import ray
 
-    from mineonline_core.driver.trial import TrialRun
     from mineonline_core.services.names import NAMESPACE, ROLLOUT_MANAGER, actor_name
 
     @ray.remote
-    class Manager:  # what the trial calls on the run's rollout manager: its stop flag
+    class Manager:
         def __init__(self) -> None:
             self.stop = False
 
@@ -143,7 +139,80 @@ def test_a_stopped_trial_asks_its_run_to_stop_at_once(local_ray) -> None:
         def stop_requested(self) -> bool:
             return self.stop
 
-    manager = Manager.options(name=actor_name("trial-run", ROLLOUT_MANAGER), namespace=NAMESPACE).remote()
+    return Manager.options(name=actor_name(run_name, ROLLOUT_MANAGER), namespace=NAMESPACE).remote()
+
+
+def test_a_stopped_trial_tells_its_runs_monitor_and_manager_before_waiting_for_it(local_ray, tmp_path: Path) -> None:
+    """Tune's stop (``cleanup``) of a running trial: the run's monitor answers stop at its next call, and the run's
+    rollout manager has been asked to stop by the time ``cleanup`` returns, so the trial ends within the iteration
+    it is in instead of training on to ``num_iterations``. The run here polls its monitor as the driver loop does."""
+    import threading
+    import time
+
+    import ray
+
+    trial = bare_trial(tmp_path / "e-stopped")
+    manager = _rollout_manager(trial.name)
+    ray.get(manager.stop_requested.remote())  # created before the trial's stop looks it up
+    ended: list[str] = []
+    stopping_at: list[float] = []
+
+    def run() -> None:
+        # The flag is set first thing in cleanup: 5 s after it was called, even a loaded machine has seen it.
+        while not stopping_at or time.monotonic() < stopping_at[0] + 5:
+            if trial._on_latest({}):
+                ended.append("monitor")
+                return
+            time.sleep(0.01)
+        ended.append("trained on")
+
+    trial._thread = threading.Thread(target=run)
+    trial._thread.start()
+    stopping_at.append(time.monotonic())
+    trial.cleanup()
+    assert ended == ["monitor"]
+    assert ray.get(manager.stop_requested.remote()), "the run's manager was left to the monitor's next call"
+
+
+def test_a_stopped_trials_row_shows_its_runs_last_value_not_tunes_last_result(tmp_path: Path) -> None:
+    """A trial the scheduler stops ends the iteration it is in and logs it after Tune took its last result: the
+    table shows the run's own last value (its console logger's summary), with the run's last checkpoint."""
+    import threading
+
+    from ray.tune import Result
+
+    from mineonline_core.builtin.console import ConsoleLogger
+    from mineonline_core.driver.tune import _rows
+
+    run_dir = tmp_path / "e-00000"
+    trial = bare_trial(run_dir, metric="m")
+    trial._thread = threading.current_thread()  # step() takes the monitor's results; no run thread
+    logger = ConsoleLogger(run_dir=str(run_dir))
+    for iteration in (1, 2):
+        logger.log_metrics({"trainer/iteration": float(iteration), "m": 1.0 / iteration}, step=100 * iteration)
+    trial._on_latest({})
+    taken = trial.step()  # the last result Tune takes: the scheduler stops the trial on it
+    logger.log_metrics({"trainer/iteration": 3.0, "m": 1.0 / 3}, step=300)  # the iteration the run was in
+    logger.finish()
+    (run_dir / "checkpoints" / "checkpoint_000003").mkdir(parents=True)
+    (run_dir / "checkpoints" / "checkpoint_000003" / "manifest.json").write_text("{}")
+    result = Result(metrics={**taken, "done": True}, checkpoint=None, error=None, path=str(run_dir))
+    [row] = _rows([result], trial.spec, {"iterations": 8, "scheduler": "asha"})
+    assert (taken["trainer/iteration"], taken["m"]) == (2.0, 0.5)
+    assert (row["metric"], row["iterations"], row["status"]) == ("0.3333", 3, "stopped early (asha)"), row
+
+
+def test_a_stopped_trial_asks_its_run_to_stop_at_once(local_ray) -> None:
+    """Tune's stop (``cleanup``) asks the run's rollout manager to stop before waiting for the run, instead of
+    leaving it to the run's monitor a second later (several CartPole iterations)."""
+    import threading
+    import time
+
+    import ray
+
+    from mineonline_core.driver.trial import TrialRun
+
+    manager = _rollout_manager("trial-run")
     seen: list[bool] = []
 
     def run() -> None:  # the run's trainer: goes on until its manager says stop
@@ -183,3 +252,39 @@ def test_optuna_refuses_grids_before_ray_starts(tmp_path: Path) -> None:
     config, output = str(tmp_path / "cartpole.yaml"), f"output_dir={tmp_path / 'runs'}"
     assert main(["tune", config, output, "--search", "optuna", "--seeds", "0,1"]) == 2
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_optuna_sweep_hands_tune_optunas_seeded_search(tmp_path: Path) -> None:
+    """``--search optuna`` gives Tune Optuna's searcher, seeded by the config's seed: its proposals stay in
+    the space, the same seed proposes the same values, another seed others. ``--search random`` leaves
+    Tune's own grid and random draws. The whole sweep runs in docs/many-runs.md's block."""
+    from mineonline_core.driver.sweep import Space
+    from mineonline_core.driver.tune import _plan, _search
+
+    config = tmp_path / "cartpole.yaml"
+    config.write_text(CARTPOLE.format(iterations=3, save=50))
+    space = "train_config.learning_rate=loguniform(1e-4,3e-3)"
+    rate = Space("train_config.learning_rate", "loguniform", ("1e-4", "3e-3"))
+
+    def proposals(seed: int, name: str, search: str = "optuna") -> list[float] | None:
+        common = {"seeds": None, "scheduler": "asha", "metric": "m", "mode": "max", "num_samples": 3}
+        overrides = [space, f"seed={seed}", f"output_dir={tmp_path / 'runs'}"]
+        _, _, options = _plan(
+            str(config), overrides, name=name, **common, grace_period=None, perturbation_interval=None, search=search
+        )
+        searcher = _search(options)
+        if searcher is None:
+            return None
+        assert searcher.set_search_properties("m", "max", {rate.key: rate.to_tune()})
+        drawn = []
+        for n in range(3):
+            drawn.append(searcher.suggest(f"t{n}")[rate.key])
+            searcher.on_trial_complete(f"t{n}", {"m": float(n), "trainer/iteration": 3.0})
+        return drawn
+
+    first = proposals(7, "a")
+    assert first is not None, "--search optuna left Tune's random draws"
+    assert len(set(first)) == 3 and all(1e-4 <= value <= 3e-3 for value in first), first
+    assert proposals(7, "b") == first  # seeded by the config's seed
+    assert proposals(8, "c") != first
+    assert proposals(7, "d", search="random") is None

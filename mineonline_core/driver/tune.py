@@ -17,6 +17,7 @@ printed at the end. Schedulers: ASHA and PBT, on ``trainer/iteration`` and any m
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import datetime
@@ -25,6 +26,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Sequence
 
 from mineonline_core.errors import ConfigError, last_line
@@ -117,19 +119,26 @@ def tune(
                 ),
                 run_config=ray_tune.RunConfig(name=spec.experiment, storage_path=str(exp_dir.parent), verbose=1),
             )
-        # Ray's own "resume with Tuner.restore(...)" hint names an API a CLI user does not call.
-        tune_log, hint = logging.getLogger("ray.tune.tune"), _ResumeHint(exp_dir)
-        tune_log.addFilter(hint)
-        try:
+        with resume_hint(exp_dir):
             grid = tuner.fit()
-        finally:
-            tune_log.removeFilter(hint)
         rows = _rows(grid, spec, options)
     finally:
         if started_ray:
             ray.shutdown()
     _write_table(rows, exp_dir / RESULTS_FILE)
     return rows
+
+
+@contextlib.contextmanager
+def resume_hint(exp_dir: Path) -> Iterator[None]:
+    """While Tune runs the experiment: its interruption warning names ``mineonline tune --resume``, not Ray's
+    own ``Tuner.restore(...)``, an API a CLI user does not call."""
+    tune_log, hint = logging.getLogger("ray.tune.tune"), _ResumeHint(exp_dir)
+    tune_log.addFilter(hint)
+    try:
+        yield
+    finally:
+        tune_log.removeFilter(hint)
 
 
 class _ResumeHint(logging.Filter):

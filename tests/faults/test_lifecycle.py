@@ -233,6 +233,29 @@ def test_stop_a_real_run_from_a_second_driver(ray_cluster: str, tmp_path: Path) 
     )
 
 
+def test_a_run_directory_names_its_run_and_the_cluster_it_recorded(tmp_path: Path, monkeypatch) -> None:
+    """What `status RUN_DIR` and `stop RUN_DIR` mean (``run_target``): the run named in its run.json, on the cluster
+    the run recorded there (``record_cluster``, as `run` does once Ray is up), never the one `auto` picks; an
+    --address given wins; a bare name is looked for under runs/; a run that recorded none, or no run, means `auto`.
+    The whole path, a run on its own cluster stopped by its directory, is the test below."""
+    import json
+
+    from mineonline_core.driver.lifecycle import run_target
+    from mineonline_core.driver.rundir import RUN_FILE, record_cluster
+
+    run_dir = tmp_path / "runs" / "alone"
+    run_dir.mkdir(parents=True)
+    (run_dir / RUN_FILE).write_text(json.dumps({"run_name": "alone", "source_path": None, "overrides": []}))
+    assert run_target(str(run_dir), None) == ("alone", "auto")  # started, not yet on a cluster
+    record_cluster(run_dir, "127.0.0.1:6390")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6391")  # where `auto` would look
+    assert run_target(str(run_dir), None) == ("alone", "127.0.0.1:6390")
+    assert run_target("alone", None) == ("alone", "127.0.0.1:6390")  # runs/alone
+    assert run_target(str(run_dir), "10.0.0.2:6379") == ("alone", "10.0.0.2:6379")
+    assert run_target("other", None) == ("other", "auto")
+
+
 def test_a_run_on_its_own_cluster_is_found_by_its_directory_and_stops_cleanly(tmp_path: Path, unused_port: int) -> None:
     """`mineonline run` without --address starts a cluster of its own, and records its address in run.json;
     `status RUN_DIR` and `stop RUN_DIR` reach that cluster, not the one `auto` picks (here RAY_ADDRESS
