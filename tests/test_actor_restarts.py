@@ -62,6 +62,10 @@ def test_a_killed_statistics_actor_is_restarted_and_counts_it(local_ray) -> None
     pid = _sigkill(stats)
     assert ray.get(stats.__ray_call__.remote(lambda self: os.getpid())) != pid  # restarted, same handle
     assert ray.get(stats.summary.remote()) == {"episode/count": 0.0}  # it serves calls; its window died with it
+    # Asked by the restarted actor itself, the recorder has the record already: Ray runs one caller's calls to an
+    # actor in the order they were made, and the restarted constructor made its call first. No wait to run out.
+    seen_by_stats = ray.get(stats.__ray_call__.remote(lambda self: ray.get(self.logger_hub.seen.remote())))
+    assert {RESTARTS_METRIC: 1.0} in seen_by_stats, f"the restarted statistics actor logged no restart: {seen_by_stats}"
     _within(60, lambda: {RESTARTS_METRIC: 1.0} in ray.get(recorder.seen.remote()), "no stats/restarts record")
 
 
