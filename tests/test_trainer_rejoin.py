@@ -5,10 +5,11 @@ the run where it stands, on a real rollout manager, logging actor and LMDB store
   (``trainer/recovery.py``): otherwise fragments kept in the store from before the stop carry versions above the
   trainer's, and the fetch refuses them as corrupt (a negative staleness);
 * the loggers drop what the dead attempt logged after the checkpoint the new one resumes from: one record per
-  iteration in ``metrics.jsonl``.
+  iteration in ``metrics.jsonl``;
+* a resumed run's logging actor counts env steps on from the checkpoint's: the step axis never goes back.
 
-The same through whole runs (a driver killed and resumed, a rank SIGKILLed) are in ``tests/faults/test_resume.py``;
-these take seconds, so the mutation check runs them first.
+The same through whole runs (a driver killed and resumed, a rank SIGKILLed) are in ``tests/faults/test_resume.py``
+and ``tests/test_resume_safety.py``; these take seconds, so the mutation check runs them first.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ from mineonline_core.builtin.console import ConsoleLogger, ConsoleOptions
 from mineonline_core.config import load_config
 from mineonline_core.contracts.envs import adapted
 from mineonline_core.contracts.fragment import fragment_meta
+from mineonline_core.driver import api
+from mineonline_core.driver.resolve import resolve
+from mineonline_core.registry import get_plugin_manager
 from mineonline_core.rollout.manager import launch_rollout_manager
 from mineonline_core.services import loggerhub
 from mineonline_core.testing import kit as tk
+from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.trainer.loop import TrainLoop
 from mineonline_core.trainer.recovery import rejoin_version
 from tests.conftest import cartpole_config
@@ -133,3 +138,21 @@ def test_a_replacement_attempt_drops_what_the_dead_one_logged_past_its_checkpoin
     iterations = [r["trainer/iteration"] for r in records if "trainer/iteration" in r]
     assert iterations == [1, 2, 3], f"one record per iteration, whichever attempt trained it: {iterations}"
     assert [r.get("trainer/restarts") for r in records if "trainer/iteration" in r][-1] == 1.0  # the new one's
+
+
+def test_a_resumed_runs_logging_actor_counts_env_steps_on_from_the_checkpoint(local_ray, tmp_path) -> None:
+    ray = local_ray
+    first = tk.local_loop(PPOTrainer, _config(tmp_path, "counted"), run_dir=str(tmp_path / "counted"))
+    first.iteration, first.env_steps = 1, 737  # iteration 1 of the run ended at env step 737
+    first.save_checkpoint()
+    checkpoint = ckpt.checkpoint_dir(first.save_dir, 1)
+    config = _config(tmp_path, "counted", resume=str(checkpoint))
+    resolved = resolve(load_config(config.model_dump()), get_plugin_manager(), probe=False)
+    hub = api._start_hub(resolved)  # what the driver starts for the resumed run, before any rollout worker
+    try:
+        counted = ray.get(hub.env_steps.remote())
+        assert counted == 737, f"the resumed run counts env steps from {counted}, not from its checkpoint's 737"
+        ray.get(hub.add_env_steps.remote(100))  # rollout's first steps after the resume
+        assert ray.get(hub.log_metrics.remote({"rollout/env_steps_per_s": 1.0})) == 837  # the record's step
+    finally:
+        ray.kill(hub)
