@@ -1,5 +1,6 @@
 """Ray restarts a run's bookkeeping actors in place when their process dies, and each restart is counted where
-the run's metrics go: the episode statistics actor and the logging actor, each SIGKILLed on a local cluster.
+the run's metrics go: the episode statistics actor, the logging actor and the shared inference server, each
+SIGKILLed on a local cluster.
 
 The same deaths inside a whole CLI run, four kills in one run, are ``tests/faults/test_actor_deaths.py``; these
 take seconds, so the mutation check runs them first for the defects both catch. The store host's restart is in
@@ -16,8 +17,10 @@ from typing import Any
 
 import ray
 
+from mineonline_core.rollout.inference import InferenceServer
 from mineonline_core.rollout.stats import ACTOR_OPTIONS, RESTARTS_METRIC, EpisodeStatistics
-from mineonline_core.services import loggerhub
+from mineonline_core.services import loggerhub, names
+from mineonline_core.testing import kit as tk
 
 
 @ray.remote(num_cpus=0)
@@ -59,6 +62,10 @@ def test_a_killed_statistics_actor_is_restarted_and_counts_it(local_ray) -> None
     pid = _sigkill(stats)
     assert ray.get(stats.__ray_call__.remote(lambda self: os.getpid())) != pid  # restarted, same handle
     assert ray.get(stats.summary.remote()) == {"episode/count": 0.0}  # it serves calls; its window died with it
+    # Asked by the restarted actor itself, the recorder has the record already: Ray runs one caller's calls to an
+    # actor in the order they were made, and the restarted constructor made its call first. No wait to run out.
+    seen_by_stats = ray.get(stats.__ray_call__.remote(lambda self: ray.get(self.logger_hub.seen.remote())))
+    assert {RESTARTS_METRIC: 1.0} in seen_by_stats, f"the restarted statistics actor logged no restart: {seen_by_stats}"
     _within(60, lambda: {RESTARTS_METRIC: 1.0} in ray.get(recorder.seen.remote()), "no stats/restarts record")
 
 
@@ -74,3 +81,25 @@ def test_a_killed_logging_actor_is_restarted_counts_it_and_keeps_the_step_axis(l
     # below one the loggers already have.
     assert ray.get(hub.env_steps.remote()) == 100
     assert ray.get(hub.latest.remote())[loggerhub.RESTARTS_METRIC] == 1.0
+
+
+def test_a_killed_inference_server_is_restarted_and_counts_it(local_ray) -> None:
+    # Restarted in place as the run starts it (rollout/startup.py): named, max_restarts=-1.
+    server = (
+        ray.remote(InferenceServer)
+        .options(
+            name=names.actor_name("restarts-test", names.INFERENCE_SERVER),
+            num_cpus=0,
+            max_concurrency=4,
+            max_restarts=-1,
+            max_task_retries=-1,
+        )
+        .remote(policy_generator=tk.TinyGRUPolicy, config=tk.rollout_config(inference="shared"))
+    )
+    assert ray.get(server.metrics.remote())["rollout/inference_restarts"] == 0.0
+    first_life = ray.get(server.__ray_call__.remote(lambda self: self.server_id))
+    pid = _sigkill(server)
+    assert ray.get(server.__ray_call__.remote(lambda self: os.getpid())) != pid
+    # A new life: the envs' states kept by the old one are gone, and the metric the run reports says so.
+    assert ray.get(server.__ray_call__.remote(lambda self: self.server_id)) != first_life
+    assert ray.get(server.metrics.remote())["rollout/inference_restarts"] == 1.0

@@ -269,3 +269,38 @@ def test_a_failed_evaluation_is_counted_and_a_dead_evaluator_replaced(local_ray,
 
 class Holder:
     """An actor that only holds a name."""
+
+
+def test_a_running_evaluation_is_polled_without_waiting(local_ray) -> None:
+    """Rank 0 asks once per iteration whether the evaluation handed over has finished: while it runs (here its
+    env holds its first step for HELD_S seconds) the answer is "not yet" at once, never the result after a wait.
+    The whole run with an evaluation held until training ends is ``test_evaluation_never_blocks_training``."""
+    from functools import partial
+
+    import ray
+
+    from mineonline_core.config import OnlineConfig
+    from mineonline_core.services.evaluator import start_evaluator
+    from mineonline_core.services.names import NAMESPACE
+    from mineonline_core.testing.kit import TinyMLPPolicy, faulty_counting
+    from mineonline_core.trainer.evaluation import EvaluationClient
+
+    held_s = 5.0  # the evaluation's length; the test never waits on it but at the end
+    config = OnlineConfig(train_config={"eval_interval": 1, "eval_episodes": 1, "eval_num_cpus": 0.5})
+    kwargs = {
+        "namespace": NAMESPACE,
+        "config": config,
+        "policy_generator": partial(TinyMLPPolicy, obs_dim=3),
+        "env_generator": partial(faulty_counting, 0, episode_len=3, at_steps=(1,), mode="hang", hang_s=held_s),
+    }
+    client = EvaluationClient(start=lambda n: start_evaluator(name=f"polled/evaluator_{n}", **kwargs), logger_hub=None)
+    try:
+        weights = ray.put({k: v.numpy() for k, v in TinyMLPPolicy(obs_dim=3).state_dict().items()})
+        request = {"iteration": 1, "version": 1, "env_steps": 10}
+        assert client.request(**request, weights=weights)
+        assert client.poll() == [], "polled while the evaluation runs, rank 0 got its result: it waited for it"
+        assert client.busy == request  # still running: the next due evaluation is skipped, not waited for
+        [(done, metrics)] = client.poll(wait=True)  # the end of training waits for it
+        assert done == request and metrics["eval/episodes"] == 1 and client.busy is None
+    finally:
+        ray.kill(client.actor)

@@ -118,6 +118,15 @@ def _actor_nodes(run: str) -> dict[str, tuple[str, int]]:
     return out
 
 
+def _run_actors(run: str) -> list[str]:
+    """The actors of run ``run`` the cluster has seen, alive or dead."""
+    import ray
+
+    return sorted(
+        info["Name"] for info in ray._private.state.actors().values() if (info["Name"] or "").startswith(run + "/")
+    )
+
+
 @contextlib.contextmanager
 def _token_mode():
     """``RAY_AUTH_MODE=token`` in this process (and the cluster processes it starts), as Ray 2.60 sets it
@@ -216,7 +225,20 @@ def test_a_rank_that_fits_no_node_is_refused_before_training(cluster, tmp_path: 
     """4 CPUs in the cluster, a rank of 3: the sum fits, no node does. Refused before any actor starts."""
     run = "too-wide"
     proc, out = _driver(tmp_path, _config(tmp_path, run, use_ray_train=True, num_cpus_per_worker=3), cluster.address)
-    code = proc.wait(timeout=300)
+    end = time.monotonic() + 300
+    try:
+        # Watched while the driver runs: a run let through starts its logging actor at once, long before its
+        # rank's wait for a node ends it another way.
+        while proc.poll() is None:
+            started = _run_actors(run)
+            assert not started, f"the run started {started}: its rank fits no node, yet it was not refused first"
+            assert time.monotonic() < end, "the driver neither refused the run nor ended within 300 s"
+            time.sleep(0.2)  # polling the cluster's actor table
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    code = proc.returncode
+    assert not _run_actors(run)
     text = out.read_text()
     assert code == 2, text[-3000:]
     assert f"a trainer rank needs {{CPU: 3}} on one node" in text and f"at {cluster.address}" in text, text[-3000:]
