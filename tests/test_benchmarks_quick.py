@@ -162,3 +162,15 @@ def test_gpu_quick() -> None:
     assert run["rc"] == 0 and run["iterations"] == 2 and run["gpu"] == "skipped: no CUDA", run
     assert 0 < run["first_iteration_s"] < run["wall_s"] and run["trained_frames_per_wall_s_steady"] > 0
     assert {"perf/broadcast_ms", "perf/gae_ms", "perf/train_ms"} <= set(run["trainer_perf_ms_median"])
+
+
+def test_suite_cpu_quick_charges_each_child_to_its_test() -> None:
+    """Two children, each burning one CPU-second under its own ``PYTEST_CURRENT_TEST``: each is charged to
+    its test (less the last sampling period at most), nothing to the other."""
+    r = run_quick("bench_suite_cpu.py")
+    tests = dict(r["top"])
+    assert r["exit_code"] == 0 and set(tests) >= {"tests/a.py::one", "tests/b.py::two"}, r
+    for name in ("tests/a.py::one", "tests/b.py::two"):
+        cpu, processes = tests[name]
+        assert 0.4 <= cpu <= 1.3 and processes == 1, (name, r)
+    assert r["run_cpu_s"] <= r["machine_busy_cpu_s"] + 0.5, r
