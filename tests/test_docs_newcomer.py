@@ -100,12 +100,16 @@ def _block_id(block: Block) -> str:
     return f"{block.path.relative_to(ROOT)}:{named[1]}" if named else block.id
 
 
+def _commands(block: str) -> list[str]:
+    """The block's lines with continuation lines joined: one command a line."""
+    return block.replace("\\\n", " ").splitlines()
+
+
 def _run_names(block: str) -> set[str]:
     """The runs a block leaves under ``runs/``: each ``run_name=`` of a command that sets no ``output_dir``."""
-    commands = block.replace("\\\n", " ").splitlines()  # continuation lines joined
     return {
         name
-        for command in commands
+        for command in _commands(block)
         if "output_dir=" not in command
         for name in re.findall(r"\brun_name=([\w.-]+)", command)
     }
@@ -136,8 +140,7 @@ def test_each_slow_docs_block_runs_with_short_iterations(block, tmp_path: Path) 
         f"{block.id} exited with {done.returncode}\n--- stdout ---\n{done.stdout[-4000:]}\n"
         f"--- stderr ---\n{done.stderr[-6000:]}"
     )
-    commands = block.code.replace("\\\n", " ").splitlines()  # continuation lines joined
-    shown = [c for c in commands if " run " in c and "--no-progress" in c and ">" not in c.split("#")[0]]
+    shown = [c for c in _commands(block.code) if " run " in c and "--no-progress" in c and ">" not in c.split("#")[0]]
     if shown:  # its help promises plain log lines, not silence until the summary
         assert "| ETA " in done.stdout, done.stdout[-4000:]
     left = {p.name for p in (work / "runs").iterdir()} if (work / "runs").is_dir() else set()
