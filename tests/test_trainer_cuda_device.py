@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from mineonline_core.trainer.device import indexed_device
-from mineonline_core.trainer.loop import TrainLoop
 
 
 class FakeCuda:
@@ -36,9 +35,10 @@ def test_indexed_device_names_the_current_gpu(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_setup_rank_on_a_bare_cuda_device_sets_the_current_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from mineonline_core.testing.kit import cartpole, mlp_policy
-    from mineonline_core.config import load_config
     from mineonline_ppo import PPOTrainer
+
+    from mineonline_core.config import load_config
+    from mineonline_core.testing.kit import cartpole, local_loop
 
     fake = FakeCuda()
     fake.install(monkeypatch)
@@ -57,20 +57,12 @@ def test_setup_rank_on_a_bare_cuda_device_sets_the_current_gpu(monkeypatch: pyte
     config = load_config(
         {"output_dir": str(tmp_path), "train_config": {"batch_size_per_gpu": 2, "context_length": 4}}
     ).config
-    trainer = TrainLoop(
-        algorithm=PPOTrainer,
-        rollout_manager=None,
-        policy_generator=mlp_policy,
-        env_generator=cartpole,
-        config=config,
-        run_dir=str(tmp_path),
-    )
     # The rank's numerics as on the CPU: the fake GPU cannot answer torch's bf16 and TF32 queries.
     monkeypatch.setattr(
         "mineonline_core.config.precision.PrecisionChoice.on",
         lambda self, device: self.decide(device_type="cpu", bf16_supported=True),
     )
-    trainer.setup_rank(local=True, device=torch.device("cuda"))
+    trainer = local_loop(PPOTrainer, config, run_dir=str(tmp_path), env=cartpole, device=torch.device("cuda"))
     assert fake.set_to == [torch.device("cuda", 3)]
     assert trainer.device == torch.device("cuda", 3)
     assert moves and all(d == torch.device("cuda", 3) for d in moves)

@@ -124,9 +124,10 @@ def local_loop(
     run_dir: str,
     policy: Callable[[], nn.Module] = mlp_policy,
     env: Callable[[], Any] | None = None,
+    device: torch.device | None = None,
 ) -> Any:
-    """A ``TrainLoop`` around ``algorithm`` set up on one local CPU rank with no rollout side, for tests
-    that hand it batches themselves."""
+    """A ``TrainLoop`` around ``algorithm`` set up on one local rank (on ``device``, the CPU by default) with
+    no rollout side, for tests that hand it batches themselves."""
     from mineonline_core.trainer.loop import TrainLoop
 
     loop = TrainLoop(
@@ -137,7 +138,7 @@ def local_loop(
         config=config,
         run_dir=run_dir,
     )
-    loop.setup_rank(local=True)
+    loop.setup_rank(local=True, device=device)
     return loop
 
 
