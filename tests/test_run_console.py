@@ -51,7 +51,7 @@ logger_config: {{loggers: []}}
 """
 
 
-def _mineonline(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def _mineonline(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled"}
     cmd = [sys.executable, "-m", "mineonline_core.cli", "run", *args, "--no-progress"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
