@@ -318,3 +318,19 @@ def test_a_restarted_hubs_loggers_continue_the_runs_own_records(tmp_path, monkey
     monkeypatch.setattr(hub_module, "recall", lambda name: 100)
     LoggerHub(config={"train_config": {"resume": None}}, **args).finish()
     assert _RunIdLogger.seen == [None, "run-abc"]
+
+
+def test_a_record_of_the_env_step_count_shows_the_count_it_is_stamped_with(tmp_path):
+    """The rollout manager reads the count, then logs its report without a step: workers' steps that arrive in
+    between must not leave the report saying 194 at step 280."""
+    hub = make_hub(tmp_path, [RecordingLogger])
+    rec = recorder(hub)
+    hub.add_env_steps(194)
+    read = float(hub.env_steps())
+    hub.add_env_steps(86)  # another worker's report lands between the read and the log
+    assert hub.log_metrics({"rollout/env_steps": read, "rollout/worker_restarts": 0.0}) == 280
+    hub.log_metrics({"rollout/env_steps": 5.0}, step=5)  # an explicit step keeps the producer's value
+    assert hub.flush(timeout=30)
+    metric_calls = [c for c in rec.calls if c[0] == "metrics"]
+    assert [(c[1]["rollout/env_steps"], c[2]) for c in metric_calls] == [(280.0, 280), (5.0, 5)]
+    hub.finish()

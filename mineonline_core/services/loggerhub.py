@@ -68,6 +68,10 @@ def video_filename(key: str, step: int) -> str:
     return f"{safe}_step{step:09d}.mp4"
 
 
+#: The run's env-step count as a metric: its value is always the step its record is stamped with.
+ENV_STEPS = "rollout/env_steps"
+
+
 class LoggerHub:
     """Receives metrics from every process of a run and feeds the selected loggers.
 
@@ -149,6 +153,10 @@ class LoggerHub:
         with self._lock:
             if self._finished:
                 return None
+            if step is None and ENV_STEPS in clean:
+                # The producer read the count before this call; workers may have added steps since. A record
+                # shows the count it is stamped with (a rollout report read 194 and was stamped at 280).
+                clean[ENV_STEPS] = float(self._env_steps)
             step = self._env_steps if step is None else int(step)
             self._latest.update(clean)
             # enqueue under the lock so nothing lands behind finish()'s stop marker
