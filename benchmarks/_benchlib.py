@@ -378,7 +378,13 @@ def actor_pids(class_name: str) -> list[int]:
     return found
 
 
+def proc_start_and_cpu_s(pid: int) -> tuple[int, float]:
+    """``pid``'s start time (clock ticks since boot: with the pid, it names one process) and its user + system
+    CPU seconds (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[19]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds of ``pid`` (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return proc_start_and_cpu_s(pid)[1]

@@ -27,7 +27,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _benchlib import emit
+from _benchlib import emit, proc_start_and_cpu_s
 
 OUTSIDE = "outside tests"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -53,11 +53,9 @@ class Sampler(threading.Thread):
                 continue
             pid = int(entry)
             try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                start, cpu = proc_start_and_cpu_s(pid)
             except OSError:
                 continue  # gone
-            start, cpu = int(fields[19]), (int(fields[11]) + int(fields[12])) / TICK
             known = self.owner.get(pid)
             if known is None or known[0] != start:  # a new process, or a reused pid
                 known = self.owner[pid] = (start, self._test_of(pid))
