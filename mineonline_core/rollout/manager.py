@@ -31,6 +31,7 @@ from mineonline_core.rollout.startup import RolloutSpec, start_rollout_actors, s
 from mineonline_core.rollout.supervision import WorkerSupervisor
 from mineonline_core.services import names
 from mineonline_core.services.names import NAMESPACE, actor_name, on_node
+from mineonline_core.services.loggerhub import ENV_STEPS
 from mineonline_core.services.runlog import setup_actor_logging
 
 if TYPE_CHECKING:
@@ -219,7 +220,7 @@ class RolloutManager:
                 # The run's mean, so that a run shorter than a few report intervals (whose windows all
                 # fell before the first fragments) does not end on a rate of 0.
                 origin_time, origin_total = self._origin
-                rate = (metrics["rollout/env_steps"] - origin_total) / max(time.monotonic() - origin_time, 1e-9)
+                rate = (metrics[ENV_STEPS] - origin_total) / max(time.monotonic() - origin_time, 1e-9)
                 metrics["rollout/env_steps_per_s"] = max(rate, 0.0)
                 ray.get(self._hub.log_metrics.remote(metrics), timeout=30)  # stamped by the hub: never behind
             except Exception:  # noqa: BLE001 - a dead logging actor must not keep the workers running
@@ -301,7 +302,7 @@ class RolloutManager:
                 else:
                     sums[key] = sums.get(key, 0.0) + value
         out = {**sums, **{k: sum(v) / len(v) for k, v in means.items()}}
-        out["rollout/env_steps"] = self._read_env_steps()  # the run's count, not this life's of each worker
+        out[ENV_STEPS] = self._read_env_steps()  # the run's count, not this life's of each worker
         out["rollout/worker_restarts"] = float(sum(self._supervisor.incarnations.values()))
         out["rollout/worker_hangs"] = float(self._supervisor.hangs)
         return out
