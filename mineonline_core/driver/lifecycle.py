@@ -25,6 +25,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -248,18 +249,33 @@ def _owner_driver_alive(handle: Any) -> bool:
 
 
 def _wait_gone(names: list[str], timeout: float) -> bool:
+    """Whether the run's actors are gone within ``timeout``. The actor list is read on a thread of its own:
+    a GCS that goes away during that call (the run's driver ending the local cluster it had started, the
+    success this waits for) keeps Ray's client waiting a minute and then ends this process with exit 1."""
     import ray
 
     gcs = ray.get_runtime_context().gcs_address
+    gone, done = threading.Event(), threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            alive = {
+                e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e["namespace"] == NAMESPACE
+            }
+            if not alive.intersection(names):
+                gone.set()
+                return
+            done.wait(0.5)  # polling a remote condition, not hiding a race
+
+    threading.Thread(target=poll, name="mineonline-stop-poll", daemon=True).start()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _listening(gcs):  # the run's driver ended its actors, then the local cluster it had started
-            return True
-        alive = {e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e["namespace"] == NAMESPACE}
-        if not alive.intersection(names):
-            return True
-        time.sleep(0.5)  # polling a remote condition, not hiding a race
-    return False
+    try:
+        while time.monotonic() < deadline:
+            if gone.wait(0.5) or not _listening(gcs):
+                return True
+        return False
+    finally:
+        done.set()
 
 
 def stop_run(run: str, actors: list[str], *, grace_s: float = 30.0) -> str:

@@ -307,6 +307,41 @@ def test_a_run_on_its_own_cluster_is_found_by_its_directory_and_stops_cleanly(tm
     assert gone.returncode == 2 and f"no Ray cluster is running at {recorded!r}" in gone.stderr, gone.stderr
 
 
+def test_stop_returns_when_the_cluster_goes_away_during_its_actor_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stopped run's driver ends its own cluster while `stop` is reading the actor list: that call to the
+    gone GCS never answers (Ray's client gives up after a minute and ends the process with exit 1, as in a CI
+    run), so the wait must see the GCS port close and return. A real listening socket stands for the GCS."""
+    import socket
+    import threading
+    from types import SimpleNamespace
+
+    import ray
+
+    from mineonline_core.driver import lifecycle
+
+    gcs = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{gcs.getsockname()[1]}"
+    called, never = threading.Event(), threading.Event()
+
+    def frozen_list(**_: object) -> list:
+        called.set()
+        never.wait()  # the call in flight when the GCS went away
+        return []
+
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(gcs_address=address))
+    monkeypatch.setattr(ray.util, "list_named_actors", frozen_list)
+    result: list[bool] = []
+    waiter = threading.Thread(target=lambda: result.append(lifecycle._wait_gone(["mineonline/r/x"], 120)), daemon=True)
+    waiter.start()
+    try:
+        assert called.wait(60)
+        gcs.close()
+        waiter.join(30)
+        assert result == [True], "stop kept waiting on a call to the gone GCS"
+    finally:
+        never.set()
+
+
 @pytest.mark.parametrize("command", ["status", "stop", "run"])
 def test_a_wrong_token_is_named_with_where_it_was_read_from(ray_cluster: str, tmp_path: Path, command: str) -> None:
     """The cluster rejects the driver's token: one line saying so and where the token came from, no C++
