@@ -10,9 +10,12 @@ built on the ``meta`` device (shapes only, nothing allocated):
   puts every chunk of an iteration on the device, the prefetch thread too: ``trainer/fetch.py``);
 * one window's activations: ``batch_size_per_gpu`` chunks of ``context_length`` steps. They are
   measured by running the meta policy over one chunk's window with ``saved_tensors_hooks`` counting the
-  bytes autograd saves for backward (the activations a window keeps until its backward), halved under
-  ``use_amp`` (bfloat16 and float16 store them in 2 bytes). The estimate pass and the update each hold
-  one window at a time and never at once, so one window is counted, not two;
+  storages autograd saves for backward (the activations a window keeps until its backward), halved under
+  ``use_amp`` (bfloat16 and float16 store them in 2 bytes at least). The estimate pass and the update each
+  hold one window at a time and never at once, so one window is counted, not two. For VPT-2x on an H200
+  the trainer allocated 1.3x this count in float32 and 1.9x under bfloat16 autocast (which saves the
+  bfloat16 copies beside float32 tensors that other ops keep): backward's transients and autocast are
+  what a lower bound leaves out;
 * a CUDA context per process (kernels and cuBLAS/cuDNN workspaces, measured 0.4-0.6 GiB);
 * the rollout inference Ray may place on the same card (``rollout_config.num_gpus_per_worker`` fractions
   that fit beside the trainer's): the shared inference server (``inference: shared``) holds the weights,
@@ -70,14 +73,21 @@ def _no_meta_autocast(real: Any) -> Any:
 
 
 def window_activation_bytes(policy: Any, observation_space: Any, steps: int) -> int | None:
-    """Bytes autograd saves for backward over one chunk's window of ``steps`` steps, in float32,
-    measured on the meta device; None when the policy cannot run there."""
+    """Bytes autograd saves for backward over one chunk's window of ``steps`` steps, in float32, measured
+    on the meta device (each storage once, the policy's weights not); None when the policy cannot run there."""
     import torch
 
     saved = [0]
+    # Storages, by identity: a tensor that several ops save (or views of it) is held once, and the weights
+    # autograd saves are the policy's own, counted once beside the batch, not once per chunk of it. Counting
+    # each saved tensor gave VPT-2x 96 MiB a frame, above the ~80 its trainer allocated on an H200.
+    counted = {t.untyped_storage()._cdata for t in (*policy.parameters(), *policy.buffers())}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        saved[0] += tensor.numel() * tensor.element_size()
+        storage = tensor.untyped_storage()
+        if storage._cdata not in counted:
+            counted.add(storage._cdata)
+            saved[0] += storage.nbytes()
         return tensor
 
     try:

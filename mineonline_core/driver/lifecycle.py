@@ -259,9 +259,7 @@ def _wait_gone(names: list[str], timeout: float) -> bool:
 
     def poll() -> None:
         while not done.is_set():
-            alive = {
-                e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e["namespace"] == NAMESPACE
-            }
+            alive = {e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e["namespace"] == NAMESPACE}
             if not alive.intersection(names):
                 gone.set()
                 return
