@@ -25,7 +25,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise MineOnlineError("mineonline run: give a CONFIG file, or --resume RUN_DIR to continue a run.")
     if not args.quiet:
         # Importing torch and Ray and starting a cold local cluster takes most of a minute before the run
-        # has anything to show: say at once that it is under way (issue 35).
+        # has anything to show: say at once that it is under way.
         where = f"joining the Ray cluster at {args.address}" if args.address else "starting a local Ray cluster"
         print(
             f"mineonline run: checking the config, then {where} (the first run on a machine takes longest)", flush=True

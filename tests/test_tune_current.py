@@ -24,6 +24,8 @@ import yaml
 
 from tests.test_tune import CARTPOLE, bare_trial
 
+ASHA_ITERATIONS = 30
+
 
 def _tune(tmp_path: Path, *args: str, iterations: int = 3) -> subprocess.CompletedProcess:
     (tmp_path / "cartpole.yaml").write_text(
@@ -66,8 +68,9 @@ def test_an_asha_sweeps_table_shows_each_runs_own_last_value(tmp_path: Path) -> 
         "trainer/learning_rate",
         "--grace-period",
         "1",
-        # Long enough that a 1e-4 trial cannot end before ASHA, deciding on its first results, stops it.
-        iterations=100,
+        # Long enough that a 1e-4 trial cannot end before ASHA, deciding on its first results, stops it (a
+        # stopped trial runs 0-2 iterations past the last result Tune saw); the 1e-2 trials run them all.
+        iterations=ASHA_ITERATIONS,
     )
     exp_dir = tmp_path / "runs" / "current"
     rows = _table(exp_dir)
@@ -93,9 +96,9 @@ def test_an_asha_sweeps_table_shows_each_runs_own_last_value(tmp_path: Path) -> 
         logged = [int(r["trainer/iteration"]) for r in _lines(run_dir / "metrics.jsonl") if "trainer/iteration" in r]
         assert (run_dir / "checkpoints").is_dir() and logged[0] == 1 and int(row["iterations"]) == max(logged)
         if row["status"] == "completed":
-            assert row["iterations"] == "100", row
+            assert row["iterations"] == str(ASHA_ITERATIONS), row
         else:  # stopped at a rung: the run finished its iteration and left a final checkpoint
-            assert row["status"] == "stopped early (asha)" and 1 <= int(row["iterations"]) < 100, row
+            assert row["status"] == "stopped early (asha)" and 1 <= int(row["iterations"]) < ASHA_ITERATIONS, row
         assert lr == "1e-2" or row["status"] == "stopped early (asha)", row  # the low rate trails at every rung
 
 

@@ -63,7 +63,7 @@ class TrialRun(Trainable):
             self._thread.start()
         kind, payload = self._events.get()
         # Tune takes one result per step(): when the run got ahead of it, the older results go, so that a
-        # scheduler decides on the run's current numbers, never on a queue of past iterations (issue 35).
+        # scheduler decides on the run's current numbers, never on a queue of past iterations.
         while kind == "result":
             try:
                 kind, payload = self._events.get_nowait()

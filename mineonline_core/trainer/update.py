@@ -119,7 +119,7 @@ class UpdateLoop:
         steps = {k: tree_index(v, rows) for k, v in batch.items() if k not in _NOT_STEPS and _per_step(v, n, length)}
         steps = self.algorithm.prepare_minibatch(batch=steps)
         state = tree_index(batch[F.STATE_IN], rows)
-        # The reference carries its own recurrent state, recorded by rollout at each fragment start (§5.4).
+        # The reference carries its own recurrent state, recorded by rollout at each fragment start.
         ref_state = tree_index(batch[F.REF_STATE_IN], rows) if batch.get(F.REF_STATE_IN) is not None else None
         use_reference = self.algorithm.uses_reference()
         stored_ref = use_reference and self._stored_reference_logits(batch, rows)
