@@ -338,9 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--budget-s", type=float, default=None, help=f"stop by then (default {BUDGET_S:g}; --quick 540)"
     )
-    parser.add_argument(
-        "--parts", default=",".join(DEFAULT_PARTS), help=f"comma-separated, from {', '.join(PARTS)}"
-    )
+    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
     parser.add_argument(
         "--run-iterations", type=int, default=None, help="iterations of the run part (default 12; --quick 2)"
     )

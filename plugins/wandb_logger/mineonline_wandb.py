@@ -228,8 +228,14 @@ class WandbLogger(Logger):
             self.run.log(row)
 
     def finish(self) -> None:
+        """Send the last row and finish the run with its records on disk. ``run.finish()`` returns before
+        wandb's service has closed the run's file: read then, an offline run held only its header, and the
+        driver ends the logging actor right after this call. Shutting the service down closes the file;
+        it is left up while another run of this process still logs."""
         self._send()
         self.run.finish()
+        if self._wandb.run is None:
+            self._wandb.teardown()
 
 
 @mineonline_core.hookimpl
