@@ -385,6 +385,14 @@ def run_figures(records: list[dict], t_start: float) -> dict:
     """The issue's rows from a run's ``metrics.jsonl`` records (``time`` is wall time)."""
     iters = [r for r in records if r.get("trainer/iteration") is not None]
     out: dict[str, Any] = {"iterations": len(iters)}
+    # The start-up's parts, also when the cap ends the run before its first iteration: the command to the
+    # logging actor's first record, then to the first env steps reported (the first iteration follows once
+    # an iteration's chunks are collected and trained).
+    if records:
+        out["first_record_s"] = min(r["time"] for r in records) - t_start
+    stepped = [r["time"] for r in records if r.get("step", 0) > 0]
+    if stepped:
+        out["first_env_steps_s"] = min(stepped) - t_start
     if not iters:
         return out
     first, last = iters[0], iters[-1]
@@ -405,7 +413,9 @@ def run_figures(records: list[dict], t_start: float) -> dict:
     perf = sorted({k for r in iters for k in r if k.startswith("perf/")})
     out["trainer_perf_ms_median"] = {k: _median([r.get(k) for r in later]) for k in perf}
     # The manager's records carry the env-step rate, the workers' records their perf/ timers.
-    for key in ("rollout/env_steps_per_s", "perf/inference_ms", "perf/inference_batch", "perf/env_step_ms"):
+    keys = ("rollout/env_steps_per_s", "perf/inference_ms", "perf/inference_batch", "perf/env_step_ms")
+    # The shared server's own figures: ms per forward and rows per forward (its requests coalesced).
+    for key in (*keys, "perf/inference_server_ms", "rollout/inference_batch_mean"):
         out[key.replace("perf/", "rollout_").replace("rollout/", "rollout_") + "_median"] = _median(
             [r.get(key) for r in records]
         )

@@ -109,3 +109,34 @@ def test_a_trainer_row_that_would_pass_the_parts_deadline_is_skipped_not_cut() -
     assert ran == ["fp32", "tf32", "amp"]  # amp: 70 s + tf32's 30 fits 100; amp_2x: 90 s + 20 does not
     assert rows["fp32"] == {"frames": 1} and rows["tf32"]["error"] == "RuntimeError: CUDA error"
     assert "skipped" in rows["amp_2x"] and now[0] == 90.0
+
+
+def test_the_run_parts_figures_split_the_start_up_also_without_an_iteration() -> None:
+    """A run capped before its first iteration (the 65 s caps on the H200) still says where its start-up went;
+    the figures are computed by hand from four records (``time`` is wall time, the command started at 0)."""
+    from _gpulib import run_figures
+
+    records = [
+        {"time": 10.0, "step": 0},
+        {"time": 14.0, "step": 256, "perf/inference_server_ms": 30.0, "rollout/inference_batch_mean": 32.0},
+        {
+            "time": 20.0,
+            "step": 4096,
+            "trainer/iteration": 1.0,
+            "trainer/samples_per_s": 1000.0,
+            "perf/train_ms": 2000.0,
+        },
+        {
+            "time": 25.0,
+            "step": 8192,
+            "trainer/iteration": 2.0,
+            "trainer/samples_per_s": 3000.0,
+            "perf/train_ms": 1000.0,
+        },
+    ]
+    assert run_figures(records[:2], 0.0) == {"iterations": 0, "first_record_s": 10.0, "first_env_steps_s": 14.0}
+    out = run_figures(records, 0.0)
+    assert (out["first_record_s"], out["first_env_steps_s"], out["first_iteration_s"]) == (10.0, 14.0, 20.0)
+    assert out["trained_frames_per_wall_s_steady"] == 3000.0 * 1.0 / 5.0  # the second iteration's frames over 5 s
+    assert out["rollout_env_frames_per_s_steady"] == (8192 - 4096) / 5.0
+    assert (out["rollout_inference_server_ms_median"], out["rollout_inference_batch_mean_median"]) == (30.0, 32.0)

@@ -161,6 +161,7 @@ def test_gpu_quick() -> None:
     run = parts["run"]
     assert run["rc"] == 0 and run["iterations"] == 2 and run["gpu"] == "skipped: no CUDA", run
     assert 0 < run["first_iteration_s"] < run["wall_s"] and run["trained_frames_per_wall_s_steady"] > 0
+    assert 0 < run["first_record_s"] <= run["first_env_steps_s"] <= run["first_iteration_s"], run
     assert {"perf/broadcast_ms", "perf/gae_ms", "perf/train_ms"} <= set(run["trainer_perf_ms_median"])
 
 
