@@ -66,12 +66,10 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         kwargs["runtime_env"] = {"env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
         ray.init(address=address, **kwargs)
     else:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus or os.cpu_count(),
-            include_dashboard=False,
-            dashboard_host="127.0.0.1",
-            **kwargs,
+        from mineonline_core.driver.localcluster import start_local_cluster
+
+        start_local_cluster(
+            num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, dashboard_host="127.0.0.1", **kwargs
         )
 
 
