@@ -34,6 +34,7 @@ def test_a_start_that_timed_out_is_ended_and_tried_once_more(monkeypatch: pytest
         started.append(set(pids))
         real_end(pids, **kwargs)
 
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)  # restored at teardown: the start sets it
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(services, "get_node", get_node)
     monkeypatch.setattr(localcluster, "end", end)
@@ -93,3 +94,28 @@ def test_the_gcs_port_timeout_is_tried_once_more_and_a_second_timeout_raised(mon
     with pytest.raises(RuntimeError, match="gcs_server_port"):
         localcluster.start_local_cluster(num_cpus=1)
     assert len(calls) == 2
+
+
+def test_the_workers_run_at_the_drivers_priority_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray starts workers at nice 15, so any busy process took the CPU from the run's rollout and training
+    (beside two CPU burners a CartPole run took 8x as long); a local cluster's workers now run at nice 0, and a
+    ``RAY_worker_niceness`` the user set is kept."""
+    import ray
+
+    from mineonline_core.driver import localcluster
+
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    try:
+        localcluster.start_local_cluster(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+        @ray.remote(num_cpus=0)
+        def niceness() -> int:
+            return os.nice(0)
+
+        assert ray.get(niceness.remote(), timeout=120) == os.nice(0)
+    finally:
+        ray.shutdown()
+    monkeypatch.setenv("RAY_worker_niceness", "7")
+    monkeypatch.setattr(ray, "init", lambda **kwargs: None)
+    localcluster.start_local_cluster(num_cpus=1)
+    assert os.environ["RAY_worker_niceness"] == "7"
