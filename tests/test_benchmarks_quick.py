@@ -133,14 +133,13 @@ def test_gpu_quick() -> None:
         "trainer",
         "network",
         "run",
-        "run_bf16",
-        "run_fp16",
+        "run_bf16",  # run_fp16 runs when named: two end-to-end runs fit a GPU call's budget
     ], proc.stdout[-3000:]
     parts = {r["part"]: r for r in records}
     assert all(r["bench"] == "gpu" and r["quick"] is True and "error" not in r for r in records), proc.stdout[-3000:]
     if parts["machine"]["cuda_available"]:
         pytest.skip("a CUDA machine runs the GPU parts, not the smoke run's")
-    assert parts["network"]["skipped"] == parts["run_bf16"]["skipped"] == parts["run_fp16"]["skipped"] == "no CUDA"
+    assert parts["network"]["skipped"] == parts["run_bf16"]["skipped"] == "no CUDA"
     assert parts["precision"]["reference"] is True  # the flagship's KL reference
     for name, row in parts["precision"]["settings"].items():
         assert "error" not in row, (name, row)
