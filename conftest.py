@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from collections.abc import Iterator
 
 import pytest
+
+# Every cluster a test starts (``ray.init``, ``ray.cluster_utils.Cluster``, the CLI runs) runs its workers at
+# the tests' priority, as a run's own cluster does: at Ray's nice 15 any other busy process on the CI
+# machine took the CPU from them, and the suite beside two CPU burners got a quarter of a core.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -37,12 +37,14 @@ def registered(
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[Any]:
-    """A local Ray cluster with 2 CPUs, never attached to another cluster on the machine."""
+    """A local Ray cluster with 2 CPUs, never attached to another cluster on the machine, started as a run
+    starts its own (workers at the test's priority, a second start after a start-up timeout)."""
     import ray
 
+    from mineonline_core.driver.localcluster import start_local_cluster
     from mineonline_core.services.names import NAMESPACE
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    start_local_cluster(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     try:
         yield ray
     finally:

@@ -14,7 +14,9 @@ def ray_cluster():
     """A private local cluster (``address="local"``: never another engineer's); yields its GCS address."""
     import ray
 
-    ray.init(num_cpus=2, address="local", include_dashboard=False, namespace="mineonline", log_to_driver=False)
+    from mineonline_core.driver.localcluster import start_local_cluster
+
+    start_local_cluster(num_cpus=2, include_dashboard=False, namespace="mineonline", log_to_driver=False)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
