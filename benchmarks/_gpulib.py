@@ -111,9 +111,9 @@ def set_precision(trainer: Any, *, amp: bool, tf32: bool, amp_dtype: str = "auto
     precision decision, ``config/precision.py``: TF32 switches, scaler); returns that decision."""
     from mineonline_core.config.precision import PrecisionChoice
 
-    tc = trainer.train_config
-    tc.use_amp, tc.amp_dtype, tc.allow_tf32 = amp, amp_dtype, tf32
-    precision = PrecisionChoice.from_config(tc).on(trainer.device)
+    train_config = trainer.train_config
+    train_config.use_amp, train_config.amp_dtype, train_config.allow_tf32 = amp, amp_dtype, tf32
+    precision = PrecisionChoice.from_config(train_config).on(trainer.device)
     precision.apply_tf32()
     trainer.scaler = precision.make_scaler()
     return precision
@@ -311,10 +311,10 @@ def train_config_row(
     from mineonline_core.contracts import fragment as F
     from mineonline_core.trainer.batch import assemble_chunks
 
-    tc = trainer.train_config
+    train_config = trainer.train_config
     flags = {"use_amp": setting["amp"], **_flags(set_precision(trainer, **setting))}
-    batch_size = tc.batch_size_per_gpu
-    tc.batch_size_per_gpu = batch_size * micro
+    batch_size = train_config.batch_size_per_gpu
+    train_config.batch_size_per_gpu = batch_size * micro
     skipped = trainer.update_guard.skipped_total
     rows = []
     try:
@@ -336,7 +336,7 @@ def train_config_row(
             sync(device)
             t2 = time.perf_counter()
             train_peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-            frames = int(batch[F.REWARD].numel()) * tc.epochs_per_iteration
+            frames = int(batch[F.REWARD].numel()) * train_config.epochs_per_iteration
             rows.append(
                 {
                     "estimate_s": t1 - t0,
@@ -350,7 +350,7 @@ def train_config_row(
             )
             del batch
     finally:
-        tc.batch_size_per_gpu = batch_size
+        train_config.batch_size_per_gpu = batch_size
     timed = rows[1:] or rows  # the first pays allocation and kernel selection
     train_s = statistics.mean(r["train_s"] for r in timed)
     estimate_s = statistics.mean(r["estimate_s"] for r in timed)

@@ -138,13 +138,13 @@ def part_inprocess(args: argparse.Namespace) -> None:
     base: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     start = time.perf_counter()
     trainer = build_trainer(overrides, tempfile.mkdtemp(prefix="bench_gpu_"), device)
-    rc, tc = trainer.config.rollout_config, trainer.train_config
+    rollout_config, train_config = trainer.config.rollout_config, trainer.train_config
     base["build_s"] = time.perf_counter() - start
     log(f"trainer built in {base['build_s']:.1f} s on {device}")
     base["params"] = sum(p.numel() for p in trainer.policy.parameters())
     base["reference"] = trainer.reference is not None
-    n_chunks = tc.batches_per_iteration * tc.batch_size_per_gpu
-    fpc = rc.replay_buffer_config.fragments_per_chunk
+    n_chunks = train_config.batches_per_iteration * train_config.batch_size_per_gpu
+    fpc = rollout_config.replay_buffer_config.fragments_per_chunk
     hw = trainer.policy.net.img_shape[0]
     start = time.perf_counter()
     set_precision(trainer, amp=False, tf32=False)  # the flagship's rollout numerics (use_amp: false)
@@ -152,13 +152,13 @@ def part_inprocess(args: argparse.Namespace) -> None:
         trainer.policy,
         n_chunks=n_chunks,
         fragments_per_chunk=fpc,
-        fragment_length=rc.fragment_length,
+        fragment_length=rollout_config.fragment_length,
         hw=hw,
         device=device,
     )
     base["make_chunks_s"] = time.perf_counter() - start
     log(f"{n_chunks} version-0 chunks made in {base['make_chunks_s']:.1f} s")
-    base["chunks"], base["steps_per_chunk"] = n_chunks, fpc * rc.fragment_length
+    base["chunks"], base["steps_per_chunk"] = n_chunks, fpc * rollout_config.fragment_length
     # Precision first: it needs the version-0 weights the chunks were collected with.
     settings = precision_rows(trainer, chunks, raw, device)
     emit("precision", {**base, "chunks": min(PRECISION_CHUNKS, n_chunks), "settings": settings}, args.quick)

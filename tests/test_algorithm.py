@@ -10,11 +10,17 @@ import pytest
 import torch
 from mineonline_ppo import PPOTrainer
 
-from mineonline_core.config import OnlineConfig
+from mineonline_core.config import OnlineConfig, load_config
+from mineonline_core.driver.resolve import resolve_trainer
+from mineonline_core.errors import ConfigError
+from mineonline_core.registry import PluginManager
+from mineonline_core.testing.fixtures import registered
 from mineonline_core.testing.kit import local_loop
 from mineonline_core.testing.trainer_conformance import TrainerConformance
 from mineonline_core.trainer import Algorithm, BaseTrainer, TrainLoop
 from mineonline_core.trainer.algorithm import hook_names, hook_table, with_hook_table
+from tests.conftest import cartpole_config
+from tests.test_plugins import plugin_module
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
@@ -51,13 +57,29 @@ def _conformance(cls: type) -> TrainerConformance:
     return type(f"Test{cls.__name__}", (TrainerConformance,), {"trainer_cls": cls})()
 
 
+def _assert_names_the_method_and_the_hooks(message: str, method: str) -> None:
+    assert f"overrides {method}, which is not marked @hook" in message, message
+    assert "Move that logic into a hook (compute_loss, estimate," in message and "on_checkpoint)" in message
+
+
 @pytest.mark.parametrize(("cls", "method"), [(RedefinesTrain, "train"), (OverridesFetch, "fetch_chunks")])
 def test_the_conformance_suite_refuses_a_class_that_redefines_an_unmarked_method(cls: type, method: str) -> None:
-    with pytest.raises(AssertionError) as info:
+    with pytest.raises(ConfigError) as info:
         _conformance(cls).test_overrides_only_the_marked_hooks()
-    message = str(info.value)
-    assert f"overrides {method}, which is not marked @hook" in message
-    assert "Override only the hooks: compute_loss, estimate," in message and "on_checkpoint" in message
+    _assert_names_the_method_and_the_hooks(str(info.value), method)
+
+
+@pytest.mark.parametrize(("cls", "method"), [(RedefinesTrain, "train"), (OverridesFetch, "fetch_chunks")])
+def test_a_run_refuses_such_a_class_when_it_resolves_the_trainer(
+    plugin_manager: PluginManager, cls: type, method: str
+) -> None:
+    """The check a run makes before Ray starts (``mineonline run`` and ``check`` resolve the trainer first)."""
+    loaded = load_config(cartpole_config(trainer_name=cls.name))
+    bad = plugin_module("bad", mineonline_register_trainers=lambda register: register(cls))
+    with registered(plugin_manager, bad), pytest.raises(ConfigError) as info:
+        resolve_trainer(loaded, plugin_manager)
+    assert str(info.value).startswith(f"trainer_name={cls.name}: tests.test_algorithm.{cls.__name__} overrides")
+    _assert_names_the_method_and_the_hooks(str(info.value), method)
 
 
 def test_a_class_that_overrides_only_hooks_passes() -> None:

@@ -23,16 +23,16 @@ def _raise(problems: list[str], what: str) -> None:
 
 def check_consistency(cfg: OnlineConfig) -> None:
     """Raise ``ConfigError`` listing every combination of values that cannot work together."""
-    rc, tc = cfg.rollout_config, cfg.train_config
-    wc, rb = rc.worker_config, rc.replay_buffer_config
+    rollout_config, train_config = cfg.rollout_config, cfg.train_config
+    wc, rb = rollout_config.worker_config, rollout_config.replay_buffer_config
     problems: list[str] = []
-    if tc.batches_per_iteration % tc.gradient_accumulation:
+    if train_config.batches_per_iteration % train_config.gradient_accumulation:
         problems.append(
-            f"train_config.batches_per_iteration ({tc.batches_per_iteration}) is not a multiple of "
-            f"train_config.gradient_accumulation ({tc.gradient_accumulation}), so the last "
+            f"train_config.batches_per_iteration ({train_config.batches_per_iteration}) is not a multiple of "
+            f"train_config.gradient_accumulation ({train_config.gradient_accumulation}), so the last "
             f"optimiser step of each iteration would see a partial accumulation. Fix: make "
             f"batches_per_iteration a multiple of gradient_accumulation, e.g. "
-            f"{_round_up(tc.batches_per_iteration, tc.gradient_accumulation)}."
+            f"{_round_up(train_config.batches_per_iteration, train_config.gradient_accumulation)}."
         )
     if wc.batch_size > wc.num_envs:
         problems.append(
@@ -41,27 +41,27 @@ def check_consistency(cfg: OnlineConfig) -> None:
             f"hold more envs than a worker runs. Fix: lower batch_size to at most {wc.num_envs} "
             f"or raise num_envs."
         )
-    per_iteration = tc.num_workers * tc.batches_per_iteration * tc.batch_size_per_gpu
+    per_iteration = train_config.num_workers * train_config.batches_per_iteration * train_config.batch_size_per_gpu
     if per_iteration > rb.max_chunks:
         problems.append(
             f"One iteration needs {per_iteration} chunks (train_config.num_workers "
-            f"{tc.num_workers} x batches_per_iteration {tc.batches_per_iteration} x "
-            f"batch_size_per_gpu {tc.batch_size_per_gpu}) but "
+            f"{train_config.num_workers} x batches_per_iteration {train_config.batches_per_iteration} x "
+            f"batch_size_per_gpu {train_config.batch_size_per_gpu}) but "
             f"rollout_config.replay_buffer_config.max_chunks is {rb.max_chunks}, so the trainer "
             f"would wait forever. Fix: raise max_chunks to at least {per_iteration} or lower "
             f"those train_config values."
         )
-    if tc.use_ray_train is False and tc.num_workers > 1:
+    if train_config.use_ray_train is False and train_config.num_workers > 1:
         problems.append(
             f"train_config.use_ray_train is false, which trains one rank in the driver's process, but "
-            f"train_config.num_workers is {tc.num_workers}. Fix: set use_ray_train to null (Ray Train for "
+            f"train_config.num_workers is {train_config.num_workers}. Fix: set use_ray_train to null (Ray Train for "
             f"several ranks), or num_workers 1."
         )
-    chunk_steps = rc.fragment_length * rb.fragments_per_chunk
-    if tc.context_length > chunk_steps:
+    chunk_steps = rollout_config.fragment_length * rb.fragments_per_chunk
+    if train_config.context_length > chunk_steps:
         problems.append(
-            f"train_config.context_length ({tc.context_length}) is longer than a chunk "
-            f"({chunk_steps} steps = rollout_config.fragment_length {rc.fragment_length} x "
+            f"train_config.context_length ({train_config.context_length}) is longer than a chunk "
+            f"({chunk_steps} steps = rollout_config.fragment_length {rollout_config.fragment_length} x "
             f"replay_buffer_config.fragments_per_chunk {rb.fragments_per_chunk}). Fix: lower "
             f"context_length to at most {chunk_steps} or raise fragment_length."
         )
@@ -91,23 +91,23 @@ def _hang_problems(cfg: OnlineConfig) -> list[str]:
 
 def _evaluation_problems(cfg: OnlineConfig) -> list[str]:
     """``keep_best_metric`` that nothing would judge by, an evaluation that would never run."""
-    tc, problems = cfg.train_config, []
-    judged_by_eval = tc.keep_best_metric.startswith("eval/")
-    if judged_by_eval and not tc.eval_interval:
+    train_config, problems = cfg.train_config, []
+    judged_by_eval = train_config.keep_best_metric.startswith("eval/")
+    if judged_by_eval and not train_config.eval_interval:
         problems.append(
-            f"train_config.keep_best_metric is {tc.keep_best_metric!r} but eval_interval is 0, so no evaluation "
+            f"train_config.keep_best_metric is {train_config.keep_best_metric!r} but eval_interval is 0, so no evaluation "
             f"runs and keep_best would never keep a checkpoint. Fix: set train_config.eval_interval (e.g. 10), or "
             f"keep_best_metric: episode/return_mean."
         )
-    if judged_by_eval and not tc.keep_best:  # (the default is in every saved config: not a choice)
+    if judged_by_eval and not train_config.keep_best:  # (the default is in every saved config: not a choice)
         problems.append(
-            f"train_config.keep_best_metric is {tc.keep_best_metric!r} but keep_best is false, so it has no effect. "
+            f"train_config.keep_best_metric is {train_config.keep_best_metric!r} but keep_best is false, so it has no effect. "
             f"Fix: set train_config.keep_best: true, or remove keep_best_metric."
         )
-    if tc.eval_interval > tc.num_iterations:
+    if train_config.eval_interval > train_config.num_iterations:
         problems.append(
-            f"train_config.eval_interval ({tc.eval_interval}) exceeds num_iterations ({tc.num_iterations}), so no "
-            f"evaluation would run. Fix: set eval_interval to at most {tc.num_iterations}, or 0 to evaluate never."
+            f"train_config.eval_interval ({train_config.eval_interval}) exceeds num_iterations ({train_config.num_iterations}), so no "
+            f"evaluation would run. Fix: set eval_interval to at most {train_config.num_iterations}, or 0 to evaluate never."
         )
     return problems
 
@@ -115,17 +115,17 @@ def _evaluation_problems(cfg: OnlineConfig) -> list[str]:
 def _precision_problems(cfg: OnlineConfig) -> list[str]:
     """``amp_dtype`` without ``use_amp``; bfloat16 on a GPU this driver sees and that lacks it (a driver
     without CUDA cannot tell: the trainer rank and the rollout worker raise the same error on theirs)."""
-    tc = cfg.train_config
-    if not tc.use_amp:
-        if "amp_dtype" in tc.model_fields_set and tc.amp_dtype != "auto":
+    train_config = cfg.train_config
+    if not train_config.use_amp:
+        if "amp_dtype" in train_config.model_fields_set and train_config.amp_dtype != "auto":
             return [
-                f"train_config.amp_dtype is {tc.amp_dtype!r} but use_amp is false, so nothing autocasts and it has "
+                f"train_config.amp_dtype is {train_config.amp_dtype!r} but use_amp is false, so nothing autocasts and it has "
                 f"no effect. Fix: set train_config.use_amp: true, or remove amp_dtype."
             ]
         return []
-    gpus = {"train_config": tc.num_gpus_per_worker, "rollout_config": cfg.rollout_config.num_gpus_per_worker}
+    gpus = {"train_config": train_config.num_gpus_per_worker, "rollout_config": cfg.rollout_config.num_gpus_per_worker}
     on_gpu = [section for section, n in gpus.items() if n > 0]
-    if not on_gpu or tc.amp_dtype == "float16":
+    if not on_gpu or train_config.amp_dtype == "float16":
         return []
     import torch  # only for a GPU run with mixed precision: config loading stays torch-free otherwise
 
@@ -134,7 +134,7 @@ def _precision_problems(cfg: OnlineConfig) -> list[str]:
     if not torch.cuda.is_available():
         return []
     where = f" ({' and '.join(s + '.num_gpus_per_worker > 0' for s in on_gpu)})"
-    problem = PrecisionChoice.from_config(tc).problem(
+    problem = PrecisionChoice.from_config(train_config).problem(
         device_type="cuda", bf16_supported=bf16_supported("cuda"), where=where
     )
     return [problem] if problem else []
@@ -144,33 +144,40 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def inference_resources(rc: RolloutConfig) -> tuple[float, float, float]:
+def inference_resources(rollout_config: RolloutConfig) -> tuple[float, float, float]:
     """``(CPUs of the shared inference server, its GPUs, GPUs of each rollout worker)``: with
     ``inference: shared`` the server takes the workers' GPU shares (one process uses one GPU at
     most) and one worker's CPUs; with ``local`` there is no server."""
-    if rc.inference == "local":
-        return 0.0, 0.0, rc.num_gpus_per_worker
-    return rc.num_cpus_per_worker, min(1.0, rc.num_rollout_workers * rc.num_gpus_per_worker), 0.0
+    if rollout_config.inference == "local":
+        return 0.0, 0.0, rollout_config.num_gpus_per_worker
+    return (
+        rollout_config.num_cpus_per_worker,
+        min(1.0, rollout_config.num_rollout_workers * rollout_config.num_gpus_per_worker),
+        0.0,
+    )
 
 
 def evaluation_resources(cfg: OnlineConfig) -> tuple[float, float]:
     """``(CPUs, GPUs)`` the evaluation actor reserves; none without ``eval_interval``."""
-    tc = cfg.train_config
-    return (tc.eval_num_cpus, tc.eval_num_gpus) if tc.eval_interval else (0.0, 0.0)
+    train_config = cfg.train_config
+    return (train_config.eval_num_cpus, train_config.eval_num_gpus) if train_config.eval_interval else (0.0, 0.0)
 
 
 def required_resources(cfg: OnlineConfig) -> dict[str, float]:
     """CPUs and GPUs the run's workers (shared inference server, evaluation actor) reserve (the small
     actors reserve none)."""
-    rc, tc = cfg.rollout_config, cfg.train_config
-    server_cpus, server_gpus, worker_gpus = inference_resources(rc)
+    rollout_config, train_config = cfg.rollout_config, cfg.train_config
+    server_cpus, server_gpus, worker_gpus = inference_resources(rollout_config)
     eval_cpus, eval_gpus = evaluation_resources(cfg)
     return {
-        "CPU": rc.num_rollout_workers * rc.num_cpus_per_worker
+        "CPU": rollout_config.num_rollout_workers * rollout_config.num_cpus_per_worker
         + server_cpus
-        + tc.num_workers * tc.num_cpus_per_worker
+        + train_config.num_workers * train_config.num_cpus_per_worker
         + eval_cpus,
-        "GPU": rc.num_rollout_workers * worker_gpus + server_gpus + tc.num_workers * tc.num_gpus_per_worker + eval_gpus,
+        "GPU": rollout_config.num_rollout_workers * worker_gpus
+        + server_gpus
+        + train_config.num_workers * train_config.num_gpus_per_worker
+        + eval_gpus,
     }
 
 
@@ -180,7 +187,7 @@ def check_resources(cfg: OnlineConfig, available: Mapping[str, float]) -> None:
     Rollout and train workers reserve their CPUs/GPUs for the whole run, so a shortfall would
     leave an actor pending forever instead of failing; catching it here turns a hang into an error.
     """
-    rc, tc = cfg.rollout_config, cfg.train_config
+    rollout_config, train_config = cfg.rollout_config, cfg.train_config
     needed = required_resources(cfg)
     problems = []
     eval_cpus, eval_gpus = evaluation_resources(cfg)
@@ -188,15 +195,17 @@ def check_resources(cfg: OnlineConfig, available: Mapping[str, float]) -> None:
         have = float(available.get(resource, 0.0))
         share = eval_gpus if resource == "GPU" else eval_cpus
         evaluation = (
-            f" + the evaluation actor's train_config.eval_num_{resource.lower()}s {share:g}" if tc.eval_interval else ""
+            f" + the evaluation actor's train_config.eval_num_{resource.lower()}s {share:g}"
+            if train_config.eval_interval
+            else ""
         )
         if needed[resource] > have + _EPS:
             problems.append(
                 f"The config asks for {needed[resource]:g} {resource}s: "
-                f"rollout_config.num_rollout_workers {rc.num_rollout_workers} x "
-                f"rollout_config.{per} {getattr(rc, per):g} + train_config.num_workers "
-                f"{tc.num_workers} x train_config.{per} {getattr(tc, per):g}"
-                f"{' (with inference: shared, the inference server too)' if rc.inference == 'shared' else ''}"
+                f"rollout_config.num_rollout_workers {rollout_config.num_rollout_workers} x "
+                f"rollout_config.{per} {getattr(rollout_config, per):g} + train_config.num_workers "
+                f"{train_config.num_workers} x train_config.{per} {getattr(train_config, per):g}"
+                f"{' (with inference: shared, the inference server too)' if rollout_config.inference == 'shared' else ''}"
                 f"{evaluation}, but the Ray cluster "
                 f"has {have:g}. Fix: lower those worker counts or per-worker {resource}s "
                 f"(fractions are allowed), or add nodes with more {resource}s."

@@ -88,8 +88,11 @@ class PrecisionChoice:
     @classmethod
     def from_config(cls, train_config: Any) -> "PrecisionChoice":
         """The choice a ``train_config`` makes (its ``use_amp``, ``amp_dtype`` and ``allow_tf32``)."""
-        tc = train_config
-        return cls(use_amp=bool(tc.use_amp), amp_dtype=str(tc.amp_dtype), allow_tf32=bool(tc.allow_tf32))
+        return cls(
+            use_amp=bool(train_config.use_amp),
+            amp_dtype=str(train_config.amp_dtype),
+            allow_tf32=bool(train_config.allow_tf32),
+        )
 
     def decide(self, *, device_type: str, bf16_supported: bool) -> Precision:
         """The pure decision (device type and its bfloat16 support passed in); raises ``ConfigError``."""

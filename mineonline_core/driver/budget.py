@@ -215,8 +215,8 @@ def estimate_memory(
     """Estimate the memory ``cfg`` needs on one machine, building the policy on the meta device only.
     ``reference``: the trainer keeps a KL reference policy (its weights in every rank and rollout
     worker, its recurrent state in every fragment)."""
-    rc, tc = cfg.rollout_config, cfg.train_config
-    rb = rc.replay_buffer_config
+    rollout_config, train_config = cfg.rollout_config, cfg.train_config
+    rb = rollout_config.replay_buffer_config
     policy = meta_policy(policy_generator)
     parameters = sum(p.numel() for p in policy.parameters()) if policy is not None else 0
     policy_bytes = _tensor_bytes(dict(policy.state_dict())) if policy is not None else 0
@@ -229,26 +229,28 @@ def estimate_memory(
     step_bytes = _space_bytes(observation_space) + _space_bytes(action_space) + STEP_COLUMNS_BYTES
     # Each fragment starts with the policy's recurrent state, and the KL reference's beside it (the reference
     # carries its own state through the same fragments).
-    fragment_bytes = rc.fragment_length * step_bytes + (2 if reference else 1) * state_bytes
+    fragment_bytes = rollout_config.fragment_length * step_bytes + (2 if reference else 1) * state_bytes
     # Each env fills its next fragment in arrays of the whole length, allocated when it starts.
     builder_step = _space_bytes(observation_space) + _space_bytes(action_space) + BUILDER_COLUMNS_BYTES
     fragments = 0 if getattr(store_cls, "persistent", False) else rb.max_chunks * rb.fragments_per_chunk
     # A rank holds its iteration (micro-batches of batch_size_per_gpu chunks) and prefetch_batches more.
-    rank_fragments = tc.batches_per_iteration * tc.batch_size_per_gpu * rb.fragments_per_chunk
+    rank_fragments = train_config.batches_per_iteration * train_config.batch_size_per_gpu * rb.fragments_per_chunk
     rank_batches = rank_fragments * (
-        (1 + tc.prefetch_batches) * fragment_bytes + rc.fragment_length * ESTIMATE_COLUMNS_BYTES
+        (1 + train_config.prefetch_batches) * fragment_bytes + rollout_config.fragment_length * ESTIMATE_COLUMNS_BYTES
     )
-    envs = rc.num_rollout_workers * rc.worker_config.num_envs
+    envs = rollout_config.num_rollout_workers * rollout_config.worker_config.num_envs
     copies = int(reference)
     parts = {
-        "trainer ranks": tc.num_workers * (PROCESS_BYTES + (TRAINER_COPIES + copies) * policy_bytes + rank_batches),
-        "rollout workers": rc.num_rollout_workers * (PROCESS_BYTES + (ROLLOUT_COPIES + copies) * policy_bytes)
-        + envs * rc.fragment_length * builder_step,
+        "trainer ranks": train_config.num_workers
+        * (PROCESS_BYTES + (TRAINER_COPIES + copies) * policy_bytes + rank_batches),
+        "rollout workers": rollout_config.num_rollout_workers
+        * (PROCESS_BYTES + (ROLLOUT_COPIES + copies) * policy_bytes)
+        + envs * rollout_config.fragment_length * builder_step,
         "replay (in memory)": fragments * fragment_bytes,
-        "envs": envs * ENV_PROCESS_BYTES if rc.worker_config.env_processes else 0,
+        "envs": envs * ENV_PROCESS_BYTES if rollout_config.worker_config.env_processes else 0,
         "driver, bookkeeping actors and Ray": (1 + BOOKKEEPING_ACTORS) * PROCESS_BYTES + RAY_BYTES + policy_bytes,
     }
-    if tc.eval_interval:  # the evaluation actor: its policy and its env, in its own process
+    if train_config.eval_interval:  # the evaluation actor: its policy and its env, in its own process
         parts["evaluation"] = PROCESS_BYTES + policy_bytes + ENV_PROCESS_BYTES
     if cfg.policy_config is not None:
         from mineonline_core.config.secrets import redact
@@ -258,7 +260,9 @@ def estimate_memory(
         policy_text = "policy_generator()"
     # What the parts above add per step of fragment_length, to name it when it is what does not fit.
     per_step = (
-        tc.num_workers * rank_fragments * ((1 + tc.prefetch_batches) * step_bytes + ESTIMATE_COLUMNS_BYTES)
+        train_config.num_workers
+        * rank_fragments
+        * ((1 + train_config.prefetch_batches) * step_bytes + ESTIMATE_COLUMNS_BYTES)
         + envs * builder_step
         + fragments * step_bytes
     )
@@ -280,7 +284,7 @@ def estimate_memory(
         policy_bytes=policy_bytes,
         parts=parts,
         policy_text=policy_text,
-        fragment_length=rc.fragment_length,
+        fragment_length=rollout_config.fragment_length,
         step_bytes=per_step,
-        env_fragment_bytes=rc.fragment_length * builder_step,
+        env_fragment_bytes=rollout_config.fragment_length * builder_step,
     )

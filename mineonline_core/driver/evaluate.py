@@ -137,9 +137,9 @@ def evaluate(
     if episodes is not None and episodes < 1:
         raise ConfigError(f"--episodes {episodes}: evaluate at least one episode. Fix: --episodes 10.")
     policy = load_policy(path, overrides=overrides, pm=pm)
-    tc = policy.config.train_config
-    episodes = tc.eval_episodes if episodes is None else episodes
-    deterministic = tc.eval_deterministic if deterministic is None else deterministic
+    train_config = policy.config.train_config
+    episodes = train_config.eval_episodes if episodes is None else episodes
+    deterministic = train_config.eval_deterministic if deterministic is None else deterministic
     seed = int(policy.config.seed) + EVAL_SEED_OFFSET if seed is None else seed
     out_dir = pathlib.Path(output) if output is not None else default_output(policy.checkpoint)
     out_dir.mkdir(parents=True, exist_ok=True)

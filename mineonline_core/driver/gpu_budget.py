@@ -149,42 +149,50 @@ def estimate_gpu(
     reference: bool,
 ) -> GpuEstimate | None:
     """The trainer card's estimate, or None when training does not run on a GPU."""
-    rc, tc = cfg.rollout_config, cfg.train_config
-    if tc.num_gpus_per_worker <= 0:
+    rollout_config, train_config = cfg.rollout_config, cfg.train_config
+    if train_config.num_gpus_per_worker <= 0:
         return None
     from mineonline_core.config.precision import PrecisionChoice
 
-    amp = PrecisionChoice.from_config(tc).use_amp
-    window = window_activation_bytes(policy, observation_space, tc.context_length) if policy is not None else None
+    amp = PrecisionChoice.from_config(train_config).use_amp
+    window = (
+        window_activation_bytes(policy, observation_space, train_config.context_length) if policy is not None else None
+    )
     frame_bytes = 0
     if window is not None:
-        frame_bytes = int(window * (AMP_ACTIVATION_FACTOR if amp else 1.0)) // tc.context_length
-    chunks = tc.batches_per_iteration * tc.batch_size_per_gpu
-    steps = rc.replay_buffer_config.fragments_per_chunk * rc.fragment_length
-    batches = (1 + tc.prefetch_batches) * chunks * steps * step_bytes  # one training, the rest fetched ahead
+        frame_bytes = int(window * (AMP_ACTIVATION_FACTOR if amp else 1.0)) // train_config.context_length
+    chunks = train_config.batches_per_iteration * train_config.batch_size_per_gpu
+    steps = rollout_config.replay_buffer_config.fragments_per_chunk * rollout_config.fragment_length
+    batches = (1 + train_config.prefetch_batches) * chunks * steps * step_bytes  # one training, the rest fetched ahead
     parts = {
         "weights, gradients and AdamW's two moments": 4 * policy_bytes,
         "KL reference": policy_bytes if reference else 0,
         "broadcast snapshot": policy_bytes,
-        f"the iteration's batch and {tc.prefetch_batches} prefetched": batches,
-        f"one window's activations ({tc.batch_size_per_gpu} x {tc.context_length} steps"
-        f"{', use_amp' if amp else ', float32'})": tc.batch_size_per_gpu * tc.context_length * frame_bytes,
+        f"the iteration's batch and {train_config.prefetch_batches} prefetched": batches,
+        f"one window's activations ({train_config.batch_size_per_gpu} x {train_config.context_length} steps"
+        f"{', use_amp' if amp else ', float32'})": train_config.batch_size_per_gpu
+        * train_config.context_length
+        * frame_bytes,
         "CUDA context": CUDA_CONTEXT_BYTES,
     }
     copies = 2 if reference else 1  # the policy, and the reference beside it
-    if rc.num_gpus_per_worker > 0 and tc.num_gpus_per_worker < 1:
-        room = 1 - tc.num_gpus_per_worker + 1e-9
-        if getattr(rc, "inference", "local") == "shared":
+    if rollout_config.num_gpus_per_worker > 0 and train_config.num_gpus_per_worker < 1:
+        room = 1 - train_config.num_gpus_per_worker + 1e-9
+        if getattr(rollout_config, "inference", "local") == "shared":
             # One server process holds the weights and every env's recurrent states for all workers.
-            share = min(1.0, rc.num_rollout_workers * rc.num_gpus_per_worker)
+            share = min(1.0, rollout_config.num_rollout_workers * rollout_config.num_gpus_per_worker)
             if share <= room:
-                envs = rc.num_rollout_workers * rc.worker_config.num_envs
+                envs = rollout_config.num_rollout_workers * rollout_config.worker_config.num_envs
                 parts["the shared inference server on the same GPU"] = (
                     CUDA_CONTEXT_BYTES + copies * policy_bytes + envs * copies * state_bytes
                 )
         else:
-            beside = min(rc.num_rollout_workers, math.floor(room / rc.num_gpus_per_worker))
-            per_worker = CUDA_CONTEXT_BYTES + copies * policy_bytes + rc.worker_config.num_envs * copies * state_bytes
+            beside = min(rollout_config.num_rollout_workers, math.floor(room / rollout_config.num_gpus_per_worker))
+            per_worker = (
+                CUDA_CONTEXT_BYTES
+                + copies * policy_bytes
+                + rollout_config.worker_config.num_envs * copies * state_bytes
+            )
             if beside:
                 parts[f"{beside} rollout workers on the same GPU"] = beside * per_worker
     return GpuEstimate(

@@ -16,6 +16,8 @@ import signal
 import time
 from typing import Any
 
+from mineonline_core.driver.proctable import processes
+
 log = logging.getLogger("mineonline")
 
 # Ray's messages when a process of a new node misses its window: the raylet's registration
@@ -24,23 +26,9 @@ TIMED_OUT = ("timed out during startup", "Timed out waiting for file")
 
 
 def children() -> set[int]:
-    """Process ids whose parent is this process (read from ``/proc``; empty where there is none)."""
-    me, found = os.getpid(), set()
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # ended meanwhile
-        if int(fields[1]) == me:
-            found.add(int(name))
-    return found
+    """Process ids whose parent is this process, zombies included (they are reaped by ``end``)."""
+    me = os.getpid()
+    return {pid for pid, fields in processes(zombies=True).items() if int(fields[1]) == me}
 
 
 def end(pids: set[int], *, grace_s: float = 10.0) -> None:

@@ -54,16 +54,16 @@ def _node_line(node: Mapping[str, Any]) -> str:
 
 def actor_shapes(cfg: Any) -> list[tuple[str, str, dict[str, float]]]:
     """``(actor, config keys, resources)`` of each actor that reserves resources on one node."""
-    rc, tc = cfg.rollout_config, cfg.train_config
-    server_cpus, server_gpus, worker_gpus = inference_resources(rc)
+    rollout_config, train_config = cfg.rollout_config, cfg.train_config
+    server_cpus, server_gpus, worker_gpus = inference_resources(rollout_config)
     out = [
         (
             "a rollout worker",
             "rollout_config.num_cpus_per_worker / num_gpus_per_worker",
-            _shape({"CPU": rc.num_cpus_per_worker, "GPU": worker_gpus}),
+            _shape({"CPU": rollout_config.num_cpus_per_worker, "GPU": worker_gpus}),
         )
     ]
-    if rc.inference == "shared":
+    if rollout_config.inference == "shared":
         out.append(
             (
                 "the shared inference server",
@@ -71,13 +71,13 @@ def actor_shapes(cfg: Any) -> list[tuple[str, str, dict[str, float]]]:
                 _shape({"CPU": server_cpus, "GPU": server_gpus}),
             )
         )
-    ray_train = tc.use_ray_train if tc.use_ray_train is not None else tc.num_workers > 1
-    if ray_train or tc.num_gpus_per_worker > 0:  # a CPU rank in the driver's process reserves nothing
+    ray_train = train_config.use_ray_train if train_config.use_ray_train is not None else train_config.num_workers > 1
+    if ray_train or train_config.num_gpus_per_worker > 0:  # a CPU rank in the driver's process reserves nothing
         out.append(
             (
                 "a trainer rank",
                 "train_config.num_cpus_per_worker / num_gpus_per_worker",
-                _shape({"CPU": tc.num_cpus_per_worker, "GPU": tc.num_gpus_per_worker}),
+                _shape({"CPU": train_config.num_cpus_per_worker, "GPU": train_config.num_gpus_per_worker}),
             )
         )
     return out

@@ -87,11 +87,29 @@ def resolve_trainer(loaded: LoadedConfig, pm: PluginManager) -> tuple[type, Base
     validated against its ``Config`` (an unknown key names the key, the trainer and close matches).
     Keys another installed trainer owns are set aside with one warning (``config/trainer_keys.py``)."""
     trainer_cls = pm.lookup("trainer", loaded.config.trainer_name)
+    check_overrides(trainer_cls)
     trainers = [(name, cls) for name, cls, _ in pm.registries["trainer"].items()]
     warning = set_aside_foreign_keys(trainer_cls, loaded.config.train_config, trainers)
     if warning:
         log.warning(warning)
     return trainer_cls, validate_trainer_options(trainer_cls, loaded.config.train_config, origins=loaded.origins)
+
+
+def check_overrides(trainer_cls: type) -> None:
+    """Refuse a trainer class that redefines a method of the loop or of ``Algorithm`` not marked ``@hook``:
+    the loop never calls it as its author meant (or the class replaces the loop's machinery), and the run
+    would train on without a word. The trainer conformance suite checks the same for a plugin's tests."""
+    from mineonline_core.trainer.algorithm import hook_names, unmarked_overrides
+    from mineonline_core.trainer.base import BaseTrainer
+
+    found = unmarked_overrides(trainer_cls, machinery=(BaseTrainer,))
+    if found:
+        raise ConfigError(
+            f"trainer_name={trainer_cls.name}: {trainer_cls.__module__}.{trainer_cls.__qualname__} overrides "
+            f"{', '.join(found)}, which {'is' if len(found) == 1 else 'are'} not marked @hook: the training "
+            f"loop's own, which a trainer does not replace. Move that logic into a hook "
+            f"({', '.join(hook_names())}) or rename the method."
+        )
 
 
 def resolve(loaded: LoadedConfig, pm: PluginManager, *, probe: bool = True, isolate: bool = False) -> ResolvedRun:

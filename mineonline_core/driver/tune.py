@@ -263,17 +263,19 @@ def bundles(cfg: Any) -> list[dict[str, float]]:
     means the trial's process takes nothing from the group (Tune's convention)."""
     from mineonline_core.config.checks import inference_resources
 
-    rc, tc = cfg.rollout_config, cfg.train_config
-    in_process = not (tc.use_ray_train if tc.use_ray_train is not None else tc.num_workers > 1)
+    rollout_config, train_config = cfg.rollout_config, cfg.train_config
+    in_process = not (
+        train_config.use_ray_train if train_config.use_ray_train is not None else train_config.num_workers > 1
+    )
     head = (
-        {"CPU": tc.num_cpus_per_worker}
-        if in_process and tc.num_gpus_per_worker == 0 and tc.num_cpus_per_worker > 0
+        {"CPU": train_config.num_cpus_per_worker}
+        if in_process and train_config.num_gpus_per_worker == 0 and train_config.num_cpus_per_worker > 0
         else {}
     )
-    server_cpus, server_gpus, worker_gpus = inference_resources(rc)
-    worker = {k: v for k, v in (("CPU", rc.num_cpus_per_worker), ("GPU", worker_gpus)) if v > 0}
+    server_cpus, server_gpus, worker_gpus = inference_resources(rollout_config)
+    worker = {k: v for k, v in (("CPU", rollout_config.num_cpus_per_worker), ("GPU", worker_gpus)) if v > 0}
     server = {k: v for k, v in (("CPU", server_cpus), ("GPU", server_gpus)) if v > 0}
-    return [head, *([worker] * rc.num_rollout_workers if worker else []), *([server] if server else [])]
+    return [head, *([worker] * rollout_config.num_rollout_workers if worker else []), *([server] if server else [])]
 
 
 def _resources(spec: TrialSpec) -> Any:

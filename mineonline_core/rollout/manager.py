@@ -180,11 +180,14 @@ class RolloutManager:
         lines = self._supervisor.worker_lines()
         if self._error is not None:
             lines.insert(0, f"the rollout side failed: {self._error}")
-        tc = self.config.train_config
+        train_config = self.config.train_config
         try:
             lines.append(
                 "replay buffer: "
-                + ray.get(self._buffer.explain.remote(tc.batches_per_iteration * tc.batch_size_per_gpu), timeout=10)
+                + ray.get(
+                    self._buffer.explain.remote(train_config.batches_per_iteration * train_config.batch_size_per_gpu),
+                    timeout=10,
+                )
             )
         except Exception as exc:  # noqa: BLE001 - a dead buffer is itself the diagnosis
             lines.append(f"replay buffer: no answer ({type(exc).__name__}: {exc})")

@@ -84,8 +84,8 @@ def start_rollout_actors(*, manager: RolloutManagerHandle, spec: RolloutSpec) ->
 
     config, store_cls, logger_hub = spec.config, spec.store_cls, spec.logger_hub
     policy_generator, env_generator, store_options = spec.policy_generator, spec.env_generator, spec.store_options
-    run_name, rc = str(config.run_name), config.rollout_config
-    bc = rc.replay_buffer_config
+    run_name, rollout_config = str(config.run_name), config.rollout_config
+    bc = rollout_config.replay_buffer_config
     db = bc.database_config
     path, resume = str(config.resolve_path(db.path)), config.train_config.resume is not None
     actors = RolloutActors(store_path=path)
@@ -119,7 +119,7 @@ def start_rollout_actors(*, manager: RolloutManagerHandle, spec: RolloutSpec) ->
     actors.stats = (
         ray.remote(EpisodeStatistics)
         .options(name=actor_name(run_name, names.EPISODE_STATISTICS), **{**small, **STATS_OPTIONS})
-        .remote(logger_hub=logger_hub, window=rc.episode_statistics_config.window)
+        .remote(logger_hub=logger_hub, window=rollout_config.episode_statistics_config.window)
     )
     actors.buffer = (
         ray.remote(ReplayBuffer)
@@ -146,8 +146,8 @@ def start_rollout_actors(*, manager: RolloutManagerHandle, spec: RolloutSpec) ->
         # New streams must not reuse a stored stream's keys: a put would overwrite its payloads.
         actors.first_incarnation = first_free_incarnations(actors.store.keys())
     precision = PrecisionChoice.from_config(config.train_config)
-    server_cpus, server_gpus, worker_gpus = inference_resources(rc)
-    if rc.inference == "shared":
+    server_cpus, server_gpus, worker_gpus = inference_resources(rollout_config)
+    if rollout_config.inference == "shared":
         from mineonline_core.rollout.inference import InferenceServer
 
         actors.server = (
@@ -157,25 +157,25 @@ def start_rollout_actors(*, manager: RolloutManagerHandle, spec: RolloutSpec) ->
                 namespace=NAMESPACE,
                 num_cpus=server_cpus,
                 num_gpus=server_gpus,
-                max_concurrency=2 * rc.num_rollout_workers + 8,
+                max_concurrency=2 * rollout_config.num_rollout_workers + 8,
                 max_restarts=-1,
                 max_task_retries=-1,
             )
-            .remote(policy_generator=policy_generator, config=rc, manager=manager, precision=precision)
+            .remote(policy_generator=policy_generator, config=rollout_config, manager=manager, precision=precision)
         )
     worker_cls = ray.remote(RolloutWorker)
     actors.workers = [
         worker_cls.options(
             name=actor_name(run_name, names.ROLLOUT_WORKER, i),
             namespace=NAMESPACE,
-            num_cpus=rc.num_cpus_per_worker,
+            num_cpus=rollout_config.num_cpus_per_worker,
             num_gpus=worker_gpus,
             max_concurrency=WORKER_CONCURRENCY,
             max_restarts=-1,
             max_task_retries=-1,
         ).remote(
             worker_id=i,
-            config=rc,
+            config=rollout_config,
             policy_generator=policy_generator,
             env_generator=env_generator,
             store_client=actors.store,
@@ -188,7 +188,7 @@ def start_rollout_actors(*, manager: RolloutManagerHandle, spec: RolloutSpec) ->
             precision=precision,
             inference_server=actors.server,
         )
-        for i in range(rc.num_rollout_workers)
+        for i in range(rollout_config.num_rollout_workers)
     ]
     try:
         ray.get(actors.store_host.node_id.remote())  # the store is open, or its error is raised here

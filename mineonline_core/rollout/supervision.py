@@ -41,11 +41,11 @@ class WorkerSupervisor:
         config: Any,
         fail: Callable[[BaseException, str], None],
     ) -> None:
-        rc = config.rollout_config
+        rollout_config = config.rollout_config
         self.config, self._workers, self._buffer, self._fail = config, workers, buffer, fail
         self._lock = threading.Lock()
         self.incarnations: dict[int, int] = {}  # restarts in this run, per worker
-        self._restarts = RestartBudget(cap=rc.max_worker_restarts, window=rc.restart_window)
+        self._restarts = RestartBudget(cap=rollout_config.max_worker_restarts, window=rollout_config.restart_window)
         self._last_errors: dict[int, str] = {}  # worker id -> the last failure the monitor saw
         self._beats = Heartbeats(timeout=config.hang_timeout)  # the workers' lives, by worker id
         self._reporting: dict[int, tuple[Any, int]] = {}  # worker id -> its report() call in flight, the life asked
@@ -63,13 +63,13 @@ class WorkerSupervisor:
         if restarts:
             log.warning("rollout worker %d restarted (life %d); sending it the latest weights", worker_id, restarts)
         if over:
-            rc = self.config.rollout_config
+            rollout_config = self.config.rollout_config
             self._fail(
                 RunFailedError(
                     f"rollout workers were restarted {self._restarts.count()} times within "
                     f"{self._restarts.span():.0f}s "
-                    f"(rollout_config.max_worker_restarts={rc.max_worker_restarts} per restart_window="
-                    f"{rc.restart_window:g}s), so the run stops instead of restarting them forever.\n"
+                    f"(rollout_config.max_worker_restarts={rollout_config.max_worker_restarts} per restart_window="
+                    f"{rollout_config.restart_window:g}s), so the run stops instead of restarting them forever.\n"
                     + "\n".join(f"  - {line}" for line in self.worker_lines())
                     + "\nFix the cause above (a worker that dies at every start), or raise max_worker_restarts."
                 ),

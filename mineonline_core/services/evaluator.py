@@ -67,11 +67,15 @@ class Evaluator:
         logger_hub: ActorHandle[LoggerHub] | None = None,
     ) -> None:
         setup_actor_logging()
-        tc = config.train_config
-        self.episodes, self.deterministic = tc.eval_episodes, tc.eval_deterministic
+        train_config = config.train_config
+        self.episodes, self.deterministic = train_config.eval_episodes, train_config.eval_deterministic
         self.seed, self.hub = int(config.seed) + EVAL_SEED_OFFSET, logger_hub
-        torch.set_num_threads(max(1, int(tc.eval_num_cpus)))
-        on_gpu = tc.eval_num_gpus > 0 and bool(ray.is_initialized() and ray.get_gpu_ids()) and torch.cuda.is_available()
+        torch.set_num_threads(max(1, int(train_config.eval_num_cpus)))
+        on_gpu = (
+            train_config.eval_num_gpus > 0
+            and bool(ray.is_initialized() and ray.get_gpu_ids())
+            and torch.cuda.is_available()
+        )
         device = torch.device("cuda" if on_gpu else "cpu")
         policy = policy_generator().to(device).eval().requires_grad_(False)
         self.policy = LoadedPolicy(
@@ -124,6 +128,6 @@ def start_evaluator(*, name: str, namespace: str, config: Any, **kwargs: Any) ->
     """The ``Evaluator`` actor ``name``, reserving ``eval_num_cpus`` and ``eval_num_gpus``. Ray does
     not restart it (its constructor's arguments live in the object store); rank 0 starts a new one
     when it died (``EvaluationClient.poll``)."""
-    tc = config.train_config
-    actor_cls = ray.remote(num_cpus=tc.eval_num_cpus, num_gpus=tc.eval_num_gpus)(Evaluator)
+    train_config = config.train_config
+    actor_cls = ray.remote(num_cpus=train_config.eval_num_cpus, num_gpus=train_config.eval_num_gpus)(Evaluator)
     return actor_cls.options(name=name, namespace=namespace).remote(config=config, **kwargs)

@@ -9,23 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-def _stat(pid_dir: Path) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, pgrp, session, ...)."""
-    try:
-        return (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None  # gone meanwhile
-
-
-def _live() -> dict[int, list[str]]:
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat(entry)
-            if fields is not None and fields[0] != "Z":
-                out[int(entry.name)] = fields
-    return out
+from mineonline_core.driver.proctable import processes
 
 
 def command_line(pid: int, width: int = 120) -> str:
@@ -38,12 +22,12 @@ def command_line(pid: int, width: int = 120) -> str:
 
 def session_pids(sid: int) -> list[int]:
     """Live processes of session ``sid`` (a driver started with ``start_new_session=True`` leads one)."""
-    return [pid for pid, fields in _live().items() if int(fields[3]) == sid]
+    return [pid for pid, fields in processes().items() if int(fields[3]) == sid]
 
 
 def descendants(root: int) -> dict[int, str]:
     """Live processes below ``root`` (by parent pid), with their command lines."""
-    parent = {pid: int(fields[1]) for pid, fields in _live().items()}
+    parent = {pid: int(fields[1]) for pid, fields in processes().items()}
     below, frontier = set(), {root}
     while frontier:
         frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - below

@@ -136,15 +136,15 @@ class Algorithm:
         """Add ``value``, ``advantage`` and ``return`` ((N, L) float32, values denormalised) to this
         iteration's batch, with the model as it is before the update. Default: GAE with
         ``discount`` and ``gae_lambda``, plus ``logprob_prox`` and ``old_vpred`` from the same pass."""
-        ctx, tc = self.ctx, self.ctx.train_config
+        ctx, train_config = self.ctx, self.ctx.train_config
         return estimate_advantages(
             ctx.model,
             batch,
             version=ctx.version,
-            context_length=tc.context_length,
-            discount=tc.discount,
-            gae_lambda=tc.gae_lambda,
-            batch_size=tc.batch_size_per_gpu,
+            context_length=train_config.context_length,
+            discount=train_config.discount,
+            gae_lambda=train_config.gae_lambda,
+            batch_size=train_config.batch_size_per_gpu,
             autocast=self.autocast,
         )
 
@@ -164,13 +164,13 @@ class Algorithm:
     def check_policy(self, policy: nn.Module) -> None:
         """Options that mean nothing for this policy are rejected with the key and the fix (on the
         driver before any rank starts, and on each rank). Overrides call ``super()``."""
-        tc = self.ctx.train_config
-        if tc.use_normalized_vf and not hasattr(getattr(policy, "value_head", None), "update_normalizer"):
+        train_config = self.ctx.train_config
+        if train_config.use_normalized_vf and not hasattr(getattr(policy, "value_head", None), "update_normalizer"):
             raise ConfigError(
                 f"train_config.use_normalized_vf: true needs a value head with a running normaliser, but "
                 f"{type(policy).__name__}.value_head has no update_normalizer(). Set use_normalized_vf: false."
             )
-        problem = float16_problem(PrecisionChoice.from_config(tc), policy)
+        problem = float16_problem(PrecisionChoice.from_config(train_config), policy)
         if problem:
             raise ConfigError(problem)
 
@@ -184,10 +184,14 @@ class Algorithm:
         """Return the module to train (usually ``policy`` itself) and its optimiser. Default: AdamW
         over the parameters that require gradients, with ``learning_rate``, ``adam_eps`` and
         ``weight_decay``."""
-        tc = self.ctx.train_config
+        train_config = self.ctx.train_config
         trainable = [p for p in policy.parameters() if p.requires_grad]
         return policy, torch.optim.AdamW(
-            trainable, lr=tc.learning_rate, eps=tc.adam_eps, weight_decay=tc.weight_decay, fused=fused_adamw(trainable)
+            trainable,
+            lr=train_config.learning_rate,
+            eps=train_config.adam_eps,
+            weight_decay=train_config.weight_decay,
+            fused=fused_adamw(trainable),
         )
 
     @hook

@@ -56,12 +56,12 @@ class ChunkFetching:
         gradients, as the update's first step runs it (``batch_size_per_gpu`` chunks at a time,
         ``self.autocast()``): ``logprob`` of the stored actions, ``vpred`` and ``value`` (N, L), and
         ``next_value`` (N,), values denormalised (``trainer.batch.current_policy_outputs``)."""
-        tc = self.train_config
+        train_config = self.train_config
         return current_policy_outputs(
             self.model,
             batch,
-            context_length=tc.context_length,
-            batch_size=tc.batch_size_per_gpu,
+            context_length=train_config.context_length,
+            batch_size=train_config.batch_size_per_gpu,
             autocast=self.algorithm.autocast,
         )
 
@@ -69,7 +69,7 @@ class ChunkFetching:
         """This iteration's chunks, with ``staleness`` and the ``estimate`` columns. The chunks of
         the next ``prefetch_batches`` iterations are fetched in the background while this one
         trains; the estimate is not, because it needs the updated model."""
-        tc = self.train_config
+        train_config = self.train_config
         start = time.perf_counter()
         ahead = self._prefetch
         stopped = None
@@ -86,7 +86,9 @@ class ChunkFetching:
             raise stopped or SampleStopped("another rank was waiting for chunks when the run was asked to stop")
         fetched = time.perf_counter()
         last = ahead[-1][0] if ahead else self.iteration
-        for iteration in range(last + 1, min(self.iteration + tc.prefetch_batches, tc.num_iterations) + 1):
+        for iteration in range(
+            last + 1, min(self.iteration + train_config.prefetch_batches, train_config.num_iterations) + 1
+        ):
             # Iteration j trains at the version the iterations before it will have published: the
             # buffer judges staleness against that, so fetching early never loosens max_staleness.
             bumps = sum(1 for k in range(self.iteration, iteration) if self.algorithm.publishes_version(k))
@@ -95,7 +97,7 @@ class ChunkFetching:
             )
         batch[F.STALENESS] = (self.version - batch[F.VERSION]).float()
         # normalize_rewards: the estimate (any trainer's) sees scaled rewards; a no-op otherwise.
-        batch = scale_rewards(self.policy, batch, discount=tc.discount, gather=self.all_gather)
+        batch = scale_rewards(self.policy, batch, discount=train_config.discount, gather=self.all_gather)
         batch = self.algorithm.estimate(batch=batch)
         self.perf["perf/fetch_ms"] = 1e3 * (fetched - start)  # what the loop waited for, not the fetch itself
         self.perf["perf/gae_ms"] = 1e3 * (time.perf_counter() - fetched)

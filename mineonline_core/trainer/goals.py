@@ -25,10 +25,14 @@ class Goals:
     """The stop criteria and the best-checkpoint rule of one run's config."""
 
     def __init__(self, config: Any) -> None:
-        tc = config.train_config
-        self.max_env_steps, self.stop_at_return, self.keep_best = tc.max_env_steps, tc.stop_at_return, tc.keep_best
+        train_config = config.train_config
+        self.max_env_steps, self.stop_at_return, self.keep_best = (
+            train_config.max_env_steps,
+            train_config.stop_at_return,
+            train_config.keep_best,
+        )
         self.window = config.rollout_config.episode_statistics_config.window
-        self.metric = tc.keep_best_metric
+        self.metric = train_config.keep_best_metric
         self.best_return: float | None = None  # the best keep_best_metric so far
 
     @property

@@ -174,22 +174,26 @@ class TrainLoop(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishin
     # -- schedules ------------------------------------------------------------------------------
 
     def learning_rate_at(self, iteration: int) -> float:
-        tc = self.train_config
-        if not tc.anneal_lr_linearly:
-            return tc.learning_rate
-        return tc.learning_rate * (1.0 - (iteration - 1) / tc.num_iterations)
+        train_config = self.train_config
+        if not train_config.anneal_lr_linearly:
+            return train_config.learning_rate
+        return train_config.learning_rate * (1.0 - (iteration - 1) / train_config.num_iterations)
 
     def apply_optimizer_settings(self, optimizer: torch.optim.Optimizer, iteration: int) -> None:
         """Set the config's learning rate (at ``iteration``), weight decay and epsilon on every param
         group that has them: called after an optimiser state is loaded on resume."""
-        tc = self.train_config
-        values = {"lr": self.learning_rate_at(iteration), "weight_decay": tc.weight_decay, "eps": tc.adam_eps}
+        train_config = self.train_config
+        values = {
+            "lr": self.learning_rate_at(iteration),
+            "weight_decay": train_config.weight_decay,
+            "eps": train_config.adam_eps,
+        }
         for group in optimizer.param_groups:
             for key, value in values.items():
                 if key in group:
                     group[key] = value
                     if key == "lr" and "initial_lr" in group:
-                        group["initial_lr"] = tc.learning_rate
+                        group["initial_lr"] = train_config.learning_rate
 
     # -- driver side ----------------------------------------------------------------------------
 
@@ -224,7 +228,7 @@ class TrainLoop(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishin
             ctx = ray.train.get_context()
             self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
             self.device = indexed_device(ray.train.torch.get_device())
-        tc, seed = self.train_config, self.config.seed
+        train_config, seed = self.train_config, self.config.seed
         torch.manual_seed(seed)  # the same initial weights (and KL reference) on every rank
         self._reference_stale = True  # a rebuilt reference is sent with the first broadcast
         self.reference = None
@@ -232,7 +236,7 @@ class TrainLoop(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishin
         self.algorithm.check_policy(policy)
         self.algorithm.init_policy(policy)
         own = recovery.own_checkpoint(self.save_dir, self._fit_started)  # this run's progress, after a restart
-        resume = ckpt.load_checkpoint(own or tc.resume) if (own or tc.resume) else None
+        resume = ckpt.load_checkpoint(own or train_config.resume) if (own or train_config.resume) else None
         if resume is not None:
             ckpt.check_compatible(policy, resume["model"], source=str(resume["path"]))
             policy.load_state_dict(resume["model"])
@@ -246,10 +250,10 @@ class TrainLoop(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishin
 
             model = ray.train.torch.prepare_model(model, move_to_device=False)
         self.model = model
-        precision = PrecisionChoice.from_config(tc).on(self.device)  # raises for bfloat16 on a GPU without it
+        precision = PrecisionChoice.from_config(train_config).on(self.device)  # raises for bfloat16 on a GPU without it
         precision.apply_tf32()  # explicit on every rank, as on every rollout worker
         self.scaler = precision.make_scaler()  # float16 on CUDA only
-        self.update_guard = UpdateGuard(max_consecutive=tc.max_skipped_updates)
+        self.update_guard = UpdateGuard(max_consecutive=train_config.max_skipped_updates)
         self._pristine = None  # a trainer whose setup took no reference leaves no copy behind
         _seed_everything(seed + 1000 * self.rank + 1)
         if resume is not None:
@@ -281,22 +285,24 @@ class TrainLoop(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishin
         self.version = recovery.rejoin_version(self.rollout_manager, self.version)
         if self.rank == 0:
             self._publish_weights()  # rollout waits for the first weights
-        tc = self.train_config
+        train_config = self.train_config
         start = self.iteration
-        for iteration in range(self.iteration + 1, tc.num_iterations + 1):
+        for iteration in range(self.iteration + 1, train_config.num_iterations + 1):
             try:
                 self.run_iteration(iteration)
             except SampleStopped:
                 # Asked to stop while waiting for this iteration's chunks: the one before it is final. It
                 # is saved unless a checkpoint of it exists (the resumed one, or a save_interval multiple).
                 self.iteration = iteration - 1
-                if self.iteration == 0 or (self.iteration != start and self.iteration % tc.save_interval != 0):
+                if self.iteration == 0 or (
+                    self.iteration != start and self.iteration % train_config.save_interval != 0
+                ):
                     self.save_checkpoint()
                 self.last_metrics["trainer/stopped_early"] = 1.0
                 break
-            if iteration < tc.num_iterations and self._stop_requested():
+            if iteration < train_config.num_iterations and self._stop_requested():
                 # Ctrl-C, `mineonline stop` or a goal reached: leave a checkpoint of the last finished iteration.
-                if iteration % tc.save_interval != 0:
+                if iteration % train_config.save_interval != 0:
                     self.save_checkpoint()
                 self.last_metrics["trainer/stopped_early"] = 1.0
                 break
@@ -329,9 +335,11 @@ class TrainLoop(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishin
 
     def run_iteration(self, iteration: int) -> dict[str, float]:
         """One iteration, as named steps on every rank; rank 0 alone logs, evaluates and judges goals."""
-        tc = self.train_config
+        train_config = self.train_config
         self.start_iteration(iteration)
-        batch = self.fetch_fragments_and_estimate_advantages(tc.batches_per_iteration * tc.batch_size_per_gpu)
+        batch = self.fetch_fragments_and_estimate_advantages(
+            train_config.batches_per_iteration * train_config.batch_size_per_gpu
+        )
         with self.timed("perf/train_ms"):
             metrics = {**self.train(batch), **self.algorithm.iteration_metrics()}
         with self.timed("perf/broadcast_ms"):
@@ -339,7 +347,7 @@ class TrainLoop(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishin
         metrics = self.last_metrics = {**metrics, **self.loop_metrics(batch)}
         if self.rank == 0:
             self.log_and_evaluate(metrics, batch, published=published)
-        if iteration % tc.save_interval == 0 or iteration == tc.num_iterations:
+        if iteration % train_config.save_interval == 0 or iteration == train_config.num_iterations:
             self.save_checkpoint()
         if self.rank == 0:
             self.judge_goals()
@@ -369,8 +377,8 @@ class TrainLoop(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishin
 
     def loop_metrics(self, batch: dict[str, Any]) -> dict[str, float]:
         """The loop's own metrics of the iteration just trained: timings, version, throughput, guards."""
-        tc = self.train_config
-        steps = batch["reward"].numel() * self.world_size * tc.epochs_per_iteration
+        train_config = self.train_config
+        steps = batch["reward"].numel() * self.world_size * train_config.epochs_per_iteration
         return {
             **self.perf,
             "trainer/iteration": self.iteration,
@@ -386,10 +394,10 @@ class TrainLoop(DriverSide, PolicyBuilding, ChunkFetching, UpdateLoop, Publishin
 
     def log_and_evaluate(self, metrics: dict[str, float], batch: dict[str, Any], *, published: bool) -> None:
         """Rank 0: log the iteration, hand it to the evaluator when due, ask for videos when due."""
-        tc = self.train_config
+        train_config = self.train_config
         self._log(metrics, batch)
         self.evaluate_iteration(published=published)
-        if tc.record_video_interval and self.iteration % tc.record_video_interval == 0:
+        if train_config.record_video_interval and self.iteration % train_config.record_video_interval == 0:
             self.rollout_manager.record_videos.remote()
 
     def judge_goals(self) -> None:

@@ -51,11 +51,15 @@ class UpdateLoop:
 
     def train(self, batch: dict[str, Any]) -> dict[str, float]:
         """One iteration's optimisation on this rank's batch; returns ``trainer/`` metrics."""
-        tc = self.train_config
+        train_config = self.train_config
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate
         batch = self.algorithm.prepare_batch(batch=self._with_value_targets(batch))
-        n, per_batch, accum = batch[F.REWARD].shape[0], tc.batch_size_per_gpu, tc.gradient_accumulation
+        n, per_batch, accum = (
+            batch[F.REWARD].shape[0],
+            train_config.batch_size_per_gpu,
+            train_config.gradient_accumulation,
+        )
         num_batches = math.ceil(n / per_batch)
         # Stats stay on the device (float64: the same sums as Python floats) and are read once at the
         # iteration's end: a float() per window or step would wait for the GPU each time.
@@ -63,7 +67,7 @@ class UpdateLoop:
         group_terms: dict[str, torch.Tensor] = {}  # loss terms since the last optimiser step
         grad_norms: list[float] = []
         device = batch[F.REWARD].device
-        for _ in range(tc.epochs_per_iteration):
+        for _ in range(train_config.epochs_per_iteration):
             order = torch.randperm(n, device=device)  # new minibatches every epoch
             for b in range(num_batches):
                 rows = order[b * per_batch : (b + 1) * per_batch]
@@ -76,7 +80,7 @@ class UpdateLoop:
                     grad_norm = self._optimizer_step(group_terms)
                     grad_norms += [] if grad_norm is None else [grad_norm]
                     group_terms = {}
-        count = tc.epochs_per_iteration * num_batches
+        count = train_config.epochs_per_iteration * num_batches
         metrics = {f"trainer/{k}": v / count for k, v in zip(totals, _read(totals.values()))}
         metrics["trainer/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         returns, values = batch[F.RETURN], batch[F.VALUE]
@@ -114,7 +118,7 @@ class UpdateLoop:
     ) -> dict[str, torch.Tensor]:
         """Forward/backward one micro-batch window by window; gradients accumulate in ``.grad``. Returns
         the windows' stats weighted by length, float64 tensors on the batch's device (nothing read)."""
-        tc = self.train_config
+        train_config = self.train_config
         n, length = batch[F.REWARD].shape[:2]
         steps = {k: tree_index(v, rows) for k, v in batch.items() if k not in _NOT_STEPS and _per_step(v, n, length)}
         steps = self.algorithm.prepare_minibatch(batch=steps)
@@ -129,7 +133,7 @@ class UpdateLoop:
                 "they were collected without the reference (a replay store from a run with "
                 "kl_divergence_coef_rho: 0). Start with a fresh replay store (database_config.path)."
             )
-        spans = windows(length, tc.context_length)
+        spans = windows(length, train_config.context_length)
         totals: dict[str, torch.Tensor] = {}
         for i, window in enumerate(spans):
             # DDP all-reduces only on the very last backward before an optimiser step.
