@@ -127,19 +127,23 @@ class _Sb3EnvFn:
         return _sb3_env(self.workload)
 
 
-def run_sb3(workload: str, iterations: int, num_envs: int | None, inline: bool) -> dict:
-    """SB3 PPO (CartPole, MLP 64x64 tanh, separate torsos) or sb3-contrib RecurrentPPO (Crafter,
-    NatureCNN + 256 embedding + an LSTM of 256: the closest SB3 has to our CNN + GRU)."""
-    sys.path.insert(0, str(SB3_SITE))
-    import torch
+def sb3_envs(workload: str, num_envs: int, inline: bool):  # noqa: ANN201 - SB3 is imported late
+    """SB3's vector env: ``DummyVecEnv`` steps in this process (``-inline``), ``SubprocVecEnv`` in subprocesses."""
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
+    fns = [_Sb3EnvFn(workload)] * num_envs
+    return DummyVecEnv(fns) if inline else SubprocVecEnv(fns, start_method="forkserver")
+
+
+def sb3_model(workload: str, envs, *, recurrent: bool):  # noqa: ANN001, ANN201 - SB3 is imported late
+    """SB3 with the settings every system trains with (``_benchlib.PPO_SETTINGS``): on CartPole ``PPO`` with an
+    MLP 64x64 tanh, separate torsos; on Crafter ``PPO("CnnPolicy")`` (the Nature CNN, as mineonline's ``cnn``),
+    or with ``recurrent`` sb3-contrib's ``RecurrentPPO`` (Nature CNN + 256 embedding + an LSTM of 256: the
+    closest SB3 has to our CNN + GRU)."""
+    import torch
+    from stable_baselines3 import PPO
+
     s = bl.ppo_settings(workload)
-    n = num_envs or s["num_envs"]
-    if inline:
-        envs = DummyVecEnv([_Sb3EnvFn(workload)] * n)
-    else:
-        envs = SubprocVecEnv([_Sb3EnvFn(workload)] * n, start_method="forkserver")
     common = dict(
         n_steps=s["fragment_length"],
         batch_size=s["batch_size_per_gpu"] * s["fragment_length"],
@@ -155,36 +159,35 @@ def run_sb3(workload: str, iterations: int, num_envs: int | None, inline: bool) 
         verbose=0,
         device="cpu",
     )
+    optimizer = dict(eps=s["adam_eps"])
     if workload == "cartpole":
-        from stable_baselines3 import PPO
+        mlp = dict(net_arch=dict(pi=[64, 64], vf=[64, 64]), activation_fn=torch.nn.Tanh, optimizer_kwargs=optimizer)
+        return PPO("MlpPolicy", envs, policy_kwargs=mlp, **common)
+    if not recurrent:
+        return PPO("CnnPolicy", envs, policy_kwargs=dict(optimizer_kwargs=optimizer), **common)
+    from sb3_contrib import RecurrentPPO
 
-        model = PPO(
-            "MlpPolicy",
-            envs,
-            policy_kwargs=dict(
-                net_arch=dict(pi=[64, 64], vf=[64, 64]),
-                activation_fn=torch.nn.Tanh,
-                optimizer_kwargs=dict(eps=s["adam_eps"]),
-            ),
-            **common,
-        )
-        name = "stable_baselines3.PPO(MlpPolicy)"
-    else:
-        from sb3_contrib import RecurrentPPO
+    lstm = dict(
+        lstm_hidden_size=256,
+        shared_lstm=True,
+        enable_critic_lstm=False,
+        features_extractor_kwargs=dict(features_dim=256),
+        optimizer_kwargs=optimizer,
+    )
+    return RecurrentPPO("CnnLstmPolicy", envs, policy_kwargs=lstm, **common)
 
-        model = RecurrentPPO(
-            "CnnLstmPolicy",
-            envs,
-            policy_kwargs=dict(
-                lstm_hidden_size=256,
-                shared_lstm=True,
-                enable_critic_lstm=False,
-                features_extractor_kwargs=dict(features_dim=256),
-                optimizer_kwargs=dict(eps=s["adam_eps"]),
-            ),
-            **common,
-        )
-        name = "sb3_contrib.RecurrentPPO(CnnLstmPolicy)"
+
+def sb3_name(model) -> str:  # noqa: ANN001
+    return f"{type(model).__module__.split('.')[0]}.{type(model).__name__}({type(model.policy).__name__})"
+
+
+def run_sb3(workload: str, iterations: int, num_envs: int | None, inline: bool) -> dict:
+    """SB3's rates over ``iterations`` after a warm-up iteration; Crafter's model is the recurrent one."""
+    sys.path.insert(0, str(SB3_SITE))
+    s = bl.ppo_settings(workload)
+    n = num_envs or s["num_envs"]
+    envs = sb3_envs(workload, n, inline)
+    model = sb3_model(workload, envs, recurrent=True)
     per_iter = n * s["fragment_length"]
     model.learn(per_iter)  # warm-up iteration
     start = time.perf_counter()
@@ -196,7 +199,7 @@ def run_sb3(workload: str, iterations: int, num_envs: int | None, inline: bool) 
         "env_steps_per_s": steps / wall,
         "samples_per_s": steps * s["epochs_per_iteration"] / wall,
         "wall_s": wall,
-        "algo": name,
+        "algo": sb3_name(model),
         "env_steps_total": per_iter * (iterations + 1),
     }
 

@@ -46,40 +46,11 @@ def sb3_child(workload: str, steps: int, inline: bool) -> None:
     start = time.time()
     sys.path.insert(0, str(SB3_SITE))
     import torch
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
-
-    from bench_e2e import _Sb3EnvFn
+    from bench_e2e import sb3_envs, sb3_model, sb3_name
 
     torch.set_num_threads(1)  # as bench_e2e: more threads than free cores made updates 30x slower here
-    s = bl.ppo_settings(workload)
-    fns = [_Sb3EnvFn(workload)] * s["num_envs"]
-    envs = DummyVecEnv(fns) if inline else SubprocVecEnv(fns, start_method="forkserver")
-    minibatch = s["batch_size_per_gpu"] * s["fragment_length"]
-    common = dict(
-        n_steps=s["fragment_length"],
-        batch_size=minibatch,
-        n_epochs=s["epochs_per_iteration"],
-        learning_rate=s["learning_rate"],
-        gamma=s["discount"],
-        gae_lambda=s["gae_lambda"],
-        clip_range=s["ppo_clip"],
-        ent_coef=s["entropy_bonus_coef"],
-        vf_coef=s["ppo_vf_coef"],
-        max_grad_norm=s["max_grad_norm"],
-        seed=0,
-        verbose=0,
-        device="cpu",
-    )
-    if workload == "cartpole":
-        kwargs = dict(
-            net_arch=dict(pi=[64, 64], vf=[64, 64]),
-            activation_fn=torch.nn.Tanh,
-            optimizer_kwargs=dict(eps=s["adam_eps"]),
-        )
-        model = PPO("MlpPolicy", envs, policy_kwargs=kwargs, **common)
-    else:
-        model = PPO("CnnPolicy", envs, policy_kwargs=dict(optimizer_kwargs=dict(eps=s["adam_eps"])), **common)
+    envs = sb3_envs(workload, bl.ppo_settings(workload)["num_envs"], inline)
+    model = sb3_model(workload, envs, recurrent=False)
     ready = time.time()
     model.learn(steps)
     done = time.time()
@@ -91,7 +62,7 @@ def sb3_child(workload: str, steps: int, inline: bool) -> None:
                 "setup_s": ready - start,
                 "learn_s": done - ready,
                 "env_steps": int(model.num_timesteps),
-                "algo": f"stable_baselines3.PPO({type(model.policy).__name__})",
+                "algo": sb3_name(model),
             }
         ),
         flush=True,
