@@ -23,9 +23,10 @@ def test_a_name_with_spaces_and_parentheses_does_not_shift_the_fields(tmp_path: 
     child = subprocess.Popen([str(odd), "30"])
     try:
         fields = stat_fields(child.pid)
-        assert fields is not None and fields[0] in "RS" and int(fields[1]) == os.getpid()
+        assert fields is not None and fields[0] in "RSD" and int(fields[1]) == os.getpid()
         assert int(fields[3]) == os.getsid(0)  # the session: the fourth field after the name
-        assert processes()[child.pid] == fields
+        # The same parent, group and session from the table (the state and the times move between two reads).
+        assert processes()[child.pid][1:4] == fields[1:4]
     finally:
         child.kill()
         child.wait()

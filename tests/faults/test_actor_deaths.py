@@ -40,7 +40,15 @@ CONFIG = {
         "num_cpus_per_worker": 0.5,
         "fragment_length": 16,
         "worker_config": {"num_envs": 2, "batch_size": 2},
-        "replay_buffer_config": {"max_chunks": 64, "fragments_per_chunk": 1},
+        # Chunks are never used up or stale, so the store holds records whenever its host is killed (after
+        # iteration 2): with the defaults a trainer faster than rollout (a busy machine) drops each chunk as it
+        # trains on it, and the store can be empty at the kill, whatever the restarted host does.
+        "replay_buffer_config": {
+            "max_chunks": 64,
+            "fragments_per_chunk": 1,
+            "max_reuse": 1_000_000,
+            "max_staleness": 1_000_000,
+        },
         "episode_statistics_config": {"window": 5},
         "inference": "shared",  # the shared inference server: one more actor Ray restarts
     },
