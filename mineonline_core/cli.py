@@ -433,12 +433,14 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def entry() -> None:
-    """The ``mineonline`` console script: ``main``, then, after ``run``, an exit without the
-    interpreter's teardown."""
+    """The ``mineonline`` console script: ``main``, then, after ``run``, ``tune`` and ``stop``, an exit without
+    the interpreter's teardown."""
     code = main()
-    if sys.argv[1:2] in (["run"], ["tune"]):
-        # The run has stopped Ray and closed its files; unwinding the modules of torch and Ray would
-        # only add seconds to the wall clock of every run.
+    if sys.argv[1:2] in (["run"], ["tune"], ["stop"]):
+        # run and tune have stopped Ray and closed their files; unwinding the modules of torch and Ray would
+        # only add seconds to every run. stop has watched the run end, and with it, often, the cluster it was
+        # attached to: Ray's teardown at exit then waits a minute for that GCS and ends the process with exit 1
+        # (seen beside two busy processes), its printed result lost in an unflushed buffer.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

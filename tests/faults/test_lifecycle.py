@@ -307,6 +307,26 @@ def test_a_run_on_its_own_cluster_is_found_by_its_directory_and_stops_cleanly(tm
     assert gone.returncode == 2 and f"no Ray cluster is running at {recorded!r}" in gone.stderr, gone.stderr
 
 
+_EXIT_AFTER_STOP = """
+import atexit, sys, time
+# Stands for Ray's teardown at exit waiting on the GCS of a cluster that went away with the stopped run.
+atexit.register(time.sleep, 600)
+sys.argv = ["mineonline", "stop", "--grace", "-1"]
+from mineonline_core.cli import entry
+entry()
+"""
+
+
+def test_stop_exits_without_the_interpreters_teardown_and_its_output_flushed() -> None:
+    """The cluster `stop` attached to often ends with the run it stopped: Ray's teardown at exit then waits a
+    minute for the gone GCS and ends the process with exit 1, its printed result unflushed (beside two CPU
+    burners). `stop` exits as `run` does, after flushing, without the teardown."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_AFTER_STOP], check=False, capture_output=True, text=True, timeout=90, env=_env()
+    )  # 90 s: a hang guard for this check, which takes a second; the teardown it replaces waits 600
+    assert done.returncode == 2 and "--grace=-1.0 is negative" in done.stderr, done.stderr[-2000:]
+
+
 def test_stop_returns_when_the_cluster_goes_away_during_its_actor_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stopped run's driver ends its own cluster while `stop` is reading the actor list: that call to the
     gone GCS never answers (Ray's client gives up after a minute and ends the process with exit 1, as in a CI
