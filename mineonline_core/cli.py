@@ -437,10 +437,8 @@ def entry() -> None:
     the interpreter's teardown."""
     code = main()
     if sys.argv[1:2] in (["run"], ["tune"], ["stop"]):
-        # run and tune have stopped Ray and closed their files; unwinding the modules of torch and Ray would
-        # only add seconds to every run. stop has watched the run end, and with it, often, the cluster it was
-        # attached to: Ray's teardown at exit then waits a minute for that GCS and ends the process with exit 1
-        # (seen beside two busy processes), its printed result lost in an unflushed buffer.
+        # run and tune have stopped Ray: unwinding torch and Ray would only add seconds. stop often outlives
+        # the cluster it attached to, and Ray's teardown would wait a minute for that GCS, then exit 1 unflushed.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
