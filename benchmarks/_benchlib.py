@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mineonline_core.contracts.envs import adapted  # noqa: E402
+from mineonline_core.driver.proctable import stat_fields  # noqa: E402
 from mineonline_core.builtin.envs import CrafterEnv, GymnasiumEnv  # noqa: E402
 from mineonline_core.contracts.envs import env_generator_from_config  # noqa: E402
 from mineonline_core.builtin.models import MLPPolicy, RecurrentCNNPolicy  # noqa: E402
@@ -381,7 +382,9 @@ def actor_pids(class_name: str) -> list[int]:
 def proc_start_and_cpu_s(pid: int) -> tuple[int, float]:
     """``pid``'s start time (clock ticks since boot: with the pid, it names one process) and its user + system
     CPU seconds (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(pid)  # an OSError, as reading the file of a process that has gone raised
     return int(fields[19]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
