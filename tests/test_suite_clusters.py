@@ -2,7 +2,7 @@
 
 At Ray's default (nice 15) any other busy process on a CI machine takes the CPU from the workers that do
 a test's rollout and training: beside two CPU burners the suite got a quarter of a core
-(benchmarks/RESULTS.md, issue 36).
+(benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
