@@ -37,6 +37,25 @@ class Recorder:
         return self.records
 
 
+@ray.remote(num_cpus=0)
+class HeldHub:
+    """A logging actor that takes its time: each call returns once the file ``release`` exists."""
+
+    def __init__(self, release: str) -> None:
+        self.release, self.records = release, []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        while not os.path.exists(self.release):
+            time.sleep(0.05)  # held until the test lets it go
+        self.records.append(dict(metrics))
+
+    def log_histogram(self, key: str, values: Any, step: int | None = None) -> None:
+        self.log_metrics({f"{key}/size": float(len(values))})
+
+    def seen(self) -> list[dict[str, float]]:
+        return self.records
+
+
 def _sigkill(handle: Any) -> int:
     pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()))
     os.kill(pid, signal.SIGKILL)
@@ -103,3 +122,23 @@ def test_a_killed_inference_server_is_restarted_and_counts_it(local_ray) -> None
     # A new life: the envs' states kept by the old one are gone, and the metric the run reports says so.
     assert ray.get(server.__ray_call__.remote(lambda self: self.server_id)) != first_life
     assert ray.get(server.metrics.remote())["rollout/inference_restarts"] == 1.0
+
+
+def test_the_last_episode_report_returns_once_the_logging_actor_has_logged_it(local_ray, tmp_path) -> None:
+    """The rollout manager's report at shutdown: the episodes since the last ``report_every``-th reach the
+    metrics. The driver finishes the logging actor right after, and Ray orders only one caller's calls, so a
+    report pushed without waiting could land after the finish: a short run (a sweep's trial beside two CPU
+    burners) ended with no ``episode/*`` metric at all, and Tune ended the whole sweep for the missing metric."""
+    release = tmp_path / "release"
+    hub = HeldHub.remote(str(release))
+    stats = ray.remote(EpisodeStatistics).options(**ACTOR_OPTIONS).remote(logger_hub=hub, window=4, report_every=10)
+    ray.get(
+        stats.add_episodes.remote([{"return": r, "discounted_return": r, "length": 5} for r in (1.0, 2.0, 3.0)])
+    )  # none pushed yet
+    last = stats.report.remote()  # as the manager calls it
+    ready, _ = ray.wait([last], timeout=5)
+    assert not ready, "the last report returned while the logging actor still held its records"
+    release.touch()
+    summary = ray.get(last, timeout=60)
+    assert summary["episode/count"] == 3.0 and summary["episode/return_mean"] == 2.0
+    assert ray.get(hub.seen.remote()) == [summary, {"episode/return/size": 3.0}]

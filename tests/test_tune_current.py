@@ -125,6 +125,31 @@ def test_tune_takes_the_newest_result_not_a_queue_of_past_iterations() -> None:
         raise AssertionError("step() returned past the run's error")
 
 
+def test_a_run_that_never_logged_the_metric_fails_its_trial_not_the_sweep(tmp_path: Path) -> None:
+    """A run that ended before its first episode finished (a short trial, an env of long episodes) has no
+    ``episode/return_mean`` to report: handed to Tune, its last result ended the whole sweep with Tune's
+    strict metric check. The trial fails alone, with the cause and the fix; a run that logged it ends as usual."""
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    from mineonline_core.driver.trial import TrialRun
+    from mineonline_core.errors import RunFailedError
+
+    def trial(running: dict) -> TrialRun:
+        made = TrialRun.__new__(TrialRun)  # the trainable's step() alone: no Tune actor needed
+        made._events, made._thread, made._stop = queue.Queue(), threading.current_thread(), threading.Event()
+        made.spec, made.name = SimpleNamespace(metric="episode/return_mean"), "short"
+        made.run_dir, made._offset, made._reported, made._running = tmp_path, 0, 0.0, running
+        made._events.put(("end", {"status": "completed", "iteration": 3, "summary": {"rollout/env_steps": 158.0}}))
+        return made
+
+    with pytest.raises(RunFailedError, match=r"run short ended after 3 iterations and 158 env steps without "):
+        trial({"env_steps": 158.0}).step()
+    ended = trial({"env_steps": 158.0, "episode/return_mean": 21.5}).step()
+    assert ended["episode/return_mean"] == 21.5 and ended["done"] and ended["trainer/iteration"] == 3.0
+
+
 def _rollout_manager(run_name: str) -> Any:
     """A named actor where the run's rollout manager would be, with what the trial calls on it: its stop flag."""
     import ray

@@ -76,6 +76,13 @@ class TrialRun(Trainable):
             summary = _numbers(payload.get("summary") or {})
             iteration = max(float(payload.get("iteration", 0)), self._running.get("trainer/iteration", 0.0))
             final = {**self._running, **summary, "trainer/iteration": iteration}
+            if self.spec.metric not in final:  # Tune would end the whole sweep on this result
+                raise RunFailedError(
+                    f"run {self.name} ended after {iteration:g} iterations and {final.get('env_steps', 0):g} env "
+                    f"steps without logging {self.spec.metric}, the sweep's metric, so the trial cannot be ranked "
+                    "(an episode/* metric needs a finished episode). Fix: longer trials "
+                    "(train_config.num_iterations), or --metric naming a metric its runs log"
+                )
             return {**final, "run_status": payload.get("status", "completed"), "done": True}
         return payload
 

@@ -229,7 +229,7 @@ class RolloutManager:
             except Exception:  # noqa: BLE001 - a dead logging actor must not keep the workers running
                 log.warning("the final rollout report did not reach the logging actor", exc_info=True)
         try:  # episodes since the last report_every-th one reach the metrics too (the workers flushed theirs)
-            ray.get(self._stats.report.remote(), timeout=30)
+            ray.get(self._stats.report.remote(), timeout=60)
         except Exception:  # noqa: BLE001
             log.warning("the episode statistics actor did not report at shutdown", exc_info=True)
         try:

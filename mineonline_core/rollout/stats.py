@@ -115,7 +115,7 @@ class EpisodeStatistics:
             self._since_report += 1
             if self._since_report >= self.report_every:
                 self._since_report = 0
-                self.report()
+                self.report(wait=False)
 
     def _add(self, record: dict) -> None:
         self._count += 1
@@ -173,23 +173,27 @@ class EpisodeStatistics:
             out[f"achievement/success/{_metric_name(name)}"] = rate(name)
         return out
 
-    def report(self) -> dict[str, float]:
-        """Push the summary (and a histogram of window returns) to the hub; returns the summary."""
+    def report(self, *, wait: bool = True) -> dict[str, float]:
+        """Push the summary (and a histogram of window returns) to the hub; returns the summary. Called by
+        the manager (its last report, at shutdown), it returns once the hub has logged them: the driver
+        finishes the hub right after, and Ray orders only one caller's calls, so unwaited they could land
+        after the finish. The reports every ``report_every`` episodes do not wait."""
         summary = self.summary()
         hub = self.logger_hub
         if hub is not None:
             returns = np.array([float(e["return"]) for e in self._recent], dtype=np.float32)
-            _call(hub, "log_metrics", summary)
+            sent = [_call(hub, "log_metrics", summary)]
             if returns.size:
-                _call(hub, "log_histogram", "episode/return", returns)
+                sent.append(_call(hub, "log_histogram", "episode/return", returns))
+            if wait:
+                import ray
+
+                ray.get([ref for ref in sent if isinstance(ref, ray.ObjectRef)], timeout=30)
         return summary
 
 
-def _call(hub: ActorHandle[LoggerHub] | LoggerHub, method: str, *args: Any) -> None:
-    """Fire-and-forget on an actor handle; a direct call on a plain object."""
+def _call(hub: ActorHandle[LoggerHub] | LoggerHub, method: str, *args: Any) -> Any:
+    """Fire-and-forget on an actor handle (its ``ObjectRef`` returned); a direct call on a plain object."""
     fn = getattr(hub, method)
     remote = getattr(fn, "remote", None)
-    if remote is not None:
-        remote(*args)
-    else:
-        fn(*args)
+    return remote(*args) if remote is not None else fn(*args)
