@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 import cloudpickle
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from mineonline_core.builtin.envs import CrafterEnv, GymnasiumEnv, MineStudioEnv
 from mineonline_core.contracts.envs import EnvFactory
 from mineonline_core.testing.env_conformance import EnvConformance
+from mineonline_core.testing.envs import PACED_CARTPOLE
 from mineonline_core.testing.minecraft import with_fake_engine
 
 # The env subprocess check unpickles this module's envs where the tests package may not import.
@@ -27,6 +29,25 @@ class TestGymnasiumCartPole(EnvConformance):
     env_cls = GymnasiumEnv
     options = {"id": "CartPole-v1", "max_episode_steps": 20}
     time_limit = 20
+
+
+class TestPacedCartPole(EnvConformance):
+    """The fault suite's runs step CartPole paced (``mineonline_core.testing.envs``): the same rules hold."""
+
+    env_cls = GymnasiumEnv
+    options = {"id": PACED_CARTPOLE, "max_episode_steps": 20}
+    time_limit = 20
+
+
+def test_paced_cartpole_is_cartpole_step_for_step_each_step_asleep_first() -> None:
+    paced, plain = gym.make(PACED_CARTPOLE), gym.make("CartPole-v1")
+    np.testing.assert_array_equal(paced.reset(seed=3)[0], plain.reset(seed=3)[0])
+    started = time.monotonic()
+    for action in (0, 1, 1, 0, 1):
+        assert [np.asarray(x).tolist() for x in paced.step(action)] == [
+            np.asarray(x).tolist() for x in plain.step(action)
+        ]
+    assert time.monotonic() - started >= 5 * 0.01  # a sleep takes at least what it was asked
 
 
 class TestCrafter(EnvConformance):

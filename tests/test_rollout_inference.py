@@ -71,6 +71,7 @@ def test_server_coalesces_workers_and_reproduces_the_local_forward(local_ray) ->
         deadline = time.monotonic() + 300
         while ray.get(server.metrics.remote())["rollout/inference_queued"] < 1:
             assert time.monotonic() < deadline, "worker 1's request never reached the server's queue"
+            time.sleep(0.02)  # polling: unpaced, the calls took the server's threads and the CPU from the step
         pending.append(server.step.remote(requests[0]))
         replies = ray.get(pending)
         metrics = ray.get(server.metrics.remote())

@@ -5,10 +5,14 @@ imports torch for its policies, re-exports them).
 ``CountingEnv`` (observations that let a test check step continuity), ``TinyImageEnv`` (random frames,
 episodes ending by termination and by time limit), ``cartpole`` and the module-level factories
 ``counting``, ``time_limited_counting``, ``counting_failing_reset`` and ``faulty_counting``.
+
+``PACED_CARTPOLE`` names, for a run's ``env_config.id``, CartPole whose every step takes 10 ms asleep;
+``paced_counting`` is ``CountingEnv`` paced alike.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -64,6 +68,33 @@ def cartpole(max_steps: int = 500) -> gym.Env:
     """CartPole-v1 with ``{"obs": float32}`` observations; a short ``max_steps`` makes fragments hold
     both terminations and truncations."""
     return DictObservation(gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, max_episode_steps=max_steps))
+
+
+class Paced(gym.Wrapper):
+    """Each step sleeps ``step_s`` first. A run a test only waits on, for a kill, a restart or a stop, then makes
+    its iterations at an env's pace instead of as fast as two cores allow: CartPole's runs went through 15
+    iterations a second, a checkpoint each, and took the CPU the rest of the suite waited for."""
+
+    def __init__(self, env: gym.Env, step_s: float) -> None:
+        super().__init__(env)
+        self.step_s = step_s
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        time.sleep(self.step_s)
+        return self.env.step(action)
+
+
+def paced_cartpole(step_s: float = 0.01) -> gym.Env:
+    return Paced(gym.make("CartPole-v1"), step_s)
+
+
+def paced_counting(step_s: float = 0.01, **counting: Any) -> gym.Env:
+    return Paced(CountingEnv(**counting), step_s)
+
+
+# gym.make("module:Id") imports the module first: env processes and the driver's probe find it by name alone.
+gym.register("PacedCartPole-v1", entry_point=paced_cartpole)
+PACED_CARTPOLE = f"{__name__}:PacedCartPole-v1"
 
 
 # Env factories (module-level, so that env subprocesses can import them by reference).

@@ -1,5 +1,6 @@
 """Pytest fixtures for mineonline and its plugins: a fresh plugin manager, temporary plugin
-registration, and a local Ray cluster sized for small machines.
+registration, a local Ray cluster sized for small machines, and several nodes on one machine
+(``start_cluster``).
 
 Use them from a ``conftest.py``::
 
@@ -49,3 +50,27 @@ def local_ray() -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+def start_cluster(head: dict[str, Any], nodes: list[dict[str, Any]], *, attempts: int = 3) -> Any:
+    """A ``ray.cluster_utils.Cluster`` on this machine: a head node and one node per entry of ``nodes`` (each
+    ``add_node``'s arguments), all registered. Ray gives a node 30 s to register with the GCS, which a busy
+    machine can pass (a CI run beside two CPU burners): a start that timed out is shut down and tried again."""
+    from ray.cluster_utils import Cluster
+
+    from mineonline_core.driver.localcluster import TIMED_OUT
+
+    for attempt in range(1, attempts + 1):
+        cluster = Cluster(shutdown_at_exit=True)
+        try:
+            cluster.add_node(**head)
+            for node in nodes:
+                cluster.add_node(**node)
+            cluster.wait_for_nodes()
+            return cluster
+        except Exception as exc:  # Ray raises a bare Exception (or a TimeoutError) for these
+            cluster.shutdown()
+            if attempt == attempts or not any(marker in str(exc) for marker in (*TIMED_OUT, "Timed out while")):
+                raise
+            print(f"the local cluster did not start ({exc}); starting it again ({attempt + 1} of {attempts})")
+    raise AssertionError("unreachable")

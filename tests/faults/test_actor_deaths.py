@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from mineonline_core.testing.envs import PACED_CARTPOLE
 from mineonline_core.testing.procs import descendants, reap_session
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ RUN = "actor-deaths"
 CONFIG = {
     "run_name": RUN,
     "seed": 0,
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+    "env_config": {"name": "gymnasium", "id": PACED_CARTPOLE},
     "policy_config": {"name": "mlp"},
     "logger_config": {"loggers": []},
     "rollout_config": {

@@ -19,6 +19,7 @@ import pytest
 from mineonline_core.contracts import fragment as F
 from mineonline_core.services.names import NAMESPACE, actor_name
 from mineonline_core.testing import kit as tk
+from mineonline_core.testing.envs import paced_counting
 from mineonline_core.testing.faults import stream_report
 
 T = 8
@@ -58,7 +59,8 @@ def _start(tmp_path, run_name: str, env_fn=None, **rollout):
     from mineonline_core.rollout.manager import launch_rollout_manager
 
     cfg = _config(tmp_path, run_name, **rollout)
-    env_fn = adapted(env_fn or functools.partial(tk.CountingEnv, tag=3.0, episode_len=1000))
+    # No trainer: paced, so that the rollout does not fill the store flat out while the tests wait for events.
+    env_fn = adapted(env_fn or functools.partial(paced_counting, tag=3.0, episode_len=1000))
     manager = launch_rollout_manager(
         policy_generator=functools.partial(tk.TinyMLPPolicy), env_generator=env_fn, config=cfg, store_cls=LMDBStore
     )

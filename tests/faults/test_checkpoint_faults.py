@@ -21,9 +21,10 @@ import torch
 import yaml
 
 from mineonline_core.errors import CheckpointError
+from mineonline_core.testing.envs import PACED_CARTPOLE
 from mineonline_core.testing.kit import mlp_policy
-from mineonline_core.trainer import checkpoint as ckpt
 from mineonline_core.testing.procs import reap_session
+from mineonline_core.trainer import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -168,7 +169,7 @@ def _end_session(driver: subprocess.Popen) -> list[int]:
 
 RUN = {
     "seed": 0,
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+    "env_config": {"name": "gymnasium", "id": PACED_CARTPOLE},
     "policy_config": {"name": "mlp"},
     "logger_config": {"loggers": []},
     "rollout_config": {

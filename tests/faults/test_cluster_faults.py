@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mineonline_core.testing.envs import PACED_CARTPOLE
+from mineonline_core.testing.fixtures import start_cluster
+
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("rollout_manager", "replay_buffer", "episode_statistics", "logger_hub", "store_host")
 
@@ -28,6 +31,7 @@ NAMES = ("rollout_manager", "replay_buffer", "episode_statistics", "logger_hub",
 def _config(tmp_path: Path, run_name: str, **train) -> Path:
     data = yaml.safe_load((ROOT / "examples" / "cartpole.yaml").read_text())
     data.update(run_name=run_name, output_dir=str(tmp_path / "runs"), seed=0)
+    data["env_config"]["id"] = PACED_CARTPOLE
     data["rollout_config"].update(
         num_rollout_workers=2,
         num_cpus_per_worker=0.5,
@@ -143,33 +147,13 @@ def _token_mode():
             Config.initialize("")
 
 
-def _start_cluster(workers: int = 2):
-    """A head with 0 CPUs and ``workers`` worker nodes of 2 CPUs. Ray gives a node 30 s (fixed) to register with
-    the GCS; on a machine loaded by other suites that can pass, so a start that timed out is tried again."""
-    from ray.cluster_utils import Cluster
-
-    for attempt in range(3):
-        cluster = Cluster(shutdown_at_exit=True)
-        try:
-            cluster.add_node(num_cpus=0, include_dashboard=False)
-            for _ in range(workers):
-                cluster.add_node(num_cpus=2)
-            cluster.wait_for_nodes()
-            return cluster
-        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for the timeout
-            cluster.shutdown()
-            if "timed out during startup" not in str(exc) or attempt == 2:
-                raise
-            print(f"the local cluster did not start ({exc}); trying again")
-    raise AssertionError("unreachable")
-
-
 @pytest.fixture(scope="module")
 def cluster():
     import ray
 
     with _token_mode():
-        cluster = _start_cluster()
+        # A head with no CPUs, two worker nodes of two.
+        cluster = start_cluster({"num_cpus": 0, "include_dashboard": False}, [{"num_cpus": 2}] * 2)
         ray.init(address=cluster.address, namespace="mineonline", log_to_driver=False)
         try:
             yield cluster
@@ -252,8 +236,8 @@ def test_an_actor_no_node_can_hold_is_named_after_the_bound(cluster) -> None:
     0 rather than waited for)."""
     import ray
 
-    from mineonline_core.errors import RunFailedError
     from mineonline_core.driver.placement import PendingWatch
+    from mineonline_core.errors import RunFailedError
 
     watch = PendingWatch(bound=3600.0, interval=0.0)
     big = ray.remote(num_cpus=3)(type("Wide", (), {})).options(name="wide").remote()
@@ -309,7 +293,7 @@ def test_losing_the_head_says_so_with_the_resume_command(tmp_path: Path) -> None
     supervising CLI prints the cause and the resume command, writes it to run.log, exits 1, and leaves
     run.json and the checkpoints for ``--resume``. A cluster of its own: this one does not survive."""
     with _token_mode():
-        cluster = _start_cluster(workers=1)
+        cluster = start_cluster({"num_cpus": 0, "include_dashboard": False}, [{"num_cpus": 2}])
     run, run_dir, address = "lost-head", tmp_path / "runs" / "lost-head", cluster.address
     try:
         proc, out = _driver(tmp_path, _config(tmp_path, run), address)

@@ -24,6 +24,7 @@ import numpy as np
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.testing import kit as tk
+from mineonline_core.testing.envs import PACED_CARTPOLE, paced_counting
 from mineonline_core.testing.procs import descendants
 
 
@@ -130,7 +131,7 @@ def _launch(cfg):
     from mineonline_core.contracts.envs import adapted
     from mineonline_core.rollout.manager import launch_rollout_manager
 
-    env_fn = adapted(functools.partial(tk.CountingEnv, tag=3.0, episode_len=1000))
+    env_fn = adapted(functools.partial(paced_counting, tag=3.0, episode_len=1000))  # no trainer: paced, not flat out
     manager = launch_rollout_manager(policy_generator=tk.TinyMLPPolicy, env_generator=env_fn, config=cfg)
     ray.get(manager.wait_ready.remote(180), timeout=240)
     weights = {k: v.numpy() for k, v in tk.TinyMLPPolicy().state_dict().items()}
@@ -211,7 +212,7 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
         "seed": 0,
         "output_dir": str(tmp_path / "runs"),
         "hang_timeout": HANG_S,
-        "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+        "env_config": {"name": "gymnasium", "id": PACED_CARTPOLE},
         "policy_config": {"name": "mlp"},
         "logger_config": {"loggers": []},
         "rollout_config": {

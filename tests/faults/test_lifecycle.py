@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from mineonline_core.errors import MineOnlineError
 from mineonline_core.driver.lifecycle import stop_runs
+from mineonline_core.errors import MineOnlineError
+from mineonline_core.testing.envs import PACED_CARTPOLE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -157,7 +158,7 @@ REAL_RUN = {
     "run_name": "stop-me",
     "seed": 0,
     "detach_rollout_manager": True,
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+    "env_config": {"name": "gymnasium", "id": PACED_CARTPOLE},
     "policy_config": {"name": "mlp"},
     "logger_config": {"loggers": []},
     "rollout_config": {

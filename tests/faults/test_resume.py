@@ -23,8 +23,9 @@ import pytest
 import torch
 import yaml
 
-from mineonline_core.trainer.checkpoint import list_checkpoints
+from mineonline_core.testing.envs import PACED_CARTPOLE
 from mineonline_core.testing.procs import descendants, reap_session
+from mineonline_core.trainer.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS, SAVE_INTERVAL, MORE = 100_000, 1, 2  # the first run is killed or stopped long before the end
@@ -32,7 +33,7 @@ ITERATIONS, SAVE_INTERVAL, MORE = 100_000, 1, 2  # the first run is killed or st
 CONFIG = {
     "run_name": "kill-resume",
     "seed": 0,
-    "env_config": {"name": "gymnasium", "id": "CartPole-v1"},
+    "env_config": {"name": "gymnasium", "id": PACED_CARTPOLE},
     "policy_config": {"name": "mlp"},
     "logger_config": {"loggers": []},
     "rollout_config": {

@@ -8,11 +8,11 @@ import zlib
 import numpy as np
 import pytest
 import ray
-from ray.cluster_utils import Cluster
+from mineonline_lmdb import LMDBStore
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from mineonline_core.services.storehost import StoreClient, start_store_host
-from mineonline_lmdb import LMDBStore
+from mineonline_core.testing.fixtures import start_cluster
 
 PLUGIN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,9 +39,8 @@ def read(client: StoreClient, seeds: list[int]) -> tuple[str, bool, list[int]]:
 def cluster(monkeypatch):
     # Workers of every raylet must import the plugin from this checkout.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([PLUGIN_ROOT, os.environ.get("PYTHONPATH", "")]))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
-    cluster.wait_for_nodes()
+    cluster = start_cluster({"num_cpus": 1}, [{"num_cpus": 1}] * 2)
+    nodes = cluster.worker_nodes
     ray.init(address=cluster.address, log_to_driver=False)
     yield cluster, [n.node_id for n in nodes]
     ray.shutdown()
