@@ -12,6 +12,7 @@ import pytest
 import ray
 import torch
 
+from mineonline_core.driver.localcluster import start_local_cluster
 from mineonline_core.testing.kit import cartpole, chunks_of, ddp_fit, ddp_train_step, mlp_policy, rollout_fragments
 from mineonline_core.trainer.batch import assemble_chunks, estimate_advantages
 
@@ -34,7 +35,7 @@ def ray_with_example():
     previous = os.environ.get("PYTHONPATH")
     # A local cluster's processes inherit the driver's environment (driver/api.py, init_ray).
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLE_DIR), previous]))
-    ray.init(num_cpus=2, address="local", include_dashboard=False)
+    start_local_cluster(num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
     if previous is None:

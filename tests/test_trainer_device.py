@@ -10,16 +10,17 @@ import time
 
 import pytest
 import torch
+from mineonline_ppo import PPOTrainer
 
 from mineonline_core.config import load_config
 from mineonline_core.contracts import fragment as F
+from mineonline_core.driver.localcluster import start_local_cluster
 from mineonline_core.errors import ConfigError
+from mineonline_core.services.gpulease import lease_gpu
 from mineonline_core.services.names import NAMESPACE
 from mineonline_core.testing.kit import cartpole, mlp_policy
 from mineonline_core.trainer import checkpoint as ckpt
-from mineonline_core.services.gpulease import lease_gpu
 from mineonline_core.trainer.device import rank_device
-from mineonline_ppo import PPOTrainer
 from mineonline_core.trainer.loop import TrainLoop
 
 
@@ -28,7 +29,7 @@ def gpu_ray():
     """A local cluster that declares one GPU (Ray's books only: this machine has none)."""
     import ray
 
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    start_local_cluster(num_cpus=2, num_gpus=1, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     try:
         yield ray
     finally:

@@ -12,6 +12,7 @@ import ray
 import yaml
 
 from mineonline_core.driver.api import run
+from mineonline_core.driver.localcluster import start_local_cluster
 from mineonline_core.trainer import checkpoint as ckpt
 
 CONFIG = {
@@ -52,7 +53,7 @@ CONFIG = {
 @pytest.fixture
 def ray_local(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    ray.init(num_cpus=2, address="local", include_dashboard=False, namespace="mineonline")
+    start_local_cluster(num_cpus=2, include_dashboard=False, namespace="mineonline")
     yield
     ray.shutdown()
 

@@ -1,4 +1,5 @@
-"""Deterministic fault injection for envs: exceptions, hangs and process death.
+"""Deterministic fault injection for envs: exceptions, hangs and process death; and a run's metrics read
+while it runs (``live_records``).
 
 ``FaultyEnv`` wraps any gymnasium env and, driven by a seed, raises in ``step``/``reset`` at a
 given rate, returns a NaN reward or a NaN in the observation at a given rate, hangs (sleeps past the
@@ -24,6 +25,7 @@ faults in the same lives, and a rebuilt env does not replay its predecessor's se
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -216,3 +218,14 @@ def stream_report(fragments: list[dict]) -> dict[str, dict[str, Any]]:
             "terminated": int(sum(int(np.sum(f[F.TERMINATED])) for f in frags)),
         }
     return out
+
+
+def live_records(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of ``run_dir``'s ``metrics.jsonl`` as its run is writing it: whole lines only. The line being
+    written is left for the next read (a fault test that parsed it failed on a half-written record)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        data = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in data[: data.rfind("\n") + 1].splitlines() if line.strip()]

@@ -11,7 +11,6 @@ iterations continuous, where actors sit, an error naming the cause), never secon
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from mineonline_core.testing.envs import PACED_CARTPOLE
+from mineonline_core.testing.faults import live_records
 from mineonline_core.testing.fixtures import start_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,13 +81,8 @@ def _driver(tmp_path: Path, config: Path, address: str, *extra: str) -> tuple[su
     return proc, out
 
 
-def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def _iterations(run_dir: Path) -> list[int]:
-    return [int(r["trainer/iteration"]) for r in _records(run_dir) if "trainer/iteration" in r]
+    return [int(r["trainer/iteration"]) for r in live_records(run_dir) if "trainer/iteration" in r]
 
 
 def _wait(proc: subprocess.Popen, out: Path, predicate, what: str, timeout: float = 400.0) -> None:
@@ -195,9 +190,9 @@ def test_lost_nodes_cost_only_their_workers_and_ranks(cluster, tmp_path: Path) -
     assert code == 130 and f"run {run} interrupted" in text, text[-3000:]  # stopped by Ctrl-C, not completed
     assert "restart 1 of 2" in text and "Training failed" not in text
     assert {name: after[name] for name in NAMES} == {name: (head, 0) for name in NAMES}  # never restarted
-    restarted = [int(r["trainer/iteration"]) for r in _records(run_dir) if r.get("trainer/restarts") == 1]
+    restarted = [int(r["trainer/iteration"]) for r in live_records(run_dir) if r.get("trainer/restarts") == 1]
     assert restarted and restarted == list(range(restarted[0], restarted[0] + len(restarted)))
-    first = [int(r["trainer/iteration"]) for r in _records(run_dir) if r.get("trainer/restarts") == 0]
+    first = [int(r["trainer/iteration"]) for r in live_records(run_dir) if r.get("trainer/restarts") == 0]
     assert 0 <= max(first) - (restarted[0] - 1) <= 1  # resumed from the latest checkpoint (save_interval 1)
     print(
         f"FIGURE {nodes_killed} node(s) killed: {len(restarted)} iterations after the rank's restart, "

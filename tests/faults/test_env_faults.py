@@ -18,8 +18,8 @@ import torch
 
 from mineonline_core.contracts import fragment as F
 from mineonline_core.errors import RunFailedError
-from mineonline_core.testing import kit as tk
 from mineonline_core.rollout.collector import FragmentCollector
+from mineonline_core.testing import kit as tk
 from mineonline_core.testing.faults import FaultyEnvFactory, injected_faults, stream_report
 
 T = 8

@@ -66,3 +66,15 @@ def test_reset_faults_and_pickling(tmp_path) -> None:
     assert injected_faults(tmp_path)["reset_error"] == 1
     with pytest.raises(ValueError, match="step_error_rate"):
         FaultyEnvFactory(counting, step_error_rate=2.0)()
+
+
+def test_live_records_leave_out_the_line_being_written(tmp_path) -> None:
+    import json
+
+    from mineonline_core.testing.faults import live_records
+
+    assert live_records(tmp_path) == []  # the run has not written its first record yet
+    whole = [{"step": 0, "trainer/iteration": 1.0}, {"step": 16, "episode/count": 2.0}]
+    text = "".join(json.dumps(r) + "\n" for r in whole)
+    (tmp_path / "metrics.jsonl").write_text(text + '{"step": 32, "trainer/pol')  # as a fault test read it mid-write
+    assert live_records(tmp_path) == whole

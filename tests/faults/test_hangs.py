@@ -25,6 +25,7 @@ import numpy as np
 from mineonline_core.contracts import fragment as F
 from mineonline_core.testing import kit as tk
 from mineonline_core.testing.envs import PACED_CARTPOLE, paced_counting
+from mineonline_core.testing.faults import live_records
 from mineonline_core.testing.procs import descendants
 
 
@@ -196,7 +197,6 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
     the rank and the rollout worker together. Both are named on the console with their pid; the rank is
     killed and training restarts from the latest checkpoint; the worker is killed and restarted by Ray,
     and the iterations after the restart train on its new fragments. Ctrl-C then stops the run cleanly."""
-    import json
     import subprocess
     import sys
     from pathlib import Path
@@ -247,11 +247,7 @@ def test_frozen_trainer_rank_and_worker_are_named_and_restarted(tmp_path) -> Non
             env={**os.environ, "WANDB_MODE": "disabled"},
             start_new_session=True,
         )
-    records = lambda: (
-        [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        if (run_dir / "metrics.jsonl").exists()
-        else []
-    )  # noqa: E731
+    records = functools.partial(live_records, run_dir)
 
     def running(what: str, done) -> None:
         _wait(

@@ -12,9 +12,9 @@ import pytest
 
 from mineonline_core.cli import main
 from mineonline_core.config import load_config
+from mineonline_core.driver.resolve import resolve
 from mineonline_core.errors import ConfigError
 from mineonline_core.registry import get_plugin_manager
-from mineonline_core.driver.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 CARTPOLE = str(ROOT / "examples" / "cartpole.yaml")

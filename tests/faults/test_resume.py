@@ -24,6 +24,7 @@ import torch
 import yaml
 
 from mineonline_core.testing.envs import PACED_CARTPOLE
+from mineonline_core.testing.faults import live_records
 from mineonline_core.testing.procs import descendants, reap_session
 from mineonline_core.trainer.checkpoint import list_checkpoints
 
@@ -89,7 +90,7 @@ def _rollout_holds(run_dir: Path, version: int) -> bool:
     """Whether a rollout record shows the workers at ``version`` and a later one shows more fragments sent
     (so the store holds fragments written with that version's weights)."""
     sent_at = None
-    for record in _records(run_dir):
+    for record in live_records(run_dir):
         if "rollout/fragments_sent" not in record:
             continue
         if sent_at is None and record.get("rollout/model_version", -1) >= version:
@@ -148,7 +149,7 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
 
     try:
         wait_for(frozen_past_checkpoint, "an iteration logged past checkpoint 2 or later")
-        published = int([r for r in _records(run_dir) if "trainer/version" in r][-1]["trainer/version"])
+        published = int([r for r in live_records(run_dir) if "trainer/version" in r][-1]["trainer/version"])
         # The driver stays frozen: rollout goes on with the weights published past the checkpoint.
         wait_for(lambda: _rollout_holds(run_dir, published), f"fragments of version {published} stored")
         os.kill(driver.pid, signal.SIGKILL)
@@ -187,10 +188,10 @@ def test_driver_killed_then_resumed(tmp_path: Path) -> None:
     assert resumed and resumed[0] == checkpoint_iteration + 1  # continues at the next iteration
     assert sorted(set(resumed)) == list(range(checkpoint_iteration + 1, final + 1))
 
-    after = [r for r in _records(run_dir) if "trainer/iteration" in r and r.get("time", 0.0) > started_wall]
+    after = [r for r in live_records(run_dir) if "trainer/iteration" in r and r.get("time", 0.0) > started_wall]
     assert [r.get("trainer/corrupt_fragments") for r in after] == [0.0] * len(after)  # nothing refused
     assert min(r["trainer/staleness_mean"] for r in after) >= 0.0
-    before = [r for r in _records(run_dir) if "trainer/iteration" in r and r.get("time", 0.0) <= started_wall]
+    before = [r for r in live_records(run_dir) if "trainer/iteration" in r and r.get("time", 0.0) <= started_wall]
     step = int(before[1]["trainer/version"]) - int(before[0]["trainer/version"])
     versions = [int(r["trainer/version"]) for r in after]
     # Versions go on past every stored fragment's, one step per iteration: no worker sees a version twice.
@@ -240,11 +241,6 @@ def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(tmp_path: Path, sig
     )
 
 
-def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Path) -> None:
     """SIGKILL the Ray Train rank mid-run: training restarts from the run's latest checkpoint and
     continues at the iteration after it (trainer/restarts 1); the run then stops cleanly on Ctrl-C."""
@@ -270,13 +266,13 @@ def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Pat
         return time.monotonic()
 
     def restarted_iterations() -> list[int]:
-        return [int(r["trainer/iteration"]) for r in _records(run_dir) if r.get("trainer/restarts") == 1]
+        return [int(r["trainer/iteration"]) for r in live_records(run_dir) if r.get("trainer/restarts") == 1]
 
     try:
         wait_for(lambda: any(i >= 2 for i, _ in list_checkpoints(run_dir / "checkpoints")), "checkpoint 2")
 
         def past_checkpoint() -> bool:  # an iteration logged that the next attempt will train again
-            logged = [int(r["trainer/iteration"]) for r in _records(run_dir) if "trainer/iteration" in r]
+            logged = [int(r["trainer/iteration"]) for r in live_records(run_dir) if "trainer/iteration" in r]
             return max(logged) > max(i for i, _ in list_checkpoints(run_dir / "checkpoints"))
 
         (rank,) = [pid for pid, cmd in descendants(driver.pid).items() if "RayTrainWorker" in cmd]
@@ -302,7 +298,7 @@ def test_dead_trainer_rank_is_restarted_from_the_latest_checkpoint(tmp_path: Pat
     output = (tmp_path / "driver.log").read_text()
     assert code == 130 and "run kill-rank interrupted" in output, output[-3000:]
     assert "a train worker died" in output and "restart 1 of 1" in output
-    iterations = [r for r in _records(run_dir) if "trainer/iteration" in r]
+    iterations = [r for r in live_records(run_dir) if "trainer/iteration" in r]
     after = [int(r["trainer/iteration"]) for r in iterations if r.get("trainer/restarts") == 1]
     before = [int(r["trainer/iteration"]) for r in iterations if r.get("trainer/restarts") == 0]
     resumed_from = after[0] - 1

@@ -10,6 +10,7 @@ import pytest
 import ray
 
 from mineonline_core.driver.api import run
+from mineonline_core.driver.localcluster import start_local_cluster
 
 CONFIG = {
     "run_name": "vtrace",
@@ -50,7 +51,7 @@ CONFIG = {
 @pytest.fixture
 def ray_local(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    ray.init(num_cpus=2, address="local", include_dashboard=False, namespace="mineonline", log_to_driver=False)
+    start_local_cluster(num_cpus=2, include_dashboard=False, namespace="mineonline", log_to_driver=False)
     yield
     ray.shutdown()
 

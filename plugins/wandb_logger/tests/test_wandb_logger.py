@@ -17,10 +17,12 @@ except ImportError:  # the plugin is not pip-installed: import it from its sourc
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import mineonline_wandb
 
+from mineonline_wandb import WandbLogger, WandbOptions, has_api_key, resolve_mode, scrub_secrets
+
 from mineonline_core.builtin.console import ConsoleLogger, ConsoleOptions
+from mineonline_core.driver.localcluster import start_local_cluster
 from mineonline_core.services.loggerhub import LoggerHub
 from mineonline_core.services.video import encode_episode_video
-from mineonline_wandb import WandbLogger, WandbOptions, has_api_key, resolve_mode, scrub_secrets
 
 wandb = pytest.importorskip("wandb")
 
@@ -186,15 +188,15 @@ def test_items_of_one_step_merge_into_one_row():
 def test_short_run_through_the_ray_hub_leaves_metrics_video_and_report(offline_env, monkeypatch):
     """The "done when" check: hub actor + console + wandb, a video, then the report."""
     ray = pytest.importorskip("ray")
-    from mineonline_core.services.loggerhub import start_logger_hub
     from mineonline_core.driver.report import write_report
+    from mineonline_core.services.loggerhub import start_logger_hub
 
     plugin_dir = str(Path(mineonline_wandb.__file__).resolve().parent)
     root = str(Path(__file__).resolve().parents[3])
     # Ray workers inherit the driver's environment: let the hub import the plugin from source.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [plugin_dir, root, os.environ.get("PYTHONPATH")])))
     run_dir = offline_env / "ray-run"
-    ray.init(num_cpus=2, address="local", include_dashboard=False, namespace="mineonline")
+    start_local_cluster(num_cpus=2, include_dashboard=False, namespace="mineonline")
     try:
         hub = start_logger_hub(
             run_name="wandb-e2e",
