@@ -113,3 +113,16 @@ def test_pushes_to_hub_every_report_every_episodes(tmp_path):
     assert rec.metrics[0][1] == 77  # stamped with the hub's env steps
     assert rec.hists == [("episode/return", 3), ("episode/return", 5)]
     assert math.isfinite(first["episode/return_std"])
+
+
+def test_the_last_report_to_a_plain_hub_starts_no_ray(tmp_path):
+    """The manager's report waits for an actor hub's calls; a plain hub has logged them when ``report`` returns,
+    and waiting on no reference at all (``ray.get([])``) would start a local Ray instance."""
+    import ray
+
+    hub = LoggerHub(run_dir=str(tmp_path), loggers=[], config={}, num_iterations=1, video_dir="v")
+    stats = EpisodeStatistics(logger_hub=hub, window=5, report_every=10)
+    stats.add_episodes([episode(1.0), episode(3.0)])
+    assert stats.report()["episode/return_mean"] == 2.0
+    hub.finish()
+    assert not ray.is_initialized()
