@@ -223,7 +223,9 @@ def stream_report(fragments: list[dict]) -> dict[str, dict[str, Any]]:
 def live_records(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of ``run_dir``'s ``metrics.jsonl`` as its run is writing it: whole lines only. The line being
     written is left for the next read (a fault test that parsed it failed on a half-written record)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    from mineonline_core.builtin.console import METRICS_FILE
+
+    path = Path(run_dir) / METRICS_FILE
     try:
         data = path.read_text()
     except FileNotFoundError:
